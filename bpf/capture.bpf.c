@@ -1,0 +1,643 @@
+// SPDX-License-Identifier: GPL-2.0
+/* capture.bpf.c: kernel stamp points of xlap-trace.
+ *
+ * Tracepoints only (no kprobes/fentry on our kernels): raw_tp sys_enter/exit
+ * for the send and receive syscalls, tp_btf for the net, qdisc, sock and
+ * sched points. Every stamp carries the protocol's own sequence number and
+ * kind, read from the UDP payload (CFG) in the skb or the syscall's user
+ * buffer; the skb -> identity map carries it to points where the headers are
+ * no longer at hand. Traffic of other processes costs one map lookup.
+ */
+#include "vmlinux.h"
+#include <bpf/bpf_core_read.h>
+#include <bpf/bpf_endian.h>
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_tracing.h>
+
+#include "xlap_abi.h"
+
+char LICENSE[] SEC("license") = "GPL";
+
+/* Set by userspace before load. */
+const volatile struct xlap_config CFG = {};
+
+/* Syscall numbers (x86-64). */
+#define NR_READ 0
+#define NR_WRITE 1
+#define NR_SENDTO 44
+#define NR_RECVFROM 45
+#define NR_SENDMSG 46
+#define NR_RECVMSG 47
+#define NR_RECVMMSG 299
+#define NR_SENDMMSG 307
+
+#define IPPROTO_UDP_ 17
+#define LOSS_ROWS (XLAP_POINT_KERNEL_COUNT + 1) /* last row: app points */
+
+/* Identity of a packet, remembered per skb. */
+struct xl_ident {
+  __u64 seq;
+  __u64 flow;
+  __u32 pid;
+  __u32 len;
+  __u8 kind;
+  __u8 flags; /* XLAP_FLAG_* of the stamp */
+  __u8 _pad[6];
+};
+
+/* A send syscall of a traced process, until it returns. */
+struct xl_send_ctx {
+  __u64 ts_enter;
+  struct xl_ident id; /* from the skb seen at dev.queue in this syscall */
+  __u8 seen_skb;
+};
+
+/* A receive syscall of a traced process, until it returns. */
+struct xl_recv_ctx {
+  __u64 buf;    /* user buffer (or msghdr for recvmsg/recvmmsg) */
+  __u32 nr;     /* syscall number */
+  __u8 on_sock; /* sock_recv_length saw a UDP socket in this syscall */
+};
+
+/* The last datagram queued on a traced socket on this CPU: the wake-up it
+ * triggers follows within the same call. */
+struct xl_rx_last {
+  struct xl_ident id;
+  __u64 ts;
+  __u8 valid;
+};
+
+struct {
+  __uint(type, BPF_MAP_TYPE_RINGBUF);
+  __uint(max_entries, 1 << 22); /* overridden by userspace */
+} STAMPS SEC(".maps");
+
+struct {
+  __uint(type, BPF_MAP_TYPE_HASH);
+  __uint(max_entries, 1024);
+  __type(key, __u32); /* tgid */
+  __type(value, __u32);
+} TARGET_PIDS SEC(".maps");
+
+struct {
+  __uint(type, BPF_MAP_TYPE_HASH);
+  __uint(max_entries, 4096);
+  __type(key, __u16);   /* local UDP port of a traced socket, host order */
+  __type(value, __u32); /* owning tgid */
+} TARGET_PORTS SEC(".maps");
+
+struct {
+  __uint(type, BPF_MAP_TYPE_HASH);
+  __uint(max_entries, 4096);
+  __type(key, __u32); /* tid */
+  __type(value, struct xl_send_ctx);
+} SEND_CTX SEC(".maps");
+
+struct {
+  __uint(type, BPF_MAP_TYPE_HASH);
+  __uint(max_entries, 4096);
+  __type(key, __u32); /* tid */
+  __type(value, struct xl_recv_ctx);
+} RECV_CTX SEC(".maps");
+
+/* skb -> identity, one map per direction: on veth the same skb passes the
+ * receive path inside the driver's transmit call, before net_dev_xmit fires.
+ * Per-CPU LRU lists: the common list costs microseconds per update here. */
+struct {
+  __uint(type, BPF_MAP_TYPE_LRU_HASH);
+  __uint(max_entries, 65536);
+  __uint(map_flags, BPF_F_NO_COMMON_LRU);
+  __type(key, __u64); /* struct sk_buff * */
+  __type(value, struct xl_ident);
+} SKB_TX SEC(".maps");
+
+struct {
+  __uint(type, BPF_MAP_TYPE_LRU_HASH);
+  __uint(max_entries, 65536);
+  __uint(map_flags, BPF_F_NO_COMMON_LRU);
+  __type(key, __u64); /* struct sk_buff * */
+  __type(value, struct xl_ident);
+} SKB_RX SEC(".maps");
+
+struct {
+  __uint(type, BPF_MAP_TYPE_HASH);
+  __uint(max_entries, 4096);
+  __type(key, __u32); /* tid woken for a datagram */
+  __type(value, struct xl_ident);
+} WOKEN SEC(".maps");
+
+struct {
+  __uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+  __uint(max_entries, 1);
+  __type(key, __u32);
+  __type(value, struct xl_rx_last);
+} RX_LAST SEC(".maps");
+
+/* The datagram for a traced socket that the receive path on this CPU is
+ * carrying up from the driver right now. */
+struct xl_rx_cur {
+  struct xl_ident id;
+  __u64 ts;
+  __u16 dport;
+};
+#define RX_CUR_MAX_AGE_NS 1000000
+
+struct {
+  __uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+  __uint(max_entries, 1);
+  __type(key, __u32);
+  __type(value, struct xl_rx_cur);
+} RX_CUR SEC(".maps");
+
+struct {
+  __uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+  __uint(max_entries, LOSS_ROWS *XLAP_LOSS_COUNT);
+  __type(key, __u32);
+  __type(value, __u64);
+} LOSSES SEC(".maps");
+
+static __always_inline void count_loss(__u32 point, __u32 reason) {
+  __u32 row = point < XLAP_POINT_KERNEL_COUNT ? point : XLAP_POINT_KERNEL_COUNT;
+  __u32 idx = row * XLAP_LOSS_COUNT + reason;
+  __u64 *v = bpf_map_lookup_elem(&LOSSES, &idx);
+  if (v)
+    *v += 1;
+}
+
+static __always_inline void emit(__u16 point, __u64 ts,
+                                 const struct xl_ident *id, __u32 tid,
+                                 __u32 ifindex, __u16 queue, __u64 hw_ts) {
+  struct xlap_stamp *s = bpf_ringbuf_reserve(&STAMPS, sizeof(*s), 0);
+  if (!s) {
+    count_loss(point, XLAP_LOSS_RINGBUF_FULL);
+    return;
+  }
+  s->ts_ns = ts;
+  s->flow = id->flow;
+  s->seq = id->seq;
+  s->hw_ts_ns = hw_ts;
+  s->pid = id->pid;
+  s->tid = tid;
+  s->len = id->len;
+  s->ifindex = ifindex;
+  s->point = point;
+  s->cpu = bpf_get_smp_processor_id();
+  s->queue = queue;
+  s->kind = id->kind;
+  s->flags = id->flags | (hw_ts ? XLAP_FLAG_HW_TS : 0);
+  __u64 waiting = bpf_ringbuf_query(&STAMPS, BPF_RB_AVAIL_DATA);
+  bpf_ringbuf_submit(s, waiting >= CFG.wakeup_bytes ? BPF_RB_FORCE_WAKEUP
+                                                    : BPF_RB_NO_WAKEUP);
+}
+
+/* Reads an unsigned field of 1, 2, 4 or 8 bytes at `src` (kernel or user
+ * memory) in the configured byte order. Returns 0 on success. */
+static __always_inline int read_field(const void *src, __u8 size, int user,
+                                      __u64 *out) {
+  __u8 b[8] = {};
+  int err;
+  if (size == 0 || size > 8)
+    return -1;
+  if (user)
+    err = bpf_probe_read_user(b, size & 0xf, src);
+  else
+    err = bpf_probe_read_kernel(b, size & 0xf, src);
+  if (err)
+    return err;
+  __u64 v = 0;
+#pragma unroll
+  for (int i = 0; i < 8; i++) {
+    if (i >= size)
+      break;
+    if (CFG.big_endian)
+      v = (v << 8) | b[i];
+    else
+      v |= (__u64)b[i] << (8 * i);
+  }
+  *out = v;
+  return 0;
+}
+
+/* Reads seq and kind from a UDP payload at `payload` of `avail` bytes. */
+static __always_inline int read_ident(const void *payload, __u64 avail,
+                                      int user, struct xl_ident *id) {
+  __u64 seq = 0, kind = 0;
+  if ((__u64)CFG.seq_offset + CFG.seq_size > avail)
+    return -1;
+  if (read_field(payload + CFG.seq_offset, CFG.seq_size, user, &seq))
+    return -1;
+  if (CFG.kind_size) {
+    if ((__u64)CFG.kind_offset + CFG.kind_size > avail)
+      return -1;
+    if (read_field(payload + CFG.kind_offset, CFG.kind_size, user, &kind))
+      return -1;
+  }
+  id->seq = seq;
+  id->kind = kind;
+  id->flags |= XLAP_FLAG_SEQ_VALID;
+  return 0;
+}
+
+static __always_inline __u16 fold16(const __u32 *words, int n) {
+  __u32 x = 0;
+#pragma unroll
+  for (int i = 0; i < 4; i++)
+    if (i < n)
+      x ^= words[i];
+  return (__u16)(x ^ (x >> 16));
+}
+
+/* Parses the IP/UDP headers of an skb. On success fills the packet's flow
+ * (addresses folded to 16 bits, ports), its UDP destination port and, when
+ * the payload is in the linear area, seq and kind. Returns:
+ * -1 not IPv4/IPv6 UDP (or not the first fragment), 0 parsed,
+ * 1 UDP but seq/kind unreadable (nonlinear or beyond the datagram). */
+static __always_inline int parse_skb(struct sk_buff *skb, struct xl_ident *id,
+                                     __u16 *dport) {
+  unsigned char *head = BPF_CORE_READ(skb, head);
+  __u16 nh = BPF_CORE_READ(skb, network_header);
+  if (!head || nh == (__u16)~0U)
+    return -1;
+  unsigned char *ip = head + nh;
+  __u8 vihl = 0;
+  if (bpf_probe_read_kernel(&vihl, 1, ip))
+    return -1;
+  __u32 saddr[4] = {}, daddr[4] = {};
+  unsigned char *udp;
+  int words;
+  if ((vihl >> 4) == 4) {
+    struct iphdr iph;
+    if (bpf_probe_read_kernel(&iph, sizeof(iph), ip))
+      return -1;
+    if (iph.protocol != IPPROTO_UDP_ || (bpf_ntohs(iph.frag_off) & 0x1fff) != 0)
+      return -1;
+    saddr[0] = iph.saddr;
+    daddr[0] = iph.daddr;
+    words = 1;
+    udp = ip + (vihl & 0xf) * 4;
+  } else if ((vihl >> 4) == 6) {
+    struct ipv6hdr ip6;
+    if (bpf_probe_read_kernel(&ip6, sizeof(ip6), ip))
+      return -1;
+    if (ip6.nexthdr != IPPROTO_UDP_)
+      return -1;
+    __builtin_memcpy(saddr, &ip6.saddr, 16);
+    __builtin_memcpy(daddr, &ip6.daddr, 16);
+    words = 4;
+    udp = ip + sizeof(struct ipv6hdr);
+  } else {
+    return -1;
+  }
+  struct udphdr uh;
+  if (bpf_probe_read_kernel(&uh, sizeof(uh), udp))
+    return -1;
+  __u16 sport = bpf_ntohs(uh.source);
+  *dport = bpf_ntohs(uh.dest);
+  id->flow = ((__u64)fold16(saddr, words) << 48) |
+             ((__u64)fold16(daddr, words) << 32) | ((__u64)sport << 16) |
+             *dport;
+  __u64 udp_len = bpf_ntohs(uh.len);
+  id->len = udp_len;
+  if (udp_len < 8)
+    return 1;
+  unsigned char *payload = udp + 8;
+  /* Only the linear area is readable through head: head + tail ends it. */
+  __u32 tail = BPF_CORE_READ(skb, tail);
+  if (payload > head + tail)
+    return 1;
+  __u64 linear = (head + tail) - payload;
+  __u64 avail = udp_len - 8 < linear ? udp_len - 8 : linear;
+  return read_ident(payload, avail, 0, id) ? 1 : 0;
+}
+
+static __always_inline __u64 skb_hw_ts(struct sk_buff *skb) {
+  unsigned char *head = BPF_CORE_READ(skb, head);
+  __u32 end = BPF_CORE_READ(skb, end);
+  struct skb_shared_info *sh = (struct skb_shared_info *)(head + end);
+  return (__u64)BPF_CORE_READ(sh, hwtstamps.hwtstamp);
+}
+
+/* ---- TX: syscalls ---------------------------------------------------- */
+
+/* The user buffer of the first datagram of a send/recv call. */
+static __always_inline __u64 user_buf(__u32 nr, struct pt_regs *regs) {
+  __u64 a1 = BPF_CORE_READ(regs, si);
+  if (nr == NR_SENDTO || nr == NR_RECVFROM || nr == NR_WRITE || nr == NR_READ)
+    return a1;
+  /* msghdr (sendmsg/recvmsg) or mmsghdr[0] (msg_hdr first): iov[0].base */
+  struct user_msghdr msg;
+  struct iovec iov;
+  if (bpf_probe_read_user(&msg, sizeof(msg), (void *)a1))
+    return 0;
+  if (!msg.msg_iov || bpf_probe_read_user(&iov, sizeof(iov), msg.msg_iov))
+    return 0;
+  return (__u64)iov.iov_base;
+}
+
+SEC("raw_tp/sys_enter")
+int on_sys_enter(__u64 *ctx) {
+  __u64 pid_tgid = bpf_get_current_pid_tgid();
+  __u32 tgid = pid_tgid >> 32, tid = (__u32)pid_tgid;
+  if (!bpf_map_lookup_elem(&TARGET_PIDS, &tgid))
+    return 0;
+  __u32 nr = (__u32)ctx[1];
+  if (nr == NR_SENDTO || nr == NR_SENDMSG || nr == NR_SENDMMSG ||
+      nr == NR_WRITE) {
+    struct xl_send_ctx sc = {};
+    sc.ts_enter = bpf_ktime_get_ns();
+    if (bpf_map_update_elem(&SEND_CTX, &tid, &sc, BPF_ANY))
+      count_loss(XLAP_POINT_SOCK_SEND_ENTER, XLAP_LOSS_MAP_FULL);
+  } else if (nr == NR_RECVFROM || nr == NR_RECVMSG || nr == NR_RECVMMSG ||
+             nr == NR_READ) {
+    struct pt_regs *regs = (struct pt_regs *)ctx[0];
+    struct xl_recv_ctx rc = {};
+    rc.nr = nr;
+    rc.buf = BPF_CORE_READ(regs, si);
+    if (bpf_map_update_elem(&RECV_CTX, &tid, &rc, BPF_ANY))
+      count_loss(XLAP_POINT_SOCK_RECV_EXIT, XLAP_LOSS_MAP_FULL);
+  }
+  return 0;
+}
+
+SEC("raw_tp/sys_exit")
+int on_sys_exit(__u64 *ctx) {
+  __u64 pid_tgid = bpf_get_current_pid_tgid();
+  __u32 tgid = pid_tgid >> 32, tid = (__u32)pid_tgid;
+  if (!bpf_map_lookup_elem(&TARGET_PIDS, &tgid))
+    return 0;
+  __u64 now = bpf_ktime_get_ns();
+  struct xl_send_ctx *sc = bpf_map_lookup_elem(&SEND_CTX, &tid);
+  if (sc) {
+    /* Only a call that put a UDP datagram on a device is a send. */
+    if (sc->seen_skb) {
+      struct xl_ident id = sc->id;
+      id.pid = tgid;
+      emit(XLAP_POINT_SOCK_SEND_ENTER, sc->ts_enter, &id, tid, 0, 0, 0);
+      emit(XLAP_POINT_SOCK_SEND_EXIT, now, &id, tid, 0, 0, 0);
+    }
+    bpf_map_delete_elem(&SEND_CTX, &tid);
+    return 0;
+  }
+  struct xl_recv_ctx *rc = bpf_map_lookup_elem(&RECV_CTX, &tid);
+  if (!rc)
+    return 0;
+  /* A reader woken while still on its CPU is never switched in for that
+   * wake-up: once its receive returns, the wake-up is spent. */
+  bpf_map_delete_elem(&WOKEN, &tid);
+  long ret = (long)ctx[1];
+  if (rc->on_sock && ret > 0) {
+    struct pt_regs *regs = (struct pt_regs *)ctx[0];
+    __u64 buf = rc->buf;
+    if (rc->nr == NR_RECVMSG || rc->nr == NR_RECVMMSG)
+      buf = user_buf(rc->nr, regs);
+    __u64 avail = rc->nr == NR_RECVMMSG ? 65535 : (__u64)ret;
+    struct xl_ident id = {};
+    id.pid = tgid;
+    id.len = rc->nr == NR_RECVMMSG ? 0 : ret;
+    id.flags = XLAP_FLAG_FROM_USER;
+    if (buf && read_ident((void *)buf, avail, 1, &id) == 0)
+      emit(XLAP_POINT_SOCK_RECV_EXIT, now, &id, tid, 0, 0, 0);
+    else
+      count_loss(XLAP_POINT_SOCK_RECV_EXIT, XLAP_LOSS_PARSE);
+  }
+  bpf_map_delete_elem(&RECV_CTX, &tid);
+  return 0;
+}
+
+SEC("tp_btf/sock_recv_length")
+int BPF_PROG(on_sock_recv_length, struct sock *sk, int ret, int flags) {
+  __u32 tid = (__u32)bpf_get_current_pid_tgid();
+  struct xl_recv_ctx *rc = bpf_map_lookup_elem(&RECV_CTX, &tid);
+  if (rc && BPF_CORE_READ(sk, sk_protocol) == IPPROTO_UDP_)
+    rc->on_sock = 1;
+  return 0;
+}
+
+/* ---- TX: device and qdisc -------------------------------------------- */
+
+SEC("tp_btf/net_dev_queue")
+int BPF_PROG(on_net_dev_queue, struct sk_buff *skb) {
+  __u64 pid_tgid = bpf_get_current_pid_tgid();
+  __u32 tid = (__u32)pid_tgid;
+  __u64 key = (__u64)skb;
+  struct xl_send_ctx *sc = bpf_map_lookup_elem(&SEND_CTX, &tid);
+  if (!sc) {
+    /* Not a traced send: forget any identity a freed skb at this address
+     * had, so later TX points do not stamp this packet as ours. */
+    bpf_map_delete_elem(&SKB_TX, &key);
+    return 0;
+  }
+  __u64 now = bpf_ktime_get_ns();
+  struct xl_ident id = {};
+  __u16 dport;
+  int r = parse_skb(skb, &id, &dport);
+  if (r < 0)
+    return 0; /* not UDP: not ours */
+  if (r > 0) {
+    count_loss(XLAP_POINT_DEV_QUEUE, XLAP_LOSS_PARSE);
+    return 0;
+  }
+  id.pid = pid_tgid >> 32;
+  if (!sc->seen_skb) {
+    sc->id = id;
+    sc->seen_skb = 1;
+  }
+  if (bpf_map_update_elem(&SKB_TX, &key, &id, BPF_ANY))
+    count_loss(XLAP_POINT_DEV_QUEUE, XLAP_LOSS_MAP_FULL);
+  emit(XLAP_POINT_DEV_QUEUE, now, &id, tid, BPF_CORE_READ(skb, dev, ifindex),
+       BPF_CORE_READ(skb, queue_mapping), 0);
+  return 0;
+}
+
+/* A point of a packet already identified on this host's TX path. */
+static __always_inline void stamp_known_tx(__u16 point, struct sk_buff *skb) {
+  if (!skb)
+    return;
+  __u64 key = (__u64)skb;
+  struct xl_ident *id = bpf_map_lookup_elem(&SKB_TX, &key);
+  if (!id)
+    return;
+  __u32 tid = (__u32)bpf_get_current_pid_tgid();
+  emit(point, bpf_ktime_get_ns(), id, tid, BPF_CORE_READ(skb, dev, ifindex),
+       BPF_CORE_READ(skb, queue_mapping), 0);
+}
+
+SEC("tp_btf/qdisc_enqueue")
+int BPF_PROG(on_qdisc_enqueue, struct Qdisc *q, const struct netdev_queue *txq,
+             struct sk_buff *skb) {
+  stamp_known_tx(XLAP_POINT_QDISC_ENQUEUE, skb);
+  return 0;
+}
+
+SEC("tp_btf/qdisc_dequeue")
+int BPF_PROG(on_qdisc_dequeue, struct Qdisc *q, const struct netdev_queue *txq,
+             int packets, struct sk_buff *skb) {
+  stamp_known_tx(XLAP_POINT_QDISC_DEQUEUE, skb); /* NULL when queue empty */
+  return 0;
+}
+
+SEC("tp_btf/net_dev_start_xmit")
+int BPF_PROG(on_net_dev_start_xmit, struct sk_buff *skb,
+             struct net_device *dev) {
+  stamp_known_tx(XLAP_POINT_DEV_START_XMIT, skb);
+  return 0;
+}
+
+SEC("tp_btf/net_dev_xmit")
+int BPF_PROG(on_net_dev_xmit, struct sk_buff *skb, int rc,
+             struct net_device *dev, unsigned int skb_len) {
+  /* Only the map is consulted: the driver may have freed or forwarded the
+   * skb already, so its contents are not read here. */
+  __u64 key = (__u64)skb;
+  struct xl_ident *id = bpf_map_lookup_elem(&SKB_TX, &key);
+  if (!id)
+    return 0;
+  __u32 tid = (__u32)bpf_get_current_pid_tgid();
+  emit(XLAP_POINT_DEV_XMIT, bpf_ktime_get_ns(), id, tid,
+       BPF_CORE_READ(dev, ifindex), 0, 0);
+  /* The last TX point: the skb may be freed and its address reused. */
+  bpf_map_delete_elem(&SKB_TX, &key);
+  return 0;
+}
+
+/* ---- RX -------------------------------------------------------------- */
+
+/* A driver hand-off point: parse, keep packets for traced sockets. */
+static __always_inline void stamp_rx_dev(__u16 point, struct sk_buff *skb) {
+  __u64 now = bpf_ktime_get_ns();
+  __u64 key = (__u64)skb;
+  struct xl_ident id = {};
+  __u16 dport;
+  int r = parse_skb(skb, &id, &dport);
+  __u32 *owner = r < 0 ? 0 : bpf_map_lookup_elem(&TARGET_PORTS, &dport);
+  if (!owner) {
+    bpf_map_delete_elem(&SKB_RX, &key); /* a reused address: not ours */
+    return;
+  }
+  if (r > 0) {
+    count_loss(point, XLAP_LOSS_PARSE);
+    return;
+  }
+  id.pid = *owner;
+  if (bpf_map_update_elem(&SKB_RX, &key, &id, BPF_ANY))
+    count_loss(point, XLAP_LOSS_MAP_FULL);
+  /* The receive softirq carries this skb up to the socket on this CPU
+   * before it takes the next one: sk_data_ready pairs with it. */
+  __u32 zero = 0;
+  struct xl_rx_cur *cur = bpf_map_lookup_elem(&RX_CUR, &zero);
+  if (cur) {
+    cur->id = id;
+    cur->dport = dport;
+    cur->ts = now;
+  }
+  emit(point, now, &id, 0, BPF_CORE_READ(skb, dev, ifindex),
+       BPF_CORE_READ(skb, queue_mapping), skb_hw_ts(skb));
+}
+
+SEC("tp_btf/netif_rx")
+int BPF_PROG(on_netif_rx, struct sk_buff *skb) {
+  stamp_rx_dev(XLAP_POINT_DEV_NETIF_RX, skb);
+  return 0;
+}
+
+SEC("tp_btf/napi_gro_receive_entry")
+int BPF_PROG(on_napi_gro_receive_entry, struct sk_buff *skb) {
+  stamp_rx_dev(XLAP_POINT_DEV_GRO_RECEIVE, skb);
+  return 0;
+}
+
+SEC("tp_btf/netif_receive_skb")
+int BPF_PROG(on_netif_receive_skb, struct sk_buff *skb) {
+  stamp_rx_dev(XLAP_POINT_DEV_RECEIVE_SKB, skb);
+  return 0;
+}
+
+SEC("tp_btf/sk_data_ready")
+int BPF_PROG(on_sk_data_ready, const struct sock *sk) {
+  __u16 port = BPF_CORE_READ(sk, __sk_common.skc_num);
+  if (!bpf_map_lookup_elem(&TARGET_PORTS, &port))
+    return 0;
+  __u64 now = bpf_ktime_get_ns();
+  /* The datagram this softirq carried up from the driver on this CPU; else
+   * the queue's tail, where UDP put it just before calling us (a reader on
+   * another CPU may have taken it already). */
+  __u32 zero = 0;
+  struct xl_rx_cur *cur = bpf_map_lookup_elem(&RX_CUR, &zero);
+  struct xl_ident *found = 0;
+  if (cur && cur->dport == port && now - cur->ts < RX_CUR_MAX_AGE_NS) {
+    found = &cur->id;
+  } else {
+    struct sk_buff *skb = BPF_CORE_READ(sk, sk_receive_queue.prev);
+    __u64 key = (__u64)skb;
+    found = bpf_map_lookup_elem(&SKB_RX, &key);
+  }
+  if (!found) {
+    count_loss(XLAP_POINT_SOCK_QUEUE, XLAP_LOSS_UNMATCHED);
+    return 0;
+  }
+  struct xl_ident id = *found;
+  if (cur)
+    cur->dport = 0; /* used: never pair it twice */
+  emit(XLAP_POINT_SOCK_QUEUE, now, &id, 0, 0, 0, 0);
+  struct xl_rx_last *last = bpf_map_lookup_elem(&RX_LAST, &zero);
+  if (last) {
+    last->id = id;
+    last->ts = now;
+    last->valid = 1;
+  }
+  return 0;
+}
+
+/* A waking within this window after sk_data_ready on the same CPU is the
+ * wake-up of the reader by that datagram (sock_def_readable wakes it
+ * synchronously, well under a microsecond later). */
+#define WAKE_WINDOW_NS 20000
+
+SEC("tp_btf/sched_waking")
+int BPF_PROG(on_sched_waking, struct task_struct *p) {
+  __u32 zero = 0;
+  struct xl_rx_last *last = bpf_map_lookup_elem(&RX_LAST, &zero);
+  if (!last || !last->valid)
+    return 0;
+  __u64 now = bpf_ktime_get_ns();
+  if (now - last->ts > WAKE_WINDOW_NS) {
+    last->valid = 0;
+    return 0;
+  }
+  if ((__u32)BPF_CORE_READ(p, tgid) != last->id.pid)
+    return 0;
+  /* Only a thread blocked in a receive call is woken by the datagram (not,
+   * say, a worker thread its reader wakes through a futex). */
+  __u32 tid = BPF_CORE_READ(p, pid);
+  if (!bpf_map_lookup_elem(&RECV_CTX, &tid))
+    return 0;
+  last->valid = 0;
+  emit(XLAP_POINT_SCHED_WAKEUP, now, &last->id, tid, 0, 0, 0);
+  if (bpf_map_update_elem(&WOKEN, &tid, &last->id, BPF_ANY))
+    count_loss(XLAP_POINT_SCHED_SWITCH_IN, XLAP_LOSS_MAP_FULL);
+  return 0;
+}
+
+SEC("tp_btf/sched_switch")
+int BPF_PROG(on_sched_switch, bool preempt, struct task_struct *prev,
+             struct task_struct *next) {
+  __u32 tid = BPF_CORE_READ(next, pid);
+  struct xl_ident *id = bpf_map_lookup_elem(&WOKEN, &tid);
+  if (!id)
+    return 0;
+  struct xl_ident copy = *id;
+  bpf_map_delete_elem(&WOKEN, &tid);
+  emit(XLAP_POINT_SCHED_SWITCH_IN, bpf_ktime_get_ns(), &copy, tid, 0, 0, 0);
+  return 0;
+}
+
+SEC("tp_btf/skb_copy_datagram_iovec")
+int BPF_PROG(on_skb_copy_datagram_iovec, const struct sk_buff *skb, int len) {
+  __u64 key = (__u64)skb;
+  struct xl_ident *id = bpf_map_lookup_elem(&SKB_RX, &key);
+  if (!id)
+    return 0;
+  emit(XLAP_POINT_SOCK_COPY, bpf_ktime_get_ns(), id,
+       (__u32)bpf_get_current_pid_tgid(), 0, 0, 0);
+  return 0;
+}

@@ -1,0 +1,83 @@
+/* xlap_abi.h: the one definition of everything that crosses the BPF/user
+ * boundary. The BPF programs include it; userspace/xlap-abi generates its
+ * Rust types from it with bindgen at build time, so the layouts cannot drift.
+ */
+#ifndef XLAP_ABI_H
+#define XLAP_ABI_H
+
+#ifndef __VMLINUX_H__
+#include <linux/types.h>
+#endif
+
+/* Kernel stamp points. Names (`layer.point`) live in xlap-records; app (USDT)
+ * points are XLAP_POINT_APP_BASE + the marker's attach index. */
+enum xlap_point {
+  XLAP_POINT_NONE = 0,
+  XLAP_POINT_SOCK_SEND_ENTER = 1,  /* raw_tp sys_enter: sendto/sendmsg/... */
+  XLAP_POINT_SOCK_SEND_EXIT = 2,   /* raw_tp sys_exit of the same call */
+  XLAP_POINT_DEV_QUEUE = 3,        /* net:net_dev_queue */
+  XLAP_POINT_QDISC_ENQUEUE = 4,    /* qdisc:qdisc_enqueue */
+  XLAP_POINT_QDISC_DEQUEUE = 5,    /* qdisc:qdisc_dequeue */
+  XLAP_POINT_DEV_START_XMIT = 6,   /* net:net_dev_start_xmit (driver entry) */
+  XLAP_POINT_DEV_XMIT = 7,         /* net:net_dev_xmit (driver return) */
+  XLAP_POINT_DEV_NETIF_RX = 8,     /* net:netif_rx */
+  XLAP_POINT_DEV_GRO_RECEIVE = 9,  /* net:napi_gro_receive_entry */
+  XLAP_POINT_DEV_RECEIVE_SKB = 10, /* net:netif_receive_skb */
+  XLAP_POINT_SOCK_QUEUE = 11,      /* datagram queued on the socket */
+  XLAP_POINT_SCHED_WAKEUP = 12,    /* sched:sched_wakeup of the reader */
+  XLAP_POINT_SCHED_SWITCH_IN = 13, /* sched:sched_switch to the reader */
+  XLAP_POINT_SOCK_COPY = 14,       /* skb:skb_copy_datagram_iovec */
+  XLAP_POINT_SOCK_RECV_EXIT = 15,  /* raw_tp sys_exit: recvfrom/recvmsg/... */
+  /* Device (NIC) hardware timestamps are not points of their own: they ride
+   * in hw_ts_ns of the dev.* stamps (XLAP_FLAG_HW_TS). */
+  XLAP_POINT_KERNEL_COUNT = 16,
+  XLAP_POINT_APP_BASE = 256,
+};
+
+/* Why a stamp was not recorded; counted per point, never silent. */
+enum xlap_loss {
+  XLAP_LOSS_RINGBUF_FULL = 0, /* bpf_ringbuf_reserve failed */
+  XLAP_LOSS_MAP_FULL = 1,     /* skb -> seq map had no room */
+  XLAP_LOSS_PARSE = 2,        /* seq/kind beyond the packet or unreadable */
+  XLAP_LOSS_UNMATCHED = 3,    /* fired for a traced socket, packet unknown */
+  XLAP_LOSS_COUNT = 4,
+};
+
+/* Stamp flags. */
+#define XLAP_FLAG_SEQ_VALID 0x1 /* seq and kind were read */
+#define XLAP_FLAG_FROM_USER 0x2 /* read from the syscall's user buffer */
+#define XLAP_FLAG_HW_TS 0x4     /* hw_ts_ns holds a device timestamp */
+
+/* One stamp: one ring-buffer record. */
+struct xlap_stamp {
+  __u64 ts_ns;    /* bpf_ktime_get_ns(): CLOCK_MONOTONIC */
+  __u64 flow;     /* socket cookie of the traced socket */
+  __u64 seq;      /* the protocol's sequence number */
+  __u64 hw_ts_ns; /* device timestamp (skb hwtstamps), 0 if none */
+  __u32 pid;      /* owning process (tgid) of the socket */
+  __u32 tid;      /* thread that ran the point (0 in softirq) */
+  __u32 len;      /* bytes: datagram/skb length */
+  __u32 ifindex;  /* device, 0 where none */
+  __u16 point;    /* enum xlap_point */
+  __u16 cpu;
+  __u16 queue; /* TX/RX queue where known */
+  __u8 kind;   /* the protocol's packet kind */
+  __u8 flags;  /* XLAP_FLAG_* */
+};
+
+/* Where the protocol keeps seq and kind in the UDP payload. Set by userspace
+ * in .rodata before load. */
+struct xlap_config {
+  __u32 seq_offset;
+  __u32 kind_offset;
+  __u8 seq_size;   /* 1, 2, 4 or 8 */
+  __u8 kind_size;  /* 0 (none), 1, 2 or 4 */
+  __u8 big_endian; /* byte order of both fields */
+  __u8 _pad;
+  /* Wake the reader only once this many bytes wait in the ring buffer: a
+   * wake-up per record costs microseconds (an IPI, a VM exit under KVM);
+   * the reader also polls on a short timeout. */
+  __u32 wakeup_bytes;
+};
+
+#endif

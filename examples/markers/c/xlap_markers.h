@@ -1,0 +1,29 @@
+/* xlap_markers.h: X-LAP stamp points for any C/C++ protocol.
+ *
+ * Each marker is a SystemTap SDT probe (USDT) in provider "xlap" with two
+ * arguments: the packet's sequence number and its kind. Untraced, a marker is
+ * a single `nop` plus a note in `.note.stapsdt`; `xlap-trace --pid PID` turns
+ * every `xlap:NAME` marker into the stamp point `app.NAME`.
+ *
+ *   #include "xlap_markers.h"
+ *   XLAP_MARK(send_start, seq, XLAP_KIND_DATA);
+ *
+ * Needs <sys/sdt.h> (Debian: systemtap-sdt-dev).
+ */
+#ifndef XLAP_MARKERS_H
+#define XLAP_MARKERS_H
+
+#include <stdint.h>
+#include <sys/sdt.h>
+
+/* Packet kinds of the example protocol; other protocols pass their own. */
+#define XLAP_KIND_DATA 1
+#define XLAP_KIND_REDUNDANCY 2
+#define XLAP_KIND_FEEDBACK 3
+
+/* The casts fix the argument sizes in the note: seq is 8 bytes, kind 8 bytes,
+ * the same as the Rust macro, so one decoder reads both. */
+#define XLAP_MARK(point, seq, kind)                                            \
+  DTRACE_PROBE2(xlap, point, (int64_t)(seq), (int64_t)(kind))
+
+#endif

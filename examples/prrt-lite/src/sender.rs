@@ -1,0 +1,281 @@
+//! The sending end: an application thread that paces and encodes packets, a
+//! transmit thread that sends them, and a thread that reads feedback.
+
+use crate::clock::{now_ns, sleep_until};
+use crate::fec::ParityBuilder;
+use crate::inject::{Injections, Stage};
+use crate::log::EventLog;
+use crate::wire::{Feedback, Header, Kind, HEADER_LEN};
+use crate::Markers;
+use anyhow::{Context, Result};
+use serde_json::json;
+use std::net::{SocketAddr, UdpSocket};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{mpsc, Arc};
+use std::time::Duration;
+
+#[derive(Clone, Debug)]
+pub struct SenderConfig {
+    pub dest: SocketAddr,
+    pub bind: SocketAddr,
+    pub count: u32,
+    pub period_ns: u64,
+    pub payload_len: usize,
+    pub k: u8,
+    pub drop_probability: f64,
+    pub seed: u64,
+    pub inject: Injections,
+    pub linger: Duration,
+    pub start_file: Option<PathBuf>,
+    pub start_timeout: Duration,
+}
+
+/// Deterministic payload of a data packet, so the receiver can check rebuilt
+/// packets byte for byte.
+pub fn payload_pattern(seq: u32, len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|i| (seq.wrapping_mul(31).wrapping_add(i as u32)) as u8)
+        .collect()
+}
+
+/// Whether the artificial channel drops this packet: a hash of (seed, kind,
+/// seq), so a run is reproducible whatever the thread timing.
+pub fn dropped(seed: u64, kind: Kind, seq: u32, probability: f64) -> bool {
+    if probability <= 0.0 {
+        return false;
+    }
+    let mut x = seed ^ ((kind as u64) << 40) ^ seq as u64;
+    // splitmix64 finaliser
+    x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    x ^= x >> 31;
+    (x >> 11) as f64 / (1u64 << 53) as f64 <= probability
+}
+
+struct Outgoing {
+    kind: Kind,
+    seq: u32,
+    bytes: Vec<u8>,
+}
+
+pub fn run<M: Markers>(cfg: &SenderConfig, log: &EventLog) -> Result<()> {
+    let socket = UdpSocket::bind(cfg.bind)
+        .with_context(|| format!("cannot bind the sender to {}", cfg.bind))?;
+    socket
+        .connect(cfg.dest)
+        .with_context(|| format!("cannot connect the sender to {}", cfg.dest))?;
+    if let Some(start) = &cfg.start_file {
+        wait_for_file(start, cfg.start_timeout)?;
+    }
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let feedbacks = Arc::new(AtomicU64::new(0));
+    let (tx, rx) = mpsc::channel::<Outgoing>();
+
+    std::thread::scope(|scope| -> Result<()> {
+        let transmit_socket = socket.try_clone()?;
+        let transmitter = scope.spawn(|| transmit::<M>(transmit_socket, rx, cfg, log));
+        let feedback_socket = socket.try_clone()?;
+        let (stop_fb, count_fb) = (stop.clone(), feedbacks.clone());
+        scope.spawn(move || read_feedback(feedback_socket, &stop_fb, &count_fb, log));
+
+        produce::<M>(cfg, &tx);
+        drop(tx);
+        let transmitted = transmitter.join().expect("transmit thread panicked")?;
+        std::thread::sleep(cfg.linger);
+        stop.store(true, Ordering::Relaxed);
+        log.record(json!({
+            "event": "summary", "role": "sender",
+            "data": cfg.count, "redundancy": transmitted.redundancy,
+            "sent": transmitted.sent, "dropped": transmitted.dropped,
+            "feedback_received": feedbacks.load(Ordering::Relaxed),
+        }));
+        Ok(())
+    })
+}
+
+fn wait_for_file(path: &std::path::Path, timeout: Duration) -> Result<()> {
+    let start = std::time::Instant::now();
+    while !path.exists() {
+        if start.elapsed() > timeout {
+            anyhow::bail!(
+                "start file {} did not appear within {:?}",
+                path.display(),
+                timeout
+            );
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    Ok(())
+}
+
+/// The application thread: paces data, encodes, folds parity, submits.
+fn produce<M: Markers>(cfg: &SenderConfig, tx: &mpsc::Sender<Outgoing>) {
+    crate::clock::tighten_timer_slack();
+    let mut parity = ParityBuilder::new(cfg.payload_len);
+    let mut block = 0u32;
+    let start = now_ns() + 1_000_000;
+    for seq in 0..cfg.count {
+        sleep_until(start + seq as u64 * cfg.period_ns);
+        let data = Kind::Data as u8;
+        M::send_start(seq, data);
+        M::encode_start(seq, data);
+        let send_time_ns = now_ns();
+        let payload = payload_pattern(seq, cfg.payload_len);
+        let header = Header {
+            kind: Kind::Data,
+            payload_len: cfg.payload_len as u16,
+            seq,
+            send_time_ns,
+            block,
+            index: parity.covered(),
+            k: cfg.k,
+        };
+        let mut bytes = Vec::with_capacity(HEADER_LEN + cfg.payload_len);
+        header.encode(&mut bytes);
+        bytes.extend_from_slice(&payload);
+        parity.add(send_time_ns, &payload);
+        cfg.inject.apply(Stage::Encode, seq);
+        M::encode_end(seq, data);
+        cfg.inject.apply(Stage::Submit, seq);
+        M::submit(seq, data);
+        let _ = tx.send(Outgoing {
+            kind: Kind::Data,
+            seq,
+            bytes,
+        });
+        if parity.covered() == cfg.k || seq + 1 == cfg.count {
+            submit_parity::<M>(cfg, tx, &mut parity, block);
+            block += 1;
+        }
+    }
+}
+
+fn submit_parity<M: Markers>(
+    cfg: &SenderConfig,
+    tx: &mpsc::Sender<Outgoing>,
+    parity: &mut ParityBuilder,
+    block: u32,
+) {
+    let kind = Kind::Redundancy as u8;
+    M::send_start(block, kind);
+    M::encode_start(block, kind);
+    let covered = parity.covered();
+    let payload = parity.finish();
+    let header = Header {
+        kind: Kind::Redundancy,
+        payload_len: payload.len() as u16,
+        seq: block,
+        send_time_ns: now_ns(),
+        block,
+        index: covered,
+        k: cfg.k,
+    };
+    let mut bytes = Vec::with_capacity(HEADER_LEN + payload.len());
+    header.encode(&mut bytes);
+    bytes.extend_from_slice(&payload);
+    M::encode_end(block, kind);
+    M::submit(block, kind);
+    let _ = tx.send(Outgoing {
+        kind: Kind::Redundancy,
+        seq: block,
+        bytes,
+    });
+}
+
+struct Transmitted {
+    sent: u64,
+    dropped: u64,
+    redundancy: u64,
+}
+
+/// The transmit thread: one send syscall per packet, unless the artificial
+/// channel drops it.
+fn transmit<M: Markers>(
+    socket: UdpSocket,
+    rx: mpsc::Receiver<Outgoing>,
+    cfg: &SenderConfig,
+    log: &EventLog,
+) -> Result<Transmitted> {
+    let mut stats = Transmitted {
+        sent: 0,
+        dropped: 0,
+        redundancy: 0,
+    };
+    for out in rx {
+        let kind = out.kind as u8;
+        if out.kind == Kind::Redundancy {
+            stats.redundancy += 1;
+        }
+        cfg.inject.apply(Stage::Transmit, out.seq);
+        let drop_it = dropped(cfg.seed, out.kind, out.seq, cfg.drop_probability);
+        if drop_it {
+            stats.dropped += 1;
+        } else {
+            M::link_transmit_start(out.seq, kind);
+            // A refused datagram (no receiver yet: ECONNREFUSED from an ICMP
+            // error) is the channel's loss, not the sender's failure.
+            if let Err(e) = socket.send(&out.bytes) {
+                log.record(json!({"event": "send_error", "kind": out.kind, "seq": out.seq, "error": e.to_string()}));
+            }
+            M::link_transmit_end(out.seq, kind);
+            stats.sent += 1;
+        }
+        log.record(json!({
+            "event": "sent", "kind": out.kind, "seq": out.seq,
+            "t_ns": now_ns(), "dropped": drop_it,
+        }));
+    }
+    Ok(stats)
+}
+
+/// Reads feedback until told to stop; the RTT comes from the echoed send time.
+fn read_feedback(socket: UdpSocket, stop: &AtomicBool, count: &AtomicU64, log: &EventLog) {
+    let _ = socket.set_read_timeout(Some(Duration::from_millis(50)));
+    let mut buf = [0u8; 2048];
+    while !stop.load(Ordering::Relaxed) {
+        let Ok(n) = socket.recv(&mut buf) else {
+            continue;
+        };
+        let now = now_ns();
+        let Ok((header, payload)) = Header::decode(&buf[..n]) else {
+            log.record(json!({"event": "malformed", "bytes": n}));
+            continue;
+        };
+        if header.kind != Kind::Feedback {
+            continue;
+        }
+        let Ok(fb) = Feedback::decode(payload) else {
+            log.record(json!({"event": "malformed", "bytes": n}));
+            continue;
+        };
+        count.fetch_add(1, Ordering::Relaxed);
+        let rtt_ns = (fb.echo_send_time_ns != 0)
+            .then(|| now.saturating_sub(fb.echo_send_time_ns + fb.echo_hold_ns));
+        log.record(json!({
+            "event": "feedback", "seq": header.seq, "t_ns": now,
+            "received": fb.received, "lost": fb.lost, "recovered": fb.recovered,
+            "highest_seq": fb.highest_seq, "mean_delay_ns": fb.mean_delay_ns,
+            "rtt_ns": rtt_ns,
+        }));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn drop_decision_is_reproducible_and_near_the_probability() {
+        let n = 100_000u32;
+        let drops = (0..n).filter(|&s| dropped(7, Kind::Data, s, 0.01)).count();
+        assert!((800..1200).contains(&drops), "{drops} drops of {n}");
+        assert_eq!(
+            drops,
+            (0..n).filter(|&s| dropped(7, Kind::Data, s, 0.01)).count()
+        );
+        assert!(!(0..n).any(|s| dropped(7, Kind::Data, s, 0.0)));
+    }
+}

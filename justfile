@@ -1,0 +1,37 @@
+# Recipes of xlap-trace. `./run.sh RECIPE` installs what they need first.
+set shell := ["bash", "-euo", "pipefail", "-c"]
+
+target := env_var_or_default("CARGO_TARGET_DIR", justfile_directory() / "target")
+xlap := target / "debug" / "xlap-trace"
+
+# The main job: the example protocol on a two-host stage, traced, analysed.
+default: demo
+
+# Build everything (BPF objects included, by build.rs).
+build:
+    cargo build --workspace
+
+# The main job end to end (options: --count N, --period-us N, --plain, -o DIR).
+demo *ARGS: build
+    {{xlap}} demo {{ARGS}}
+
+# Every tier: lint, unit, integration, privileged end-to-end.
+test: lint build
+    cargo test --workspace --no-fail-fast
+    @# A test that leaked a stage fails the suite (and the leak is removed).
+    {{xlap}} stage sweep --check
+
+# Formatting, clippy, clang-format, and the committed schemas.
+lint:
+    cargo fmt --all --check
+    cargo clippy --workspace --all-targets -- -D warnings
+    clang-format --dry-run --Werror bpf/*.c bpf/*.h examples/markers/c/*.h
+    cargo run -q -p xlap-trace -- schema --check schemas
+
+# Regenerate the committed schema files.
+schemas:
+    cargo run -q -p xlap-trace -- schema --write schemas
+
+# A stage for experiments, until Ctrl-C (e.g. just stage --qdisc a=tbf).
+stage *ARGS: build
+    {{xlap}} stage up {{ARGS}}

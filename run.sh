@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# xlap-trace's single entry point. On a fresh Debian 12 machine with Rust, as
+# root, it installs what is missing (idempotently) and runs a just recipe:
+#
+#   ./run.sh demo     the main job: example protocol on a two-host stage, traced
+#   ./run.sh test     the whole test suite (lint, unit, integration, privileged)
+#   ./run.sh setup    only install the system packages and `just`
+#   ./run.sh RECIPE   any other recipe of the justfile (bench, stage, ...)
+#
+# Exit codes: those of the recipe; 3 not root; 4 kernel without BTF.
+set -euo pipefail
+cd "$(dirname "$0")"
+
+die() {
+	echo "run.sh: $1" >&2
+	exit "$2"
+}
+
+[ "$(id -u)" -eq 0 ] ||
+	die "needs root (it loads BPF and builds network namespaces): run it as root, e.g. sudo -E ./run.sh ${1:-demo}" 3
+[ -e /sys/kernel/btf/vmlinux ] ||
+	die "this kernel has no BTF (/sys/kernel/btf/vmlinux is missing): xlap-trace needs a kernel built with CONFIG_DEBUG_INFO_BTF=y" 4
+export PATH="$HOME/.cargo/bin:$PATH"
+command -v cargo >/dev/null || die "cargo not found: install Rust (rustup, stable) first" 1
+
+# System packages: the BPF toolchain, USDT headers, network tools, test peers.
+PACKAGES=(clang llvm libbpf-dev bpftool libclang-dev clang-format systemtap-sdt-dev
+	build-essential pkg-config iproute2 iperf3)
+missing=()
+for p in "${PACKAGES[@]}"; do
+	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+	echo "run.sh: installing ${missing[*]}"
+	apt-get update -qq
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+# just is not in Debian 12: build it from crates.io once.
+if ! command -v just >/dev/null; then
+	echo "run.sh: installing just from crates.io"
+	cargo install --locked --quiet just
+fi
+
+recipe="${1:-demo}"
+[ "$recipe" = setup ] && exit 0
+shift || true
+exec just "$recipe" "$@"

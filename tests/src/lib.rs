@@ -1,0 +1,112 @@
+//! Support for xlap-trace's integration tests: finding the workspace's
+//! binaries, gating privileged tests, and running the example protocol on a
+//! stage.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, MutexGuard};
+
+pub mod example;
+pub mod trace;
+
+/// The environment variable that turns a skipped privileged test into a
+/// failure (CI sets it).
+pub const REQUIRE_PRIVILEGED: &str = "XLAP_REQUIRE_PRIVILEGED";
+
+/// Why privileged tests cannot run here, if they cannot.
+pub fn privileged_unavailable() -> Option<String> {
+    if let Err(e) = xlap_stage::check_privileges() {
+        return Some(e.to_string());
+    }
+    if !Path::new("/sys/kernel/btf/vmlinux").exists() {
+        return Some("the kernel has no BTF (/sys/kernel/btf/vmlinux)".into());
+    }
+    None
+}
+
+/// Start of every privileged test: `None` means skip (reason printed), and
+/// under `XLAP_REQUIRE_PRIVILEGED=1` a skip is a failure. The guard it
+/// returns serialises privileged tests (they share the kernel's probes).
+pub fn privileged(test: &str) -> Option<MutexGuard<'static, ()>> {
+    static SERIAL: Mutex<()> = Mutex::new(());
+    if let Some(reason) = privileged_unavailable() {
+        if std::env::var_os(REQUIRE_PRIVILEGED).is_some_and(|v| v != "0" && !v.is_empty()) {
+            panic!("{test}: privileged test cannot run ({reason}) and {REQUIRE_PRIVILEGED} is set");
+        }
+        eprintln!("SKIPPED {test}: {reason} (privileged tests need root)");
+        return None;
+    }
+    Some(SERIAL.lock().unwrap_or_else(|p| p.into_inner()))
+}
+
+/// The workspace's build directory for this test binary's profile
+/// (`target/<profile>`, the parent of `deps/`).
+pub fn target_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("current exe");
+    exe.parent()
+        .and_then(Path::parent)
+        .expect("test binaries live in target/<profile>/deps")
+        .to_path_buf()
+}
+
+/// Path of a workspace binary; they are built by `cargo build --workspace`
+/// (the justfile's test recipe does so before `cargo test`).
+pub fn bin(name: &str) -> PathBuf {
+    let path = target_dir().join(name);
+    assert!(
+        path.exists(),
+        "{} is missing: run `cargo build --workspace` before the tests (just test does)",
+        path.display()
+    );
+    path
+}
+
+/// A fresh scratch directory under the target dir, removed when dropped.
+pub struct Scratch(pub PathBuf);
+
+impl Scratch {
+    pub fn new(name: &str) -> Scratch {
+        let dir = target_dir()
+            .join("test-scratch")
+            .join(format!("{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("create scratch dir");
+        Scratch(dir)
+    }
+
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.0.join(name)
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+}
+
+/// Reads a JSON-lines log.
+pub fn read_jsonl(path: &Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(path)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+        .lines()
+        .map(|l| {
+            serde_json::from_str(l)
+                .unwrap_or_else(|e| panic!("{}: bad line {l:?}: {e}", path.display()))
+        })
+        .collect()
+}
+
+/// Waits for a file to appear, failing after `secs`.
+pub fn wait_for_file(path: &Path, secs: u64) {
+    let start = std::time::Instant::now();
+    while !path.exists() {
+        assert!(
+            start.elapsed().as_secs() < secs,
+            "{} did not appear within {secs} s",
+            path.display()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}

@@ -1,0 +1,129 @@
+//! Running `xlap-trace record` from tests and reading what it wrote.
+
+use crate::bin;
+use arrow_array::{Array, Int64Array, StringArray, UInt32Array, UInt64Array, UInt8Array};
+use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+
+/// One row of `stamps.parquet`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Row {
+    pub point: String,
+    pub ts_ns: i64,
+    pub seq: Option<u64>,
+    pub kind: Option<u8>,
+    pub flow: u64,
+    pub pid: u32,
+}
+
+impl Row {
+    pub fn sport(&self) -> u16 {
+        (self.flow >> 16) as u16
+    }
+    pub fn dport(&self) -> u16 {
+        self.flow as u16
+    }
+}
+
+/// A running `xlap-trace record`.
+pub struct Recorder {
+    pub child: Child,
+    pub dir: PathBuf,
+}
+
+impl Recorder {
+    /// Starts recording `pids` into `dir` and waits until the probes are
+    /// attached.
+    pub fn start(pids: &[u32], dir: &Path, extra: &[&str]) -> Recorder {
+        let ready = dir.with_extension("ready");
+        let _ = std::fs::remove_file(&ready);
+        let mut cmd = Command::new(bin("xlap-trace"));
+        cmd.arg("record").arg("-o").arg(dir).arg("--ready-file").arg(&ready).args(extra);
+        for pid in pids {
+            cmd.args(["--pid", &pid.to_string()]);
+        }
+        let child = cmd
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn xlap-trace");
+        let mut rec = Recorder {
+            child,
+            dir: dir.to_path_buf(),
+        };
+        let start = std::time::Instant::now();
+        while !ready.exists() {
+            if let Ok(Some(status)) = rec.child.try_wait() {
+                let mut err = String::new();
+                if let Some(e) = rec.child.stderr.as_mut() {
+                    let _ = std::io::Read::read_to_string(e, &mut err);
+                }
+                panic!("xlap-trace exited ({status}) before it was ready: {err}");
+            }
+            assert!(start.elapsed().as_secs() < 60, "xlap-trace not ready after 60 s");
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        rec
+    }
+
+    /// Waits for the recorder to end on its own (the targets exited).
+    pub fn wait(self) -> Output {
+        let out = self.child.wait_with_output().expect("wait xlap-trace");
+        assert!(
+            out.status.success(),
+            "xlap-trace failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        out
+    }
+
+    /// Waits for the recorder to end and returns its `run.json`.
+    pub fn meta_after_wait(self) -> Value {
+        let dir = self.dir.clone();
+        self.wait();
+        run_meta(&dir)
+    }
+}
+
+pub fn run_meta(dir: &Path) -> Value {
+    let text = std::fs::read_to_string(dir.join("run.json")).expect("run.json");
+    serde_json::from_str(&text).expect("run.json is JSON")
+}
+
+/// Every row of a stamps Parquet file.
+pub fn read_stamps(path: &Path) -> Vec<Row> {
+    let file = std::fs::File::open(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let reader = ParquetRecordBatchReaderBuilder::try_new(file).expect("parquet").build().expect("reader");
+    let mut rows = Vec::new();
+    for batch in reader {
+        let batch = batch.expect("batch");
+        let col = |n: &str| batch.column_by_name(n).unwrap_or_else(|| panic!("column {n}")).clone();
+        let point = col("point");
+        let point = point.as_any().downcast_ref::<StringArray>().unwrap();
+        let ts = col("ts_ns");
+        let ts = ts.as_any().downcast_ref::<Int64Array>().unwrap();
+        let seq = col("seq");
+        let seq = seq.as_any().downcast_ref::<UInt64Array>().unwrap();
+        let kind = col("kind");
+        let kind = kind.as_any().downcast_ref::<UInt8Array>().unwrap();
+        let flow = col("flow");
+        let flow = flow.as_any().downcast_ref::<UInt64Array>().unwrap();
+        let pid = col("pid");
+        let pid = pid.as_any().downcast_ref::<UInt32Array>().unwrap();
+        for i in 0..batch.num_rows() {
+            rows.push(Row {
+                point: point.value(i).to_string(),
+                ts_ns: ts.value(i),
+                seq: (!seq.is_null(i)).then(|| seq.value(i)),
+                kind: (!kind.is_null(i)).then(|| kind.value(i)),
+                flow: flow.value(i),
+                pid: pid.value(i),
+            });
+        }
+    }
+    rows
+}

@@ -1,0 +1,28 @@
+//! Generates the Rust side of the BPF ABI from the C header, the single
+//! source of the wire layout.
+
+use std::path::PathBuf;
+
+fn main() {
+    let header = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../bpf/xlap_abi.h");
+    println!("cargo:rerun-if-changed={}", header.display());
+    let bindings = bindgen::Builder::default()
+        .header(header.to_str().expect("utf-8 path"))
+        .allowlist_type("xlap_.*")
+        .allowlist_var("XLAP_.*")
+        .constified_enum_module("xlap_point")
+        .constified_enum_module("xlap_loss")
+        .derive_default(true)
+        .derive_eq(true)
+        .layout_tests(true)
+        .use_core()
+        .generate()
+        .unwrap_or_else(|e| {
+            panic!(
+                "bindgen failed on {}: {e} (is libclang-dev installed? run ./run.sh setup)",
+                header.display()
+            )
+        });
+    let out = PathBuf::from(std::env::var("OUT_DIR").unwrap()).join("abi.rs");
+    bindings.write_to_file(out).expect("write bindings");
+}

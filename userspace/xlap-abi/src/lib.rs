@@ -1,0 +1,26 @@
+//! Raw BPF/user wire types, generated from `bpf/xlap_abi.h` at build time.
+//!
+//! Nothing here is written by hand: the C header is the one definition of the
+//! event layout. Decoding into safe records happens in `xlap-records`.
+
+#![no_std]
+#![allow(non_camel_case_types, non_upper_case_globals, dead_code)]
+
+include!(concat!(env!("OUT_DIR"), "/abi.rs"));
+
+/// Size of one ring-buffer stamp record.
+pub const STAMP_SIZE: usize = core::mem::size_of::<xlap_stamp>();
+
+impl xlap_stamp {
+    /// Reads a stamp from a ring-buffer record; `None` when the record is
+    /// shorter than a stamp (a layout mismatch, never expected).
+    pub fn from_bytes(bytes: &[u8]) -> Option<xlap_stamp> {
+        if bytes.len() < STAMP_SIZE {
+            return None;
+        }
+        // SAFETY: the record holds at least STAMP_SIZE bytes and xlap_stamp is
+        // a plain C struct of integers, valid for any bit pattern;
+        // read_unaligned copes with the ring buffer's 8-byte alignment.
+        Some(unsafe { core::ptr::read_unaligned(bytes.as_ptr() as *const xlap_stamp) })
+    }
+}

@@ -1,0 +1,135 @@
+//! The stamp-point vocabulary: `layer.point` names of the kernel points
+//! defined (by number) in `bpf/xlap_abi.h`.
+
+use xlap_abi::xlap_point;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Side {
+    Tx,
+    Rx,
+}
+
+impl Side {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Side::Tx => "tx",
+            Side::Rx => "rx",
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Layer {
+    App,
+    Sock,
+    Dev,
+    Qdisc,
+    Sched,
+}
+
+impl Layer {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Layer::App => "app",
+            Layer::Sock => "sock",
+            Layer::Dev => "dev",
+            Layer::Qdisc => "qdisc",
+            Layer::Sched => "sched",
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PointInfo {
+    pub id: u16,
+    pub name: &'static str,
+    pub layer: Layer,
+    pub side: Side,
+}
+
+/// Name, layer and side of a kernel point id (`enum xlap_point` of the C
+/// header); `None` for ids that name no kernel point. A test checks that
+/// every id the header defines has a name here.
+pub const fn kernel_point(id: u32) -> Option<PointInfo> {
+    use xlap_point::*;
+    use Layer::*;
+    use Side::*;
+    let (name, layer, side) = match id {
+        XLAP_POINT_SOCK_SEND_ENTER => ("sock.send_enter", Sock, Tx),
+        XLAP_POINT_SOCK_SEND_EXIT => ("sock.send_exit", Sock, Tx),
+        XLAP_POINT_DEV_QUEUE => ("dev.queue", Dev, Tx),
+        XLAP_POINT_QDISC_ENQUEUE => ("qdisc.enqueue", Qdisc, Tx),
+        XLAP_POINT_QDISC_DEQUEUE => ("qdisc.dequeue", Qdisc, Tx),
+        XLAP_POINT_DEV_START_XMIT => ("dev.start_xmit", Dev, Tx),
+        XLAP_POINT_DEV_XMIT => ("dev.xmit", Dev, Tx),
+        XLAP_POINT_DEV_NETIF_RX => ("dev.netif_rx", Dev, Rx),
+        XLAP_POINT_DEV_GRO_RECEIVE => ("dev.gro_receive", Dev, Rx),
+        XLAP_POINT_DEV_RECEIVE_SKB => ("dev.receive_skb", Dev, Rx),
+        XLAP_POINT_SOCK_QUEUE => ("sock.queue", Sock, Rx),
+        XLAP_POINT_SCHED_WAKEUP => ("sched.wakeup", Sched, Rx),
+        XLAP_POINT_SCHED_SWITCH_IN => ("sched.switch_in", Sched, Rx),
+        XLAP_POINT_SOCK_COPY => ("sock.copy", Sock, Rx),
+        XLAP_POINT_SOCK_RECV_EXIT => ("sock.recv_exit", Sock, Rx),
+        _ => return None,
+    };
+    Some(PointInfo {
+        id: id as u16,
+        name,
+        layer,
+        side,
+    })
+}
+
+/// Every kernel point, in id order.
+pub fn kernel_points() -> impl Iterator<Item = PointInfo> {
+    (1..xlap_point::XLAP_POINT_KERNEL_COUNT).filter_map(kernel_point)
+}
+
+/// The name, layer and side (kernel points only) of any point id: kernel
+/// points by the table above, app points (USDT markers) by the names the
+/// loader assigned, `app_names[id - APP_BASE]`.
+pub fn point_info(id: u16, app_names: &[String]) -> Option<(String, Layer, Option<Side>)> {
+    let app_base = xlap_point::XLAP_POINT_APP_BASE as u16;
+    if id >= app_base {
+        return app_names
+            .get((id - app_base) as usize)
+            .map(|n| (format!("app.{n}"), Layer::App, None));
+    }
+    let info = kernel_point(id as u32)?;
+    Some((info.name.to_string(), info.layer, Some(info.side)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_kernel_point_has_a_unique_layered_name() {
+        let points: Vec<_> = kernel_points().collect();
+        // Every id the C header defines below KERNEL_COUNT is named.
+        assert_eq!(
+            points.len(),
+            xlap_point::XLAP_POINT_KERNEL_COUNT as usize - 1
+        );
+        let mut names: Vec<_> = points.iter().map(|p| p.name).collect();
+        names.sort();
+        names.dedup();
+        assert_eq!(names.len(), points.len());
+        for p in points {
+            assert!(
+                p.name.starts_with(&format!("{}.", p.layer.as_str())),
+                "{}",
+                p.name
+            );
+        }
+    }
+
+    #[test]
+    fn app_points_take_their_marker_names() {
+        let names = vec!["send_start".to_string()];
+        let base = xlap_point::XLAP_POINT_APP_BASE as u16;
+        assert_eq!(point_info(base, &names).unwrap().0, "app.send_start");
+        assert!(point_info(base + 1, &names).is_none());
+        assert_eq!(point_info(7, &names).unwrap().0, "dev.xmit");
+    }
+}

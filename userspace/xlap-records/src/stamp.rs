@@ -1,0 +1,82 @@
+//! A decoded stamp: one point passed by one packet.
+
+use xlap_abi::{xlap_stamp, XLAP_FLAG_FROM_USER, XLAP_FLAG_HW_TS, XLAP_FLAG_SEQ_VALID};
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Stamp {
+    /// `CLOCK_MONOTONIC` ns of the host that recorded it.
+    pub ts_ns: u64,
+    pub point: u16,
+    /// The protocol's sequence number and kind; `None` when they could not be
+    /// read (counted as parse losses).
+    pub seq: Option<u64>,
+    pub kind: Option<u8>,
+    pub flow: u64,
+    pub pid: u32,
+    pub tid: u32,
+    pub cpu: u16,
+    pub len: u32,
+    pub ifindex: Option<u32>,
+    pub queue: Option<u16>,
+    pub hw_ts_ns: Option<u64>,
+    /// Seq and kind came from the syscall's user buffer, not from an skb.
+    pub from_user: bool,
+}
+
+impl Stamp {
+    pub fn decode(raw: &xlap_stamp) -> Stamp {
+        let flags = raw.flags as u32;
+        let seq_valid = flags & XLAP_FLAG_SEQ_VALID != 0;
+        Stamp {
+            ts_ns: raw.ts_ns,
+            point: raw.point,
+            seq: seq_valid.then_some(raw.seq),
+            kind: seq_valid.then_some(raw.kind),
+            flow: raw.flow,
+            pid: raw.pid,
+            tid: raw.tid,
+            cpu: raw.cpu,
+            len: raw.len,
+            ifindex: (raw.ifindex != 0).then_some(raw.ifindex),
+            queue: (raw.ifindex != 0).then_some(raw.queue),
+            hw_ts_ns: (flags & XLAP_FLAG_HW_TS != 0).then_some(raw.hw_ts_ns),
+            from_user: flags & XLAP_FLAG_FROM_USER != 0,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flags_decide_which_fields_are_present() {
+        let raw = xlap_stamp {
+            ts_ns: 10,
+            flow: 3,
+            seq: 42,
+            hw_ts_ns: 77,
+            pid: 5,
+            tid: 6,
+            len: 224,
+            ifindex: 0,
+            point: 7,
+            cpu: 1,
+            queue: 0,
+            kind: 1,
+            flags: (XLAP_FLAG_SEQ_VALID | XLAP_FLAG_FROM_USER) as u8,
+        };
+        let s = Stamp::decode(&raw);
+        assert_eq!((s.seq, s.kind, s.from_user), (Some(42), Some(1), true));
+        assert_eq!((s.ifindex, s.queue, s.hw_ts_ns), (None, None, None));
+        let s = Stamp::decode(&xlap_stamp {
+            flags: XLAP_FLAG_HW_TS as u8,
+            ifindex: 4,
+            ..raw
+        });
+        assert_eq!(
+            (s.seq, s.kind, s.ifindex, s.hw_ts_ns),
+            (None, None, Some(4), Some(77))
+        );
+    }
+}

@@ -1,0 +1,82 @@
+//! Builds the BPF objects of `bpf/` with clang (CO-RE, BTF) and leaves them
+//! in OUT_DIR for `include_bytes_aligned!`. `vmlinux.h` is generated from the
+//! build machine's kernel BTF with bpftool; CO-RE relocations make the object
+//! run on other kernels too.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+const OBJECTS: &[&str] = &["capture"];
+
+fn main() {
+    let bpf_dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../bpf");
+    let out = PathBuf::from(std::env::var("OUT_DIR").unwrap());
+    println!("cargo:rerun-if-changed={}", bpf_dir.display());
+
+    let vmlinux = out.join("vmlinux.h");
+    let btf = Path::new("/sys/kernel/btf/vmlinux");
+    if !btf.exists() {
+        fail("this kernel has no BTF (/sys/kernel/btf/vmlinux): xlap-trace needs CONFIG_DEBUG_INFO_BTF=y to build and run");
+    }
+    let dump = Command::new("bpftool")
+        .args(["btf", "dump", "file"])
+        .arg(btf)
+        .args(["format", "c"])
+        .output()
+        .unwrap_or_else(|e| {
+            fail(&format!(
+                "cannot run bpftool ({e}): install it with ./run.sh setup"
+            ))
+        });
+    if !dump.status.success() {
+        fail(&format!(
+            "bpftool btf dump failed: {}",
+            String::from_utf8_lossy(&dump.stderr)
+        ));
+    }
+    std::fs::write(&vmlinux, dump.stdout).expect("write vmlinux.h");
+
+    let multiarch = Command::new("gcc")
+        .arg("-dumpmachine")
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_else(|| "x86_64-linux-gnu".to_string());
+
+    for name in OBJECTS {
+        let src = bpf_dir.join(format!("{name}.bpf.c"));
+        let obj = out.join(format!("{name}.bpf.o"));
+        let status = Command::new("clang")
+            .args([
+                "-O2",
+                "-g",
+                "-target",
+                "bpf",
+                "-D__TARGET_ARCH_x86",
+                "-Wall",
+                "-Werror",
+            ])
+            .arg(format!("-I{}", out.display()))
+            .arg(format!("-I{}", bpf_dir.display()))
+            .arg(format!("-I/usr/include/{multiarch}"))
+            .arg("-c")
+            .arg(&src)
+            .arg("-o")
+            .arg(&obj)
+            .status()
+            .unwrap_or_else(|e| {
+                fail(&format!(
+                    "cannot run clang ({e}): install it with ./run.sh setup"
+                ))
+            });
+        if !status.success() {
+            fail(&format!("clang failed on {}", src.display()));
+        }
+    }
+}
+
+fn fail(msg: &str) -> ! {
+    eprintln!("error: {msg}");
+    panic!("{msg}");
+}

@@ -1,0 +1,234 @@
+//! Loading and attaching the kernel capture programs (`bpf/capture.bpf.c`).
+
+use crate::exit::{failure, Code};
+use crate::proto::Layout;
+use anyhow::{Context, Result};
+use aya::maps::{HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf};
+use aya::programs::{BtfTracePoint, RawTracePoint};
+use aya::{include_bytes_aligned, Btf, Ebpf, EbpfLoader};
+use std::collections::BTreeMap;
+use xlap_abi::{xlap_loss, xlap_point};
+
+static CAPTURE_OBJECT: &[u8] = include_bytes_aligned!(concat!(env!("OUT_DIR"), "/capture.bpf.o"));
+
+/// (program, kind, attach target, required). Optional points are missing on
+/// some kernels or devices; a run records which ones could not attach.
+const PROGRAMS: &[(&str, Kind, &str, bool)] = &[
+    ("on_sys_enter", Kind::RawTp, "sys_enter", true),
+    ("on_sys_exit", Kind::RawTp, "sys_exit", true),
+    (
+        "on_sock_recv_length",
+        Kind::TpBtf,
+        "sock_recv_length",
+        false,
+    ),
+    ("on_net_dev_queue", Kind::TpBtf, "net_dev_queue", true),
+    ("on_qdisc_enqueue", Kind::TpBtf, "qdisc_enqueue", false),
+    ("on_qdisc_dequeue", Kind::TpBtf, "qdisc_dequeue", false),
+    (
+        "on_net_dev_start_xmit",
+        Kind::TpBtf,
+        "net_dev_start_xmit",
+        false,
+    ),
+    ("on_net_dev_xmit", Kind::TpBtf, "net_dev_xmit", false),
+    ("on_netif_rx", Kind::TpBtf, "netif_rx", false),
+    (
+        "on_napi_gro_receive_entry",
+        Kind::TpBtf,
+        "napi_gro_receive_entry",
+        false,
+    ),
+    (
+        "on_netif_receive_skb",
+        Kind::TpBtf,
+        "netif_receive_skb",
+        false,
+    ),
+    ("on_sk_data_ready", Kind::TpBtf, "sk_data_ready", false),
+    ("on_sched_waking", Kind::TpBtf, "sched_waking", false),
+    ("on_sched_switch", Kind::TpBtf, "sched_switch", false),
+    (
+        "on_skb_copy_datagram_iovec",
+        Kind::TpBtf,
+        "skb_copy_datagram_iovec",
+        false,
+    ),
+];
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    RawTp,
+    TpBtf,
+}
+
+/// Loaded and attached capture programs; dropping it detaches everything.
+pub struct Capture {
+    pub bpf: Ebpf,
+    /// Points whose tracepoint could not be attached, with the reason.
+    pub unavailable: Vec<(String, String)>,
+}
+
+pub struct Settings {
+    pub layout: Layout,
+    pub ringbuf_bytes: u32,
+}
+
+impl Capture {
+    pub fn load(settings: &Settings) -> Result<Capture> {
+        let mut config = settings.layout.to_abi();
+        config.wakeup_bytes = settings.ringbuf_bytes / 8;
+        // SAFETY: xlap_config is a plain C struct of integers (no padding
+        // holes with undefined contents: it is zero-initialised by Default).
+        let config_bytes: &[u8] = unsafe {
+            std::slice::from_raw_parts(
+                (&config as *const xlap_abi::xlap_config).cast::<u8>(),
+                std::mem::size_of::<xlap_abi::xlap_config>(),
+            )
+        };
+        let mut bpf = EbpfLoader::new()
+            .override_global("CFG", config_bytes, true)
+            .map_max_entries("STAMPS", settings.ringbuf_bytes)
+            .load(CAPTURE_OBJECT)
+            .map_err(|e| {
+                let text = e.to_string();
+                if text.contains("EPERM") || text.contains("Operation not permitted") {
+                    failure(
+                        Code::Privileges,
+                        format!("the kernel refused to load BPF ({text}): run as root"),
+                    )
+                } else {
+                    anyhow::Error::new(e).context("loading the capture BPF object failed")
+                }
+            })?;
+        let btf = Btf::from_sys_fs()
+            .map_err(|e| failure(Code::Kernel, format!("cannot read the kernel BTF: {e}")))?;
+        let mut unavailable = Vec::new();
+        for (prog, kind, target, required) in PROGRAMS {
+            let result = attach(&mut bpf, &btf, prog, *kind, target);
+            if let Err(e) = result {
+                if *required {
+                    return Err(failure(
+                        Code::Kernel,
+                        format!("cannot attach to the {target} tracepoint: {e:#}"),
+                    ));
+                }
+                unavailable.push((target.to_string(), format!("{e:#}")));
+            }
+        }
+        Ok(Capture { bpf, unavailable })
+    }
+
+    pub fn set_targets(&mut self, pids: &[u32]) -> Result<()> {
+        let mut map: BpfHashMap<&mut MapData, u32, u32> =
+            BpfHashMap::try_from(self.bpf.map_mut("TARGET_PIDS").context("TARGET_PIDS map")?)?;
+        for pid in pids {
+            map.insert(pid, 1, 0).context("cannot add a target pid")?;
+        }
+        Ok(())
+    }
+
+    /// Makes the kernel's port table match `owners` (port -> pid).
+    pub fn sync_ports(&mut self, owners: &BTreeMap<u16, u32>) -> Result<()> {
+        let mut map: BpfHashMap<&mut MapData, u16, u32> = BpfHashMap::try_from(
+            self.bpf
+                .map_mut("TARGET_PORTS")
+                .context("TARGET_PORTS map")?,
+        )?;
+        let present: Vec<u16> = map.keys().filter_map(|k| k.ok()).collect();
+        for port in present {
+            if !owners.contains_key(&port) {
+                let _ = map.remove(&port);
+            }
+        }
+        for (port, pid) in owners {
+            map.insert(port, pid, 0)
+                .context("cannot add a target port")?;
+        }
+        Ok(())
+    }
+
+    pub fn take_ring(&mut self) -> Result<RingBuf<MapData>> {
+        let map = self.bpf.take_map("STAMPS").context("STAMPS ring buffer")?;
+        Ok(RingBuf::try_from(map)?)
+    }
+
+    /// Loss counters summed over CPUs: `[point row][reason]`; the last row
+    /// counts app points.
+    pub fn losses(&self) -> Result<Vec<[u64; xlap_loss::XLAP_LOSS_COUNT as usize]>> {
+        let map: PerCpuArray<&MapData, u64> =
+            PerCpuArray::try_from(self.bpf.map("LOSSES").context("LOSSES map")?)?;
+        let reasons = xlap_loss::XLAP_LOSS_COUNT as usize;
+        let rows = xlap_point::XLAP_POINT_KERNEL_COUNT as usize + 1;
+        let mut out = vec![[0u64; xlap_loss::XLAP_LOSS_COUNT as usize]; rows];
+        for (row, counts) in out.iter_mut().enumerate() {
+            for (reason, slot) in counts.iter_mut().enumerate() {
+                let idx = (row * reasons + reason) as u32;
+                *slot = map.get(&idx, 0)?.iter().sum();
+            }
+        }
+        Ok(out)
+    }
+
+    /// (program, run count, run time ns) of every program, from the kernel's
+    /// BPF statistics (non-zero only while stats are enabled).
+    pub fn program_stats(&self) -> Vec<(String, u64, u64)> {
+        self.bpf
+            .programs()
+            .filter_map(|(name, prog)| {
+                let info = prog.info().ok()?;
+                Some((
+                    name.to_string(),
+                    info.run_count(),
+                    info.run_time().as_nanos() as u64,
+                ))
+            })
+            .collect()
+    }
+}
+
+fn attach(bpf: &mut Ebpf, btf: &Btf, prog: &str, kind: Kind, target: &str) -> Result<()> {
+    let program = bpf
+        .program_mut(prog)
+        .with_context(|| format!("program {prog} is missing from the object"))?;
+    match kind {
+        Kind::RawTp => {
+            let p: &mut RawTracePoint = program.try_into()?;
+            p.load()?;
+            p.attach(target)?;
+        }
+        Kind::TpBtf => {
+            let p: &mut BtfTracePoint = program.try_into()?;
+            p.load(target, btf)?;
+            p.attach()?;
+        }
+    }
+    Ok(())
+}
+
+/// Keeps the kernel's BPF run-time statistics on while alive
+/// (`BPF_ENABLE_STATS`); the kernel turns them off when the fd closes.
+pub struct StatsGuard(#[allow(dead_code)] std::os::fd::OwnedFd);
+
+pub fn enable_stats() -> Option<StatsGuard> {
+    const BPF_ENABLE_STATS: libc::c_long = 32;
+    const BPF_STATS_RUN_TIME: u32 = 0;
+    let attr = [BPF_STATS_RUN_TIME, 0, 0, 0];
+    // SAFETY: BPF_ENABLE_STATS reads a u32 stats type from `attr`, which
+    // outlives the call; the returned fd is owned by us.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            BPF_ENABLE_STATS,
+            attr.as_ptr(),
+            std::mem::size_of_val(&attr) as u32,
+        )
+    };
+    if fd < 0 {
+        return None;
+    }
+    // SAFETY: the kernel just returned this fd to us.
+    Some(StatsGuard(unsafe {
+        std::os::fd::FromRawFd::from_raw_fd(fd as i32)
+    }))
+}

@@ -1,0 +1,200 @@
+//! The command line.
+
+use crate::exit::{failure, Code};
+use crate::proto::{self, Layout};
+use anyhow::Result;
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use std::path::PathBuf;
+
+/// Where the latency and jitter of a live protocol come from, packet by
+/// packet, across layers and hosts: eBPF stamps at the socket, qdisc, driver
+/// and scheduler, joined by the protocol's own sequence numbers.
+///
+/// `xlap-trace --pid PID` is short for `xlap-trace record --pid PID`.
+///
+/// Exit codes: 0 success, 1 runtime failure, 2 bad command line, 3 missing
+/// privileges, 4 kernel lacks a feature (BTF, tracepoint), 5 no such process.
+#[derive(Parser, Debug)]
+#[command(name = "xlap-trace", version, args_conflicts_with_subcommands = true)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Option<Command>,
+    #[command(flatten)]
+    pub record: RecordArgs,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Stamp every packet of running processes at the kernel's socket, qdisc,
+    /// device and scheduler points, into Arrow/Parquet.
+    Record(RecordArgs),
+    /// Write or check the Arrow schemas of what xlap-trace writes.
+    Schema(SchemaArgs),
+    /// Network-namespace test hosts joined by veth (for demos and tests).
+    #[command(subcommand)]
+    Stage(StageCommand),
+    /// List the stamp points and the protocol presets.
+    Points,
+    /// The main job end to end: a two-host stage, the example protocol
+    /// across it, traced at every layer, and what the trace shows.
+    Demo(DemoArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct DemoArgs {
+    /// Data packets the example protocol sends.
+    #[arg(long, default_value_t = 10_000)]
+    pub count: u32,
+    /// Interval between data packets, microseconds.
+    #[arg(long, default_value_t = 200)]
+    pub period_us: u64,
+    /// Run the example build without USDT markers.
+    #[arg(long)]
+    pub plain: bool,
+    /// Directory for the protocol logs and the trace.
+    #[arg(short, long, default_value = "xlap-demo")]
+    pub output: PathBuf,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Endian {
+    Big,
+    Little,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct RecordArgs {
+    /// Process to trace (repeatable): its UDP sockets, send and receive paths.
+    #[arg(short, long = "pid", value_name = "PID")]
+    pub pids: Vec<u32>,
+    /// Output directory: stamps.arrows (live), stamps.parquet, run.json.
+    #[arg(short, long, default_value = "xlap-run")]
+    pub output: PathBuf,
+    /// Stop after this many seconds.
+    #[arg(long, value_name = "SECONDS")]
+    pub duration: Option<f64>,
+    /// Stop after this many distinct packets were stamped.
+    #[arg(long)]
+    pub count: Option<u64>,
+    /// Write this file (with our pid) once every probe is attached.
+    #[arg(long)]
+    pub ready_file: Option<PathBuf>,
+    /// Named layout of seq and kind in the UDP payload (see `xlap-trace points`).
+    #[arg(long, default_value = "xlap-example")]
+    pub proto: String,
+    /// Byte offset of the sequence number in the UDP payload (overrides --proto).
+    #[arg(long)]
+    pub seq_offset: Option<u32>,
+    /// Bytes of the sequence number: 1, 2, 4 or 8.
+    #[arg(long)]
+    pub seq_size: Option<u8>,
+    /// Byte order of seq and kind.
+    #[arg(long, value_enum)]
+    pub seq_endian: Option<Endian>,
+    /// Byte offset of the packet kind in the UDP payload.
+    #[arg(long)]
+    pub kind_offset: Option<u32>,
+    /// Bytes of the packet kind: 0 (none), 1, 2 or 4.
+    #[arg(long)]
+    pub kind_size: Option<u8>,
+    /// Ring buffer size in KiB (power of two).
+    #[arg(long, default_value_t = 16 * 1024)]
+    pub ringbuf_kib: u32,
+    /// Host name recorded with the stamps (default: the system's).
+    #[arg(long)]
+    pub host: Option<String>,
+    /// Do not turn on the kernel's BPF run-time statistics.
+    #[arg(long)]
+    pub no_bpf_stats: bool,
+    /// Print only the summary.
+    #[arg(short, long)]
+    pub quiet: bool,
+}
+
+impl RecordArgs {
+    /// The defaults of the command line, for callers that record in-process.
+    pub fn defaults() -> RecordArgs {
+        let cli = Cli::parse_from(["xlap-trace"]);
+        cli.record
+    }
+
+    /// The preset, with any explicit field options applied over it.
+    pub fn layout(&self) -> Result<Layout> {
+        let mut l = proto::preset(&self.proto)?;
+        if let Some(v) = self.seq_offset {
+            l.seq_offset = v;
+        }
+        if let Some(v) = self.seq_size {
+            l.seq_size = v;
+        }
+        if let Some(e) = self.seq_endian {
+            l.big_endian = e == Endian::Big;
+        }
+        if let Some(v) = self.kind_offset {
+            l.kind_offset = v;
+        }
+        if let Some(v) = self.kind_size {
+            l.kind_size = v;
+        }
+        l.validate()?;
+        Ok(l)
+    }
+}
+
+#[derive(Args, Debug)]
+pub struct SchemaArgs {
+    /// Write `<table>.schema.json` files into this directory.
+    #[arg(long, conflicts_with = "check")]
+    pub write: Option<PathBuf>,
+    /// Fail (exit 1) when the files in this directory differ from the code.
+    #[arg(long)]
+    pub check: Option<PathBuf>,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum StageCommand {
+    /// Build a stage and keep it until Ctrl-C (then remove it).
+    Up {
+        /// Number of hosts: 2 (veth pair) or 3 (bridge).
+        #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u8).range(2..=3))]
+        hosts: u8,
+        /// Qdisc of a host's link: HOST=SPEC with HOST a letter (a, b, c) and
+        /// SPEC tbf[:RATE[:BURST[:LATENCY]]], htb[:RATE] or pfifo. Repeatable.
+        #[arg(long, value_name = "HOST=SPEC")]
+        qdisc: Vec<String>,
+    },
+    /// Remove stages left behind by processes that no longer exist.
+    Sweep {
+        /// Exit 1 when there was anything to remove (tests leaked a stage).
+        #[arg(long)]
+        check: bool,
+    },
+    /// List the stage namespaces on this machine.
+    List,
+}
+
+pub fn parse_qdisc_args(specs: &[String], hosts: usize) -> Result<Vec<Option<xlap_stage::Qdisc>>> {
+    let mut out = vec![None; hosts];
+    for spec in specs {
+        let (host, q) = spec.split_once('=').ok_or_else(|| {
+            failure(
+                Code::Usage,
+                format!("--qdisc wants HOST=SPEC, got {spec:?}"),
+            )
+        })?;
+        let idx = match host {
+            "a" => 0,
+            "b" => 1,
+            "c" => 2,
+            _ => usize::MAX,
+        };
+        if idx >= hosts {
+            return Err(failure(
+                Code::Usage,
+                format!("--qdisc: no host {host:?} on a {hosts}-host stage"),
+            ));
+        }
+        out[idx] = Some(xlap_stage::Qdisc::parse(q).map_err(|e| failure(Code::Usage, e))?);
+    }
+    Ok(out)
+}

@@ -1,0 +1,50 @@
+//! Exit codes of `xlap-trace`, and errors that carry one.
+//!
+//! | code | meaning |
+//! |---|---|
+//! | 0 | success |
+//! | 1 | runtime failure (I/O, BPF load/attach error, ...) |
+//! | 2 | bad command line (unknown option, bad value) |
+//! | 3 | missing privileges (not root, no CAP_BPF/CAP_PERFMON) |
+//! | 4 | the kernel lacks something needed (BTF, a tracepoint) |
+//! | 5 | a target process does not exist |
+
+use std::fmt;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Code {
+    Runtime = 1,
+    Usage = 2,
+    Privileges = 3,
+    Kernel = 4,
+    NoSuchProcess = 5,
+}
+
+/// An error with its exit code; anywhere in an `anyhow` chain.
+#[derive(Debug)]
+pub struct Failure {
+    pub code: Code,
+    pub message: String,
+}
+
+impl fmt::Display for Failure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for Failure {}
+
+pub fn failure(code: Code, message: impl Into<String>) -> anyhow::Error {
+    anyhow::Error::new(Failure {
+        code,
+        message: message.into(),
+    })
+}
+
+/// The exit code of an error: the first [`Failure`] in its chain, else 1.
+pub fn code_of(err: &anyhow::Error) -> u8 {
+    err.chain()
+        .find_map(|c| c.downcast_ref::<Failure>())
+        .map_or(Code::Runtime as u8, |f| f.code as u8)
+}

@@ -1,0 +1,165 @@
+//! `xlap-trace`: the CLI and recording daemon.
+
+mod capture;
+mod cli;
+mod demo;
+mod exit;
+mod preflight;
+mod proto;
+mod quicklook;
+mod record;
+mod runmeta;
+mod targets;
+
+use anyhow::Result;
+use clap::Parser;
+use cli::{Cli, Command, StageCommand};
+use exit::{failure, Code};
+use std::process::ExitCode;
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("xlap-trace: error: {e:#}");
+            ExitCode::from(exit::code_of(&e))
+        }
+    }
+}
+
+fn run(cli: Cli) -> Result<()> {
+    match cli.command {
+        None | Some(Command::Record(_)) => {
+            let args = match cli.command {
+                Some(Command::Record(a)) => a,
+                _ => cli.record,
+            };
+            let meta = record::run(&args)?;
+            record::print_summary(&meta, &args.output);
+            Ok(())
+        }
+        Some(Command::Schema(a)) => schema(a),
+        Some(Command::Stage(c)) => stage(c),
+        Some(Command::Demo(a)) => demo::run(&a),
+        Some(Command::Points) => {
+            println!("kernel stamp points:");
+            for p in xlap_records::points::kernel_points() {
+                println!("  {:<18} {}", p.name, p.side.as_str());
+            }
+            println!("app points: app.<marker> for every USDT marker xlap:<marker>");
+            println!("protocol presets (--proto):");
+            for (name, _, what) in proto::PRESETS {
+                println!("  {name:<14} {what}");
+            }
+            Ok(())
+        }
+    }
+}
+
+fn schema(a: cli::SchemaArgs) -> Result<()> {
+    use xlap_records::schema::{all, to_json};
+    match (a.write, a.check) {
+        (Some(dir), _) => {
+            std::fs::create_dir_all(&dir)?;
+            for (name, s) in all() {
+                let path = dir.join(format!("{name}.schema.json"));
+                std::fs::write(&path, to_json(&s))?;
+                println!("wrote {}", path.display());
+            }
+            Ok(())
+        }
+        (None, Some(dir)) => {
+            let mut stale = Vec::new();
+            for (name, s) in all() {
+                let path = dir.join(format!("{name}.schema.json"));
+                if std::fs::read_to_string(&path).ok().as_deref() != Some(to_json(&s).as_str()) {
+                    stale.push(path.display().to_string());
+                }
+            }
+            if stale.is_empty() {
+                println!("schemas are up to date");
+                Ok(())
+            } else {
+                Err(failure(
+                    Code::Runtime,
+                    format!(
+                        "stale schema files: {} (run `xlap-trace schema --write {}`)",
+                        stale.join(", "),
+                        dir.display()
+                    ),
+                ))
+            }
+        }
+        (None, None) => {
+            for (name, s) in all() {
+                println!("# {name}\n{}", to_json(&s));
+            }
+            Ok(())
+        }
+    }
+}
+
+fn stage(c: StageCommand) -> Result<()> {
+    let stage_err = |e: xlap_stage::StageError| match e {
+        xlap_stage::StageError::NotRoot => failure(Code::Privileges, e.to_string()),
+        other => anyhow::Error::new(other),
+    };
+    match c {
+        StageCommand::Up { hosts, qdisc } => {
+            let qdiscs = cli::parse_qdisc_args(&qdisc, hosts as usize)?;
+            let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+            for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+                signal_hook::flag::register(sig, stop.clone())?;
+            }
+            let stage = xlap_stage::Stage::build(&xlap_stage::StageConfig {
+                hosts: hosts as usize,
+                qdiscs,
+            })
+            .map_err(stage_err)?;
+            for h in &stage.hosts {
+                println!(
+                    "host {}: netns {} dev {} {} {}",
+                    h.netns.rsplit('-').next().unwrap_or(""),
+                    h.netns,
+                    h.ifname,
+                    h.ipv4,
+                    h.ipv6
+                );
+            }
+            println!(
+                "run commands in a host with: ip netns exec NETNS CMD; Ctrl-C removes the stage"
+            );
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                std::thread::sleep(std::time::Duration::from_millis(100));
+            }
+            drop(stage);
+            println!("stage removed");
+            Ok(())
+        }
+        StageCommand::Sweep { check } => {
+            let removed = xlap_stage::sweep_orphans().map_err(stage_err)?;
+            for ns in &removed {
+                println!("removed {ns}");
+            }
+            if check && !removed.is_empty() {
+                return Err(failure(
+                    Code::Runtime,
+                    format!(
+                        "{} stage namespaces were left behind by exited processes",
+                        removed.len()
+                    ),
+                ));
+            }
+            Ok(())
+        }
+        StageCommand::List => {
+            for ns in xlap_stage::list_namespaces().map_err(stage_err)? {
+                if ns.starts_with("xlt") {
+                    println!("{ns}");
+                }
+            }
+            Ok(())
+        }
+    }
+}

@@ -1,0 +1,349 @@
+//! `xlap-trace record`: attach, stream stamps to Arrow while the target runs,
+//! stop, write Parquet and `run.json`, print a summary.
+
+use crate::capture::{self, Capture, Settings};
+use crate::cli::RecordArgs;
+use crate::exit::{failure, Code};
+use crate::runmeta::{self, ClockPair, PointStats, ProgramStats, RunMeta, Target};
+use crate::{preflight, targets};
+use anyhow::{Context, Result};
+use std::collections::{BTreeMap, HashSet};
+use std::io::IsTerminal;
+use std::os::fd::AsRawFd;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use xlap_abi::{xlap_loss, xlap_point, xlap_stamp};
+use xlap_records::points::point_info;
+use xlap_records::writer::{stream_to_parquet, StampBatcher, StampStream};
+use xlap_records::Stamp;
+
+/// Rows per Arrow batch; a batch is also cut every `FLUSH_EVERY`.
+const BATCH_ROWS: usize = 16 * 1024;
+const FLUSH_EVERY: Duration = Duration::from_millis(500);
+const PORT_REFRESH: Duration = Duration::from_millis(200);
+const POLL_MS: i32 = 20;
+
+/// Files of a run directory.
+pub struct RunFiles {
+    pub dir: PathBuf,
+    pub stream: PathBuf,
+    pub parquet: PathBuf,
+    pub meta: PathBuf,
+}
+
+impl RunFiles {
+    pub fn in_dir(dir: PathBuf) -> RunFiles {
+        RunFiles {
+            stream: dir.join("stamps.arrows"),
+            parquet: dir.join("stamps.parquet"),
+            meta: dir.join("run.json"),
+            dir,
+        }
+    }
+}
+
+pub fn run(args: &RecordArgs) -> Result<RunMeta> {
+    if args.pids.is_empty() {
+        return Err(failure(
+            Code::Usage,
+            "name the process to trace with --pid PID (repeatable)",
+        ));
+    }
+    let layout = args.layout()?;
+    let ringbuf_bytes = args
+        .ringbuf_kib
+        .checked_mul(1024)
+        .filter(|b| b.is_power_of_two() && *b >= 4096)
+        .ok_or_else(|| {
+            failure(
+                Code::Usage,
+                format!(
+                    "--ringbuf-kib must be a power of two of at least 4, not {}",
+                    args.ringbuf_kib
+                ),
+            )
+        })?;
+    preflight::check_privileges()?;
+    preflight::check_btf()?;
+    preflight::check_pids(&args.pids)?;
+
+    let files = RunFiles::in_dir(args.output.clone());
+    std::fs::create_dir_all(&files.dir)
+        .with_context(|| format!("cannot create the output directory {}", files.dir.display()))?;
+
+    let stop = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register(sig, stop.clone()).context("cannot install signal handlers")?;
+    }
+
+    let stats_guard = (!args.no_bpf_stats).then(capture::enable_stats).flatten();
+    let mut capture = Capture::load(&Settings {
+        layout,
+        ringbuf_bytes,
+    })?;
+    for (point, why) in &capture.unavailable {
+        if !args.quiet {
+            eprintln!("xlap-trace: note: {point} not traced here ({why})");
+        }
+    }
+    capture.set_targets(&args.pids)?;
+    let mut owners = targets::port_owners(&args.pids);
+    capture.sync_ports(&owners)?;
+    let mut ring = capture.take_ring()?;
+
+    let run_id = format!(
+        "{}-{}",
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0),
+        std::process::id()
+    );
+    let host = args.host.clone().unwrap_or_else(runmeta::hostname);
+    let comms: Vec<String> = args.pids.iter().map(|&p| targets::comm(p)).collect();
+    let mut batcher = StampBatcher::new(&run_id, &host, Vec::new());
+    let mut stream = StampStream::create(&files.stream)?;
+    let clock_start = ClockPair::sample();
+
+    if let Some(ready) = &args.ready_file {
+        std::fs::write(ready, format!("{}\n", std::process::id()))
+            .with_context(|| format!("cannot write the ready file {}", ready.display()))?;
+    }
+    if !args.quiet {
+        eprintln!(
+            "xlap-trace: tracing pid {} (UDP ports {:?}); Ctrl-C to stop",
+            args.pids
+                .iter()
+                .map(u32::to_string)
+                .collect::<Vec<_>>()
+                .join(", "),
+            owners.keys().collect::<Vec<_>>()
+        );
+    }
+
+    let started = Instant::now();
+    let mut last_flush = Instant::now();
+    let mut last_ports = Instant::now();
+    let mut last_progress = Instant::now();
+    let mut tally = Tally::default();
+    let mut known_ports: BTreeMap<u16, u32> = owners.clone();
+    let progress = !args.quiet && std::io::stderr().is_terminal();
+    let ring_fd = ring.as_raw_fd();
+
+    let stop_reason = loop {
+        let mut pfd = libc::pollfd {
+            fd: ring_fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // The kernel side wakes us only when the buffer is an eighth full;
+        // the timeout bounds how stale the output files get.
+        // SAFETY: one valid pollfd; a signal interrupting poll is fine.
+        unsafe { libc::poll(&mut pfd, 1, POLL_MS) };
+        while let Some(item) = ring.next() {
+            let Some(raw) = xlap_stamp::from_bytes(&item) else {
+                continue;
+            };
+            let stamp = Stamp::decode(&raw);
+            tally.add(&stamp);
+            batcher.push(&stamp);
+            if batcher.len() >= BATCH_ROWS {
+                stream.write(&batcher.finish())?;
+                last_flush = Instant::now();
+            }
+        }
+        if !batcher.is_empty() && last_flush.elapsed() >= FLUSH_EVERY {
+            stream.write(&batcher.finish())?;
+            last_flush = Instant::now();
+        }
+        if progress && last_progress.elapsed() >= Duration::from_secs(1) {
+            eprint!(
+                "\rxlap-trace: {} stamps, {} packets, {:.0} s   ",
+                tally.stamps,
+                tally.packets.len(),
+                started.elapsed().as_secs_f64()
+            );
+            last_progress = Instant::now();
+        }
+        if stop.load(Ordering::Relaxed) {
+            break "signal".to_string();
+        }
+        if args
+            .duration
+            .is_some_and(|d| started.elapsed().as_secs_f64() >= d)
+        {
+            break "duration".to_string();
+        }
+        if args.count.is_some_and(|c| tally.packets.len() as u64 >= c) {
+            break "count".to_string();
+        }
+        if last_ports.elapsed() >= PORT_REFRESH {
+            last_ports = Instant::now();
+            if args.pids.iter().all(|p| !targets::alive(*p)) {
+                break "targets exited".to_string();
+            }
+            let now = targets::port_owners(&args.pids);
+            if now != owners {
+                capture.sync_ports(&now)?;
+                known_ports.extend(now.iter().map(|(k, v)| (*k, *v)));
+                owners = now;
+            }
+        }
+    };
+    if progress {
+        eprintln!();
+    }
+
+    // Detach first, then take what the ring buffer still holds.
+    let losses = capture.losses()?;
+    let unavailable: BTreeMap<String, String> = capture.unavailable.iter().cloned().collect();
+    let program_stats = capture.program_stats();
+    drop(stats_guard);
+    drop(capture);
+    while let Some(item) = ring.next() {
+        if let Some(raw) = xlap_stamp::from_bytes(&item) {
+            let stamp = Stamp::decode(&raw);
+            tally.add(&stamp);
+            batcher.push(&stamp);
+        }
+    }
+    if !batcher.is_empty() {
+        stream.write(&batcher.finish())?;
+    }
+    stream.finish()?;
+    let clock_end = ClockPair::sample();
+    stream_to_parquet(&files.stream, &files.parquet)?;
+
+    let mut points: BTreeMap<String, PointStats> = BTreeMap::new();
+    for (id, n) in &tally.per_point {
+        let name = point_info(*id, &[]).map_or(format!("unknown.{id}"), |p| p.0);
+        points.entry(name).or_default().stamps += n;
+    }
+    let mut lost = 0;
+    for (row, counts) in losses.iter().enumerate() {
+        if counts.iter().all(|c| *c == 0) {
+            continue;
+        }
+        let name = if row == xlap_point::XLAP_POINT_KERNEL_COUNT as usize {
+            "app.*".to_string()
+        } else {
+            point_info(row as u16, &[]).map_or(format!("unknown.{row}"), |p| p.0)
+        };
+        let entry = points.entry(name).or_default();
+        entry.lost_ringbuf_full += counts[xlap_loss::XLAP_LOSS_RINGBUF_FULL as usize];
+        entry.lost_map_full += counts[xlap_loss::XLAP_LOSS_MAP_FULL as usize];
+        entry.lost_parse += counts[xlap_loss::XLAP_LOSS_PARSE as usize];
+        entry.lost_unmatched += counts[xlap_loss::XLAP_LOSS_UNMATCHED as usize];
+        lost += counts.iter().sum::<u64>();
+    }
+    let bpf_programs: BTreeMap<String, ProgramStats> = program_stats
+        .into_iter()
+        .map(|(name, run_count, run_time_ns)| {
+            (
+                name,
+                ProgramStats {
+                    run_count,
+                    run_time_ns,
+                },
+            )
+        })
+        .collect();
+    let bpf_time: u64 = bpf_programs.values().map(|p| p.run_time_ns).sum();
+    let meta = RunMeta {
+        schema_version: xlap_records::schema::SCHEMA_VERSION,
+        software_version: env!("CARGO_PKG_VERSION"),
+        run_id,
+        host,
+        kernel: runmeta::kernel_release(),
+        clock_start,
+        clock_end,
+        options: serde_json::json!({
+            "pids": args.pids,
+            "layout": layout,
+            "ringbuf_bytes": ringbuf_bytes,
+            "duration_s": args.duration,
+            "count": args.count,
+        }),
+        targets: args
+            .pids
+            .iter()
+            .zip(comms)
+            .map(|(&pid, comm)| Target {
+                pid,
+                comm,
+                udp_ports: known_ports
+                    .iter()
+                    .filter(|(_, p)| **p == pid)
+                    .map(|(port, _)| *port)
+                    .collect(),
+            })
+            .collect(),
+        points,
+        unavailable_points: unavailable,
+        packets: tally.packets.len() as u64,
+        stamps: tally.stamps,
+        lost,
+        bpf_ns_per_stamp: (bpf_time > 0 && tally.stamps > 0)
+            .then(|| bpf_time as f64 / tally.stamps as f64),
+        bpf_programs,
+        stop_reason,
+    };
+    let json = serde_json::to_string_pretty(&meta)?;
+    std::fs::write(&files.meta, json + "\n")
+        .with_context(|| format!("cannot write {}", files.meta.display()))?;
+    if lost > 0 && !args.quiet {
+        eprintln!("xlap-trace: warning: {lost} stamps were lost (see the loss columns below and run.json)");
+    }
+    Ok(meta)
+}
+
+/// Running counts of what the ring buffer delivered.
+#[derive(Default)]
+struct Tally {
+    per_point: BTreeMap<u16, u64>,
+    /// Distinct (flow, kind, seq) of stamps that know their flow.
+    packets: HashSet<(u64, u8, u64)>,
+    stamps: u64,
+}
+
+impl Tally {
+    fn add(&mut self, stamp: &Stamp) {
+        *self.per_point.entry(stamp.point).or_default() += 1;
+        if let (Some(seq), true) = (stamp.seq, stamp.flow != 0) {
+            self.packets
+                .insert((stamp.flow, stamp.kind.unwrap_or(0), seq));
+        }
+        self.stamps += 1;
+    }
+}
+
+/// The end-of-run summary: stamps and losses per point.
+pub fn print_summary(meta: &RunMeta, dir: &std::path::Path) {
+    println!(
+        "run {} on {} ({}), stopped by {}",
+        meta.run_id, meta.host, meta.kernel, meta.stop_reason
+    );
+    println!(
+        "{:<18} {:>10} {:>10} {:>10} {:>10} {:>10}",
+        "point", "stamps", "ringbuf", "map_full", "parse", "unmatched"
+    );
+    for (name, p) in &meta.points {
+        println!(
+            "{:<18} {:>10} {:>10} {:>10} {:>10} {:>10}",
+            name, p.stamps, p.lost_ringbuf_full, p.lost_map_full, p.lost_parse, p.lost_unmatched
+        );
+    }
+    println!(
+        "packets: {}  stamps: {}  lost: {}",
+        meta.packets, meta.stamps, meta.lost
+    );
+    if let Some(ns) = meta.bpf_ns_per_stamp {
+        println!("BPF run time per stamp: {ns:.0} ns (all programs, filtered calls included)");
+    }
+    println!(
+        "wrote {}/{{stamps.parquet, stamps.arrows, run.json}}",
+        dir.display()
+    );
+}

@@ -1,0 +1,105 @@
+//! `run.json`: what a run was (host, kernel, clocks, options) and how well it
+//! went (stamps and losses per point, BPF run time).
+
+use serde::Serialize;
+use std::collections::BTreeMap;
+
+/// One simultaneous reading of the host's clocks, to map stamps
+/// (`CLOCK_MONOTONIC`) to wall time: realtime and TAI are read on either
+/// side of monotonic, so the pair is good to half of `spread_ns`.
+#[derive(Clone, Copy, Debug, Serialize)]
+pub struct ClockPair {
+    pub monotonic_ns: u64,
+    pub realtime_ns: u64,
+    pub tai_ns: u64,
+    pub spread_ns: u64,
+}
+
+fn read(clock: libc::clockid_t) -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: valid clock id, writable timespec.
+    unsafe { libc::clock_gettime(clock, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+impl ClockPair {
+    /// The tightest of a few readings.
+    pub fn sample() -> ClockPair {
+        (0..5)
+            .map(|_| {
+                let r0 = read(libc::CLOCK_REALTIME);
+                let t0 = read(libc::CLOCK_TAI);
+                let m = read(libc::CLOCK_MONOTONIC);
+                let t1 = read(libc::CLOCK_TAI);
+                let r1 = read(libc::CLOCK_REALTIME);
+                ClockPair {
+                    monotonic_ns: m,
+                    realtime_ns: r0 / 2 + r1 / 2,
+                    tai_ns: t0 / 2 + t1 / 2,
+                    spread_ns: r1 - r0,
+                }
+            })
+            .min_by_key(|p| p.spread_ns)
+            .expect("five samples")
+    }
+}
+
+#[derive(Debug, Default, Serialize)]
+pub struct PointStats {
+    pub stamps: u64,
+    pub lost_ringbuf_full: u64,
+    pub lost_map_full: u64,
+    pub lost_parse: u64,
+    pub lost_unmatched: u64,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Target {
+    pub pid: u32,
+    pub comm: String,
+    pub udp_ports: Vec<u16>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct ProgramStats {
+    pub run_count: u64,
+    pub run_time_ns: u64,
+}
+
+#[derive(Debug, Serialize)]
+pub struct RunMeta {
+    pub schema_version: &'static str,
+    pub software_version: &'static str,
+    pub run_id: String,
+    pub host: String,
+    pub kernel: String,
+    pub clock_start: ClockPair,
+    pub clock_end: ClockPair,
+    pub options: serde_json::Value,
+    pub targets: Vec<Target>,
+    pub points: BTreeMap<String, PointStats>,
+    /// Tracepoints that could not be attached, with the reason.
+    pub unavailable_points: BTreeMap<String, String>,
+    pub packets: u64,
+    pub stamps: u64,
+    pub lost: u64,
+    pub bpf_programs: BTreeMap<String, ProgramStats>,
+    /// Total BPF run time / stamps written (includes filtered-out calls).
+    pub bpf_ns_per_stamp: Option<f64>,
+    pub stop_reason: String,
+}
+
+pub fn kernel_release() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default()
+}
+
+pub fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "localhost".to_string())
+}

@@ -1,0 +1,93 @@
+//! The traced processes: which UDP ports their sockets own, read from /proc
+//! (works across network namespaces: /proc/PID/net is the process's own).
+
+use std::collections::{BTreeMap, HashSet};
+use std::path::Path;
+
+/// Socket inodes of the process's open file descriptors.
+fn socket_inodes(pid: u32) -> HashSet<u64> {
+    let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return HashSet::new();
+    };
+    dir.filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+        .filter_map(|link| {
+            let s = link.to_string_lossy().into_owned();
+            s.strip_prefix("socket:[")?.strip_suffix(']')?.parse().ok()
+        })
+        .collect()
+}
+
+/// Parses /proc/net/udp{,6}: (local port, inode) of every socket.
+fn udp_table(path: &Path) -> Vec<(u16, u64)> {
+    let Ok(text) = std::fs::read_to_string(path) else {
+        return Vec::new();
+    };
+    text.lines()
+        .skip(1)
+        .filter_map(|line| {
+            let cols: Vec<&str> = line.split_whitespace().collect();
+            let local = cols.get(1)?;
+            let port = u16::from_str_radix(local.rsplit(':').next()?, 16).ok()?;
+            let inode = cols.get(9)?.parse().ok()?;
+            Some((port, inode))
+        })
+        .collect()
+}
+
+/// Local UDP ports of the sockets `pid` holds open.
+pub fn udp_ports(pid: u32) -> Vec<u16> {
+    let inodes = socket_inodes(pid);
+    let mut ports: Vec<u16> = ["udp", "udp6"]
+        .iter()
+        .flat_map(|t| udp_table(Path::new(&format!("/proc/{pid}/net/{t}"))))
+        .filter(|(_, inode)| inodes.contains(inode))
+        .map(|(port, _)| port)
+        .collect();
+    ports.sort_unstable();
+    ports.dedup();
+    ports
+}
+
+/// Ports of every traced pid, port -> owner.
+pub fn port_owners(pids: &[u32]) -> BTreeMap<u16, u32> {
+    pids.iter()
+        .flat_map(|&pid| udp_ports(pid).into_iter().map(move |p| (p, pid)))
+        .collect()
+}
+
+pub fn alive(pid: u32) -> bool {
+    // A zombie keeps its /proc entry; its state says it is gone.
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => !stat
+            .rsplit(')')
+            .next()
+            .is_some_and(|rest| rest.trim_start().starts_with(['Z', 'X'])),
+        Err(_) => false,
+    }
+}
+
+pub fn comm(pid: u32) -> String {
+    std::fs::read_to_string(format!("/proc/{pid}/comm"))
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finds_this_process_udp_socket_port() {
+        let sock = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let port = sock.local_addr().unwrap().port();
+        assert!(udp_ports(std::process::id()).contains(&port));
+        drop(sock);
+        assert!(!udp_ports(std::process::id()).contains(&port));
+    }
+
+    #[test]
+    fn this_process_is_alive_and_a_bogus_pid_is_not() {
+        assert!(alive(std::process::id()));
+        assert!(!alive(u32::MAX - 1));
+    }
+}
