@@ -38,7 +38,7 @@ fi
 # just is not in Debian 12: build it from crates.io once.
 if ! command -v just >/dev/null; then
 	echo "run.sh: installing just from crates.io"
-	cargo install --locked --quiet just
+	env -u CARGO_TARGET_DIR cargo install --locked --quiet just
 fi
 
 recipe="${1:-demo}"
