@@ -40,7 +40,12 @@ impl Recorder {
         let ready = dir.with_extension("ready");
         let _ = std::fs::remove_file(&ready);
         let mut cmd = Command::new(bin("xlap-trace"));
-        cmd.arg("record").arg("-o").arg(dir).arg("--ready-file").arg(&ready).args(extra);
+        cmd.arg("record")
+            .arg("-o")
+            .arg(dir)
+            .arg("--ready-file")
+            .arg(&ready)
+            .args(extra);
         for pid in pids {
             cmd.args(["--pid", &pid.to_string()]);
         }
@@ -63,7 +68,10 @@ impl Recorder {
                 }
                 panic!("xlap-trace exited ({status}) before it was ready: {err}");
             }
-            assert!(start.elapsed().as_secs() < 60, "xlap-trace not ready after 60 s");
+            assert!(
+                start.elapsed().as_secs() < 60,
+                "xlap-trace not ready after 60 s"
+            );
             std::thread::sleep(std::time::Duration::from_millis(10));
         }
         rec
@@ -97,11 +105,19 @@ pub fn run_meta(dir: &Path) -> Value {
 /// Every row of a stamps Parquet file.
 pub fn read_stamps(path: &Path) -> Vec<Row> {
     let file = std::fs::File::open(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    let reader = ParquetRecordBatchReaderBuilder::try_new(file).expect("parquet").build().expect("reader");
+    let reader = ParquetRecordBatchReaderBuilder::try_new(file)
+        .expect("parquet")
+        .build()
+        .expect("reader");
     let mut rows = Vec::new();
     for batch in reader {
         let batch = batch.expect("batch");
-        let col = |n: &str| batch.column_by_name(n).unwrap_or_else(|| panic!("column {n}")).clone();
+        let col = |n: &str| {
+            batch
+                .column_by_name(n)
+                .unwrap_or_else(|| panic!("column {n}"))
+                .clone()
+        };
         let point = col("point");
         let point = point.as_any().downcast_ref::<StringArray>().unwrap();
         let ts = col("ts_ns");

@@ -4,7 +4,9 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use xlap_stage::{Qdisc, Stage, StageConfig};
-use xlap_tests::example::{events, summary, ExampleOptions, ProtocolRun, RECEIVER_PORT, SENDER_PORT};
+use xlap_tests::example::{
+    events, summary, ExampleOptions, ProtocolRun, RECEIVER_PORT, SENDER_PORT,
+};
 use xlap_tests::trace::{read_stamps, run_meta, Recorder, Row};
 use xlap_tests::{bin, privileged, Scratch};
 
@@ -17,7 +19,12 @@ const TX_POINTS: &[&str] = &[
     "dev.xmit",
     "sock.send_exit",
 ];
-const RX_POINTS: &[&str] = &["dev.netif_rx", "dev.receive_skb", "sock.queue", "sock.recv_exit"];
+const RX_POINTS: &[&str] = &[
+    "dev.netif_rx",
+    "dev.receive_skb",
+    "sock.queue",
+    "sock.recv_exit",
+];
 const DATA: u8 = 1;
 
 fn stage_with_tbf_on_sender() -> Stage {
@@ -32,11 +39,17 @@ fn stage_with_tbf_on_sender() -> Stage {
 fn data_packets(rows: &[Row]) -> BTreeMap<u64, HashMap<String, i64>> {
     let mut out: BTreeMap<u64, HashMap<String, i64>> = BTreeMap::new();
     for r in rows {
-        let (Some(seq), Some(DATA)) = (r.seq, r.kind) else { continue };
+        let (Some(seq), Some(DATA)) = (r.seq, r.kind) else {
+            continue;
+        };
         // recv_exit stamps carry no flow: the receiver's pid places them.
-        let data_direction = (r.sport() == SENDER_PORT && r.dport() == RECEIVER_PORT) || (r.flow == 0);
+        let data_direction =
+            (r.sport() == SENDER_PORT && r.dport() == RECEIVER_PORT) || (r.flow == 0);
         if data_direction {
-            out.entry(seq).or_default().entry(r.point.clone()).or_insert(r.ts_ns);
+            out.entry(seq)
+                .or_default()
+                .entry(r.point.clone())
+                .or_insert(r.ts_ns);
         }
     }
     out
@@ -44,7 +57,9 @@ fn data_packets(rows: &[Row]) -> BTreeMap<u64, HashMap<String, i64>> {
 
 #[test]
 fn every_delivered_packet_has_every_kernel_point_in_causal_order() {
-    let Some(_guard) = privileged("kernel_points") else { return };
+    let Some(_guard) = privileged("kernel_points") else {
+        return;
+    };
     let stage = stage_with_tbf_on_sender();
     let scratch = Scratch::new("kpoints");
     let opts = ExampleOptions {
@@ -66,7 +81,11 @@ fn every_delivered_packet_has_every_kernel_point_in_causal_order() {
     assert_eq!(meta["stop_reason"], "targets exited");
     assert_eq!(meta["lost"], 0, "loss counters: {}", meta["points"]);
     let rows = read_stamps(&scratch.path("run").join("stamps.parquet"));
-    assert!(rows.iter().all(|r| r.pid == sender_pid || r.pid == receiver_pid), "stamps of other processes");
+    assert!(
+        rows.iter()
+            .all(|r| r.pid == sender_pid || r.pid == receiver_pid),
+        "stamps of other processes"
+    );
 
     // Packets that crossed the wire and were delivered (not rebuilt).
     let delivered: BTreeSet<u64> = events(&received, "delivered")
@@ -78,9 +97,12 @@ fn every_delivered_packet_has_every_kernel_point_in_causal_order() {
     let complete = delivered
         .iter()
         .filter(|seq| {
-            packets
-                .get(seq)
-                .is_some_and(|p| TX_POINTS.iter().chain(RX_POINTS).all(|pt| p.contains_key(*pt)))
+            packets.get(seq).is_some_and(|p| {
+                TX_POINTS
+                    .iter()
+                    .chain(RX_POINTS)
+                    .all(|pt| p.contains_key(*pt))
+            })
         })
         .count();
     assert!(
@@ -91,13 +113,35 @@ fn every_delivered_packet_has_every_kernel_point_in_causal_order() {
 
     // Causal order along the path, per packet.
     let chains: &[&[&str]] = &[
-        &["sock.send_enter", "dev.queue", "qdisc.enqueue", "qdisc.dequeue", "dev.start_xmit", "dev.xmit", "sock.send_exit"],
-        &["dev.start_xmit", "dev.netif_rx", "dev.receive_skb", "sock.queue", "sock.recv_exit"],
-        &["sock.queue", "sched.wakeup", "sched.switch_in", "sock.recv_exit"],
+        &[
+            "sock.send_enter",
+            "dev.queue",
+            "qdisc.enqueue",
+            "qdisc.dequeue",
+            "dev.start_xmit",
+            "dev.xmit",
+            "sock.send_exit",
+        ],
+        &[
+            "dev.start_xmit",
+            "dev.netif_rx",
+            "dev.receive_skb",
+            "sock.queue",
+            "sock.recv_exit",
+        ],
+        &[
+            "sock.queue",
+            "sched.wakeup",
+            "sched.switch_in",
+            "sock.recv_exit",
+        ],
     ];
     for (seq, p) in &packets {
         for chain in chains {
-            let times: Vec<(&str, i64)> = chain.iter().filter_map(|pt| p.get(*pt).map(|t| (*pt, *t))).collect();
+            let times: Vec<(&str, i64)> = chain
+                .iter()
+                .filter_map(|pt| p.get(*pt).map(|t| (*pt, *t)))
+                .collect();
             for w in times.windows(2) {
                 assert!(w[0].1 <= w[1].1, "seq {seq}: {} after {}", w[0].0, w[1].0);
             }
@@ -105,11 +149,16 @@ fn every_delivered_packet_has_every_kernel_point_in_causal_order() {
     }
 
     // The counts per point match what the protocol says went over the wire.
-    let on_wire = events(&sent, "sent").filter(|e| e["dropped"] == false).count() as u64;
+    let on_wire = events(&sent, "sent")
+        .filter(|e| e["dropped"] == false)
+        .count() as u64;
     let feedback = summary(&received)["feedback_sent"].as_u64().unwrap();
     let points = &meta["points"];
     assert_eq!(points["dev.queue"]["stamps"], on_wire + feedback);
-    assert_eq!(points["qdisc.enqueue"]["stamps"], on_wire, "tbf is on the sender's link only");
+    assert_eq!(
+        points["qdisc.enqueue"]["stamps"], on_wire,
+        "tbf is on the sender's link only"
+    );
     assert_eq!(points["dev.netif_rx"]["stamps"], on_wire + feedback);
     // Ground truth for the text output: a pid that exited ends the run with
     // its data kept.
@@ -118,8 +167,14 @@ fn every_delivered_packet_has_every_kernel_point_in_causal_order() {
 
 #[test]
 fn unrelated_udp_traffic_leaves_no_stamps() {
-    let Some(_guard) = privileged("unrelated_traffic") else { return };
-    if std::process::Command::new("iperf3").arg("--version").output().is_err() {
+    let Some(_guard) = privileged("unrelated_traffic") else {
+        return;
+    };
+    if std::process::Command::new("iperf3")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
         panic!("iperf3 is missing: ./run.sh setup installs it");
     }
     let stage = Stage::two_hosts().expect("stage");
@@ -147,12 +202,30 @@ fn unrelated_udp_traffic_leaves_no_stamps() {
     run.start();
     let client = a
         .command("iperf3")
-        .args(["-c", &b.ipv4.to_string(), "-p", "5301", "-u", "-b", "20M", "-t", "1", "--json"])
+        .args([
+            "-c",
+            &b.ipv4.to_string(),
+            "-p",
+            "5301",
+            "-u",
+            "-b",
+            "20M",
+            "-t",
+            "1",
+            "--json",
+        ])
         .output()
         .unwrap();
-    assert!(client.status.success(), "iperf3: {}", String::from_utf8_lossy(&client.stderr));
+    assert!(
+        client.status.success(),
+        "iperf3: {}",
+        String::from_utf8_lossy(&client.stderr)
+    );
     let report: serde_json::Value = serde_json::from_slice(&client.stdout).unwrap();
-    assert!(report["end"]["sum"]["packets"].as_u64().unwrap() > 1000, "iperf3 sent traffic");
+    assert!(
+        report["end"]["sum"]["packets"].as_u64().unwrap() > 1000,
+        "iperf3 sent traffic"
+    );
     let _ = server.wait();
     run.wait();
     let meta = rec.meta_after_wait();
@@ -170,7 +243,9 @@ fn unrelated_udp_traffic_leaves_no_stamps() {
 
 #[test]
 fn a_full_ring_buffer_is_counted_exactly() {
-    let Some(_guard) = privileged("ringbuf_overflow") else { return };
+    let Some(_guard) = privileged("ringbuf_overflow") else {
+        return;
+    };
     let stage = stage_with_tbf_on_sender();
     let scratch = Scratch::new("overflow");
     let run = ProtocolRun::spawn(
@@ -191,10 +266,18 @@ fn a_full_ring_buffer_is_counted_exactly() {
     let meta = rec.meta_after_wait();
     let points = &meta["points"];
     let lost: u64 = meta["lost"].as_u64().unwrap();
-    assert!(lost > 0, "a 4 KiB ring buffer at 100k packets/s must overflow");
-    let on_wire = events(&sent, "sent").filter(|e| e["dropped"] == false).count() as u64;
+    assert!(
+        lost > 0,
+        "a 4 KiB ring buffer at 100k packets/s must overflow"
+    );
+    let on_wire = events(&sent, "sent")
+        .filter(|e| e["dropped"] == false)
+        .count() as u64;
     let feedback = summary(&received)["feedback_sent"].as_u64().unwrap();
-    let seen = |p: &str| points[p]["stamps"].as_u64().unwrap_or(0) + points[p]["lost_ringbuf_full"].as_u64().unwrap_or(0);
+    let seen = |p: &str| {
+        points[p]["stamps"].as_u64().unwrap_or(0)
+            + points[p]["lost_ringbuf_full"].as_u64().unwrap_or(0)
+    };
     // Every packet on the wire is either stamped or counted as lost.
     assert_eq!(seen("dev.queue"), on_wire + feedback);
     assert_eq!(seen("dev.start_xmit"), on_wire + feedback);
@@ -207,7 +290,9 @@ fn a_full_ring_buffer_is_counted_exactly() {
 
 #[test]
 fn a_seq_offset_beyond_the_packet_is_counted_as_parse_failures_and_warned() {
-    let Some(_guard) = privileged("seq_offset_beyond") else { return };
+    let Some(_guard) = privileged("seq_offset_beyond") else {
+        return;
+    };
     let stage = Stage::two_hosts().expect("stage");
     let scratch = Scratch::new("badoffset");
     let run = ProtocolRun::spawn(
@@ -227,15 +312,28 @@ fn a_seq_offset_beyond_the_packet_is_counted_as_parse_failures_and_warned() {
     let dir = rec.dir.clone();
     let out = rec.wait();
     let meta = run_meta(&dir);
-    let on_wire = events(&sent, "sent").filter(|e| e["dropped"] == false).count() as u64;
+    let on_wire = events(&sent, "sent")
+        .filter(|e| e["dropped"] == false)
+        .count() as u64;
     assert!(meta["points"]["dev.queue"]["lost_parse"].as_u64().unwrap() >= on_wire);
-    assert!(meta["points"]["dev.netif_rx"]["lost_parse"].as_u64().unwrap() >= on_wire);
-    assert!(String::from_utf8_lossy(&out.stderr).contains("warning"), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        meta["points"]["dev.netif_rx"]["lost_parse"]
+            .as_u64()
+            .unwrap()
+            >= on_wire
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("warning"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 #[test]
 fn bad_targets_and_privileges_give_clear_errors_and_documented_codes() {
-    let Some(_guard) = privileged("bad_targets") else { return };
+    let Some(_guard) = privileged("bad_targets") else {
+        return;
+    };
     let out = std::process::Command::new(bin("xlap-trace"))
         .args(["record", "--pid", "999999999", "--duration", "1"])
         .output()
@@ -245,34 +343,62 @@ fn bad_targets_and_privileges_give_clear_errors_and_documented_codes() {
 
     // Without root: setpriv drops to nobody with no capabilities.
     let out = std::process::Command::new("setpriv")
-        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all"])
+        .args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "--inh-caps=-all",
+        ])
         .arg(bin("xlap-trace"))
         .args(["record", "--pid", "1", "--duration", "1"])
         .output()
         .expect("setpriv (util-linux)");
-    assert_eq!(out.status.code(), Some(3), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(
+        out.status.code(),
+        Some(3),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(String::from_utf8_lossy(&out.stderr).contains("root"));
 }
 
 #[test]
 fn the_parquet_file_has_the_documented_schema() {
-    let Some(_guard) = privileged("parquet_schema") else { return };
+    let Some(_guard) = privileged("parquet_schema") else {
+        return;
+    };
     let stage = Stage::two_hosts().expect("stage");
     let scratch = Scratch::new("schema");
-    let run = ProtocolRun::spawn(&stage, &scratch, &ExampleOptions { count: 100, period_us: 500, gated: true, ..Default::default() });
+    let run = ProtocolRun::spawn(
+        &stage,
+        &scratch,
+        &ExampleOptions {
+            count: 100,
+            period_us: 500,
+            gated: true,
+            ..Default::default()
+        },
+    );
     let (s, r) = run.pids();
     let rec = Recorder::start(&[s, r], &scratch.path("run"), &[]);
     run.start();
     run.wait();
     rec.wait();
     let file = std::fs::File::open(scratch.path("run").join("stamps.parquet")).unwrap();
-    let builder = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(file).unwrap();
+    let builder =
+        parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(file).unwrap();
     let documented = xlap_records::schema::stamps();
     let got = builder.schema();
     assert_eq!(got.fields(), documented.fields());
-    assert_eq!(got.metadata().get("xlap.table").map(String::as_str), Some("stamps"));
+    assert_eq!(
+        got.metadata().get("xlap.table").map(String::as_str),
+        Some("stamps")
+    );
     // The committed schema file says the same.
-    let committed = std::fs::read_to_string(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../schemas/stamps.schema.json")).unwrap();
+    let committed = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../schemas/stamps.schema.json"),
+    )
+    .unwrap();
     let committed: arrow_schema::Schema = serde_json::from_str(&committed).unwrap();
     assert_eq!(committed.fields(), documented.fields());
 }

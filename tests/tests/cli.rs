@@ -4,19 +4,34 @@ use std::process::Command;
 use xlap_tests::bin;
 
 fn xlap(args: &[&str]) -> std::process::Output {
-    Command::new(bin("xlap-trace")).args(args).output().expect("run xlap-trace")
+    Command::new(bin("xlap-trace"))
+        .args(args)
+        .output()
+        .expect("run xlap-trace")
 }
 
 fn text(out: &std::process::Output) -> String {
-    format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
 }
 
 #[test]
 fn help_texts() {
-    for args in [&["--help"][..], &["record", "--help"], &["stage", "up", "--help"], &["demo", "--help"]] {
+    for args in [
+        &["--help"][..],
+        &["record", "--help"],
+        &["stage", "up", "--help"],
+        &["demo", "--help"],
+    ] {
         let out = xlap(args);
         assert!(out.status.success());
-        insta::assert_snapshot!(format!("help_{}", args[..args.len() - 1].join("_")), text(&out));
+        insta::assert_snapshot!(
+            format!("help_{}", args[..args.len() - 1].join("_")),
+            text(&out)
+        );
     }
 }
 
@@ -48,11 +63,23 @@ fn usage_errors_exit_2_and_say_what_to_do() {
     let cases: &[(&[&str], &str)] = &[
         (&["record"], "--pid"),
         (&[], "--pid"),
-        (&["record", "--pid", "1", "--proto", "nope"], "presets: xlap-example"),
-        (&["record", "--pid", "1", "--seq-size", "3"], "--seq-size must be 1, 2, 4 or 8"),
-        (&["record", "--pid", "1", "--ringbuf-kib", "3"], "power of two"),
+        (
+            &["record", "--pid", "1", "--proto", "nope"],
+            "presets: xlap-example",
+        ),
+        (
+            &["record", "--pid", "1", "--seq-size", "3"],
+            "--seq-size must be 1, 2, 4 or 8",
+        ),
+        (
+            &["record", "--pid", "1", "--ringbuf-kib", "3"],
+            "power of two",
+        ),
         (&["record", "--pid", "notanumber"], "invalid value"),
-        (&["stage", "up", "--qdisc", "a=netem"], "netem is not in this kernel"),
+        (
+            &["stage", "up", "--qdisc", "a=netem"],
+            "netem is not in this kernel",
+        ),
         (&["stage", "up", "--qdisc", "c=tbf"], "no host \"c\""),
     ];
     for (args, needle) in cases {
