@@ -80,4 +80,37 @@ struct xlap_config {
   __u32 wakeup_bytes;
 };
 
+/* ---- USDT markers -------------------------------------------------------
+ * One spec per attached probe site, indexed by the uprobe's BPF cookie. The
+ * layout is ours (not libbpf's usdt.bpf.h, which differs between versions and
+ * does not load under aya). */
+#define XLAP_USDT_MAX_SPECS 1024
+#define XLAP_USDT_NO_REG 0xffff
+
+enum xlap_arg_kind {
+  XLAP_ARG_NONE = 0,
+  XLAP_ARG_CONST = 1,  /* value */
+  XLAP_ARG_REG = 2,    /* register at reg_off in struct pt_regs */
+  XLAP_ARG_MEM = 3,    /* [reg + idx * scale + value] in user memory */
+  XLAP_ARG_GLOBAL = 4, /* [value + load bias]: value is a link-time address */
+};
+
+struct xlap_usdt_arg {
+  __s64 value;       /* constant, memory displacement or global address */
+  __u16 reg_off;     /* pt_regs offset of the (base) register */
+  __u16 idx_reg_off; /* pt_regs offset of the index, or XLAP_USDT_NO_REG */
+  __u8 kind;         /* enum xlap_arg_kind */
+  __u8 size;         /* 1, 2, 4 or 8 bytes */
+  __u8 is_signed;
+  __u8 scale; /* 1, 2, 4 or 8 */
+};
+
+struct xlap_usdt_spec {
+  struct xlap_usdt_arg seq;
+  struct xlap_usdt_arg kind; /* kind == XLAP_ARG_NONE: no kind argument */
+  __u64 probe_addr;          /* link-time address of the probe's nop */
+  __u16 point;               /* XLAP_POINT_APP_BASE + app point index */
+  __u8 _pad[6];
+};
+
 #endif

@@ -12,6 +12,7 @@ fn main() {
         .allowlist_var("XLAP_.*")
         .constified_enum_module("xlap_point")
         .constified_enum_module("xlap_loss")
+        .constified_enum_module("xlap_arg_kind")
         .derive_default(true)
         .derive_eq(true)
         .layout_tests(true)

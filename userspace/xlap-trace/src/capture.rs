@@ -3,13 +3,23 @@
 use crate::exit::{failure, Code};
 use crate::proto::Layout;
 use anyhow::{Context, Result};
-use aya::maps::{HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf};
-use aya::programs::{BtfTracePoint, RawTracePoint};
+use aya::maps::{Array, HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf};
+use aya::programs::uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeScope};
+use aya::programs::{BtfTracePoint, RawTracePoint, UProbe};
 use aya::{include_bytes_aligned, Btf, Ebpf, EbpfLoader};
 use std::collections::BTreeMap;
 use xlap_abi::{xlap_loss, xlap_point};
 
 static CAPTURE_OBJECT: &[u8] = include_bytes_aligned!(concat!(env!("OUT_DIR"), "/capture.bpf.o"));
+
+/// A USDT spec as a map value.
+#[derive(Clone, Copy)]
+#[repr(transparent)]
+struct Spec(xlap_abi::xlap_usdt_spec);
+
+// SAFETY: a plain C struct of integers generated from the ABI header; every
+// bit pattern is valid and padding is zero-initialised (Default).
+unsafe impl aya::Pod for Spec {}
 
 /// (program, kind, attach target, required). Optional points are missing on
 /// some kernels or devices; a run records which ones could not attach.
@@ -117,6 +127,54 @@ impl Capture {
             }
         }
         Ok(Capture { bpf, unavailable })
+    }
+
+    /// Attaches the planned USDT sites; a site that fails to attach is an
+    /// error (the user asked for it), naming the probe and the process.
+    pub fn attach_usdt(&mut self, plan: &crate::usdt::Plan) -> Result<()> {
+        if plan.sites.is_empty() {
+            return Ok(());
+        }
+        {
+            let mut specs: Array<&mut MapData, Spec> =
+                Array::try_from(self.bpf.map_mut("USDT_SPECS").context("USDT_SPECS map")?)?;
+            for site in &plan.sites {
+                specs
+                    .set(site.spec_id, Spec(site.spec), 0)
+                    .context("cannot store a USDT spec")?;
+            }
+        }
+        let program: &mut UProbe = self
+            .bpf
+            .program_mut("on_usdt")
+            .context("program on_usdt is missing from the object")?
+            .try_into()?;
+        program.load()?;
+        for site in &plan.sites {
+            let pid = std::num::NonZeroU32::new(site.pid).context("pid 0")?;
+            program
+                .attach(
+                    UProbeAttachPoint {
+                        location: UProbeAttachLocation::AbsoluteOffset(site.probe.file_offset),
+                        cookie: Some(site.spec_id as u64),
+                    },
+                    &site.path,
+                    UProbeScope::OneProcess(pid),
+                )
+                .map_err(|e| {
+                    failure(
+                        Code::Kernel,
+                        format!(
+                            "cannot attach to USDT probe {}:{} of pid {} ({}): {e}",
+                            site.probe.provider,
+                            site.probe.name,
+                            site.pid,
+                            site.path.display()
+                        ),
+                    )
+                })?;
+        }
+        Ok(())
     }
 
     pub fn set_targets(&mut self, pids: &[u32]) -> Result<()> {

@@ -97,6 +97,14 @@ pub struct RecordArgs {
     /// Bytes of the packet kind: 0 (none), 1, 2 or 4.
     #[arg(long)]
     pub kind_size: Option<u8>,
+    /// Attach this USDT probe as an app point (repeatable):
+    /// PROVIDER:NAME=POINT[,seq=argN][,kind=argM]. Default: every xlap:NAME
+    /// marker as app.NAME with seq=arg0, kind=arg1.
+    #[arg(long, value_name = "SPEC")]
+    pub usdt: Vec<crate::usdt::Selection>,
+    /// Trace kernel points only, no USDT markers.
+    #[arg(long, conflicts_with = "usdt")]
+    pub no_usdt: bool,
     /// Ring buffer size in KiB (power of two).
     #[arg(long, default_value_t = 16 * 1024)]
     pub ringbuf_kib: u32,

@@ -10,6 +10,7 @@ mod quicklook;
 mod record;
 mod runmeta;
 mod targets;
+mod usdt;
 
 use anyhow::Result;
 use clap::Parser;

@@ -88,6 +88,21 @@ pub fn run(args: &RecordArgs) -> Result<RunMeta> {
             eprintln!("xlap-trace: note: {point} not traced here ({why})");
         }
     }
+    let usdt_plan = if args.no_usdt {
+        crate::usdt::Plan::default()
+    } else {
+        crate::usdt::plan(&args.pids, &args.usdt)?
+    };
+    for (pid, comm) in &usdt_plan.without_markers {
+        if !args.quiet {
+            eprintln!(
+                "xlap-trace: note: pid {pid} ({comm}) has no {} USDT markers; tracing its kernel points only",
+                if args.usdt.is_empty() { "xlap:*" } else { "selected" }
+            );
+        }
+    }
+    capture.attach_usdt(&usdt_plan)?;
+    let semaphores = Semaphores::raise(&usdt_plan)?;
     capture.set_targets(&args.pids)?;
     let mut owners = targets::port_owners(&args.pids);
     capture.sync_ports(&owners)?;
@@ -103,7 +118,7 @@ pub fn run(args: &RecordArgs) -> Result<RunMeta> {
     );
     let host = args.host.clone().unwrap_or_else(runmeta::hostname);
     let comms: Vec<String> = args.pids.iter().map(|&p| targets::comm(p)).collect();
-    let mut batcher = StampBatcher::new(&run_id, &host, Vec::new());
+    let mut batcher = StampBatcher::new(&run_id, &host, usdt_plan.app_names.clone());
     let mut stream = StampStream::create(&files.stream)?;
     let clock_start = ClockPair::sample();
 
@@ -202,6 +217,7 @@ pub fn run(args: &RecordArgs) -> Result<RunMeta> {
     let program_stats = capture.program_stats();
     drop(stats_guard);
     drop(capture);
+    drop(semaphores);
     while let Some(item) = ring.next() {
         if let Some(raw) = xlap_stamp::from_bytes(&item) {
             let stamp = Stamp::decode(&raw);
@@ -218,7 +234,7 @@ pub fn run(args: &RecordArgs) -> Result<RunMeta> {
 
     let mut points: BTreeMap<String, PointStats> = BTreeMap::new();
     for (id, n) in &tally.per_point {
-        let name = point_info(*id, &[]).map_or(format!("unknown.{id}"), |p| p.0);
+        let name = point_info(*id, &usdt_plan.app_names).map_or(format!("unknown.{id}"), |p| p.0);
         points.entry(name).or_default().stamps += n;
     }
     let mut lost = 0;
@@ -265,6 +281,11 @@ pub fn run(args: &RecordArgs) -> Result<RunMeta> {
             "ringbuf_bytes": ringbuf_bytes,
             "duration_s": args.duration,
             "count": args.count,
+            "usdt_sites": usdt_plan.sites.iter().map(|s| serde_json::json!({
+                "pid": s.pid, "provider": s.probe.provider, "name": s.probe.name,
+                "point": format!("app.{}", usdt_plan.app_names[(s.spec.point - xlap_point::XLAP_POINT_APP_BASE as u16) as usize]),
+                "file": s.path, "args": s.probe.args_spec,
+            })).collect::<Vec<_>>(),
         }),
         targets: args
             .pids
@@ -297,6 +318,32 @@ pub fn run(args: &RecordArgs) -> Result<RunMeta> {
         eprintln!("xlap-trace: warning: {lost} stamps were lost (see the loss columns below and run.json)");
     }
     Ok(meta)
+}
+
+/// Raised USDT semaphores, lowered again on drop (for processes still alive).
+struct Semaphores(Vec<(u32, u64)>);
+
+impl Semaphores {
+    fn raise(plan: &crate::usdt::Plan) -> Result<Semaphores> {
+        let mut raised = Semaphores(Vec::new());
+        for site in &plan.sites {
+            if let Some(addr) = site.semaphore_addr {
+                crate::usdt::adjust_semaphore(site.pid, addr, 1)?;
+                raised.0.push((site.pid, addr));
+            }
+        }
+        Ok(raised)
+    }
+}
+
+impl Drop for Semaphores {
+    fn drop(&mut self) {
+        for (pid, addr) in &self.0 {
+            if targets::alive(*pid) {
+                let _ = crate::usdt::adjust_semaphore(*pid, *addr, -1);
+            }
+        }
+    }
 }
 
 /// Running counts of what the ring buffer delivered.

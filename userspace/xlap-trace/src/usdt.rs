@@ -1,0 +1,338 @@
+//! App points: the USDT markers of the traced processes, attached as
+//! uprobes at their `nop`s (aya has no USDT support: we read the notes, keep
+//! one argument spec per site in a BPF map and pass its index as the BPF
+//! cookie).
+//!
+//! Default selection: every `xlap:NAME` marker becomes `app.NAME`, with seq
+//! and kind its first two arguments. `--usdt PROVIDER:NAME=POINT[,seq=argN]
+//! [,kind=argM]` picks any probe of any binary the process maps.
+
+use crate::exit::{failure, Code};
+use anyhow::{Context, Result};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use xlap_abi::{
+    xlap_arg_kind, xlap_point, xlap_usdt_arg, xlap_usdt_spec, XLAP_USDT_MAX_SPECS, XLAP_USDT_NO_REG,
+};
+use xlap_usdt::{Arg, ArgLocation, Probe};
+
+/// A `--usdt` selection.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Selection {
+    pub provider: String,
+    pub name: String,
+    pub point: String,
+    pub seq_arg: usize,
+    pub kind_arg: Option<usize>,
+}
+
+impl std::str::FromStr for Selection {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let usage =
+            || format!("--usdt wants PROVIDER:NAME=POINT[,seq=argN][,kind=argM], got {s:?}");
+        let (probe, rest) = s.split_once('=').ok_or_else(usage)?;
+        let (provider, name) = probe.split_once(':').ok_or_else(usage)?;
+        let mut parts = rest.split(',');
+        let point = parts.next().filter(|p| !p.is_empty()).ok_or_else(usage)?;
+        let mut sel = Selection {
+            provider: provider.to_string(),
+            name: name.to_string(),
+            point: point.to_string(),
+            seq_arg: 0,
+            kind_arg: None,
+        };
+        for part in parts {
+            let (key, arg) = part.split_once('=').ok_or_else(usage)?;
+            let n: usize = arg
+                .strip_prefix("arg")
+                .and_then(|n| n.parse().ok())
+                .ok_or_else(|| format!("{part:?}: arguments are named arg0, arg1, ..."))?;
+            match key {
+                "seq" => sel.seq_arg = n,
+                "kind" => sel.kind_arg = Some(n),
+                _ => return Err(usage()),
+            }
+        }
+        Ok(sel)
+    }
+}
+
+/// One probe site of one process, ready to attach.
+#[derive(Clone, Debug)]
+pub struct Site {
+    pub pid: u32,
+    /// Path through /proc/PID/root, valid in the process's mount namespace.
+    pub path: PathBuf,
+    pub probe: Probe,
+    pub spec_id: u32,
+    pub spec: xlap_usdt_spec,
+    /// Run-time address of the semaphore in the process, if gated.
+    pub semaphore_addr: Option<u64>,
+}
+
+/// Everything USDT of a run.
+#[derive(Debug, Default)]
+pub struct Plan {
+    pub sites: Vec<Site>,
+    /// `app_names[i]` names point `XLAP_POINT_APP_BASE + i` (without `app.`).
+    pub app_names: Vec<String>,
+    /// Processes whose binaries have no selected marker.
+    pub without_markers: Vec<(u32, String)>,
+}
+
+/// An executable file mapping of a process: (path, start, file offset).
+fn exec_mappings(pid: u32) -> Vec<(String, u64, u64)> {
+    let Ok(maps) = std::fs::read_to_string(format!("/proc/{pid}/maps")) else {
+        return Vec::new();
+    };
+    maps.lines()
+        .filter_map(|line| {
+            let mut cols = line.split_whitespace();
+            let range = cols.next()?;
+            let perms = cols.next()?;
+            let offset = u64::from_str_radix(cols.next()?, 16).ok()?;
+            let _dev = cols.next()?;
+            let _inode = cols.next()?;
+            let path = cols.next()?;
+            let start = u64::from_str_radix(range.split('-').next()?, 16).ok()?;
+            (path.starts_with('/') && perms.contains('r'))
+                .then(|| (path.to_string(), start, offset))
+        })
+        .collect()
+}
+
+/// Load bias of `path` in `pid`: run-time address minus link-time address,
+/// from the mapping of the file's first page (offset 0), which ELF loaders
+/// place at the bias plus the first segment's page-aligned vaddr (0 for PIE
+/// and shared objects, the link address otherwise).
+fn load_bias(pid: u32, path: &str, first_vaddr: u64) -> Option<u64> {
+    exec_mappings(pid)
+        .into_iter()
+        .find(|(p, _, off)| p == path && *off == 0)
+        .map(|(_, start, _)| start.wrapping_sub(first_vaddr & !0xfff))
+}
+
+fn first_load_vaddr(path: &Path) -> u64 {
+    use object::read::elf::{ElfFile64, ProgramHeader};
+    let Ok(data) = std::fs::read(path) else {
+        return 0;
+    };
+    let Ok(elf) = ElfFile64::<object::Endianness>::parse(&*data) else {
+        return 0;
+    };
+    let endian = elf.endian();
+    elf.elf_program_headers()
+        .iter()
+        .filter(|ph| ph.p_type(endian) == object::elf::PT_LOAD)
+        .map(|ph| ph.p_vaddr(endian))
+        .min()
+        .unwrap_or(0)
+}
+
+fn arg_spec(arg: &Arg) -> xlap_usdt_arg {
+    let mut a = xlap_usdt_arg {
+        size: arg.size,
+        is_signed: arg.signed as u8,
+        idx_reg_off: XLAP_USDT_NO_REG as u16,
+        scale: 1,
+        ..Default::default()
+    };
+    match &arg.location {
+        ArgLocation::Immediate(v) => {
+            a.kind = xlap_arg_kind::XLAP_ARG_CONST as u8;
+            a.value = *v;
+        }
+        ArgLocation::Register(r) => {
+            a.kind = xlap_arg_kind::XLAP_ARG_REG as u8;
+            a.reg_off = r.pt_regs_offset();
+        }
+        ArgLocation::Memory {
+            base,
+            index,
+            offset,
+        } => {
+            a.kind = xlap_arg_kind::XLAP_ARG_MEM as u8;
+            a.reg_off = base.pt_regs_offset();
+            a.value = *offset;
+            if let Some((idx, scale)) = index {
+                a.idx_reg_off = idx.pt_regs_offset();
+                a.scale = *scale;
+            }
+        }
+        ArgLocation::Global { address } => {
+            a.kind = xlap_arg_kind::XLAP_ARG_GLOBAL as u8;
+            a.value = *address as i64;
+        }
+        // The note reader resolves symbols; an unresolved one cannot be read.
+        ArgLocation::Symbol { .. } => a.kind = xlap_arg_kind::XLAP_ARG_NONE as u8,
+    }
+    a
+}
+
+/// Finds the markers of every pid and builds the specs to attach.
+pub fn plan(pids: &[u32], selections: &[Selection]) -> Result<Plan> {
+    let mut plan = Plan::default();
+    let mut point_ids: BTreeMap<String, u16> = BTreeMap::new();
+    let mut matched = vec![false; selections.len()];
+    for &pid in pids {
+        let mut files: Vec<String> = exec_mappings(pid).into_iter().map(|(p, _, _)| p).collect();
+        files.sort();
+        files.dedup();
+        let mut found = 0;
+        for file in files {
+            let path = PathBuf::from(format!("/proc/{pid}/root{file}"));
+            // Files that are not ELF (or vanished) simply have no probes.
+            let Ok(probes) = xlap_usdt::read_probes(&path) else {
+                continue;
+            };
+            let bias = || load_bias(pid, &file, first_load_vaddr(&path));
+            for probe in probes {
+                let chosen = if selections.is_empty() {
+                    (probe.provider == "xlap").then(|| (probe.name.clone(), 0usize, Some(1usize)))
+                } else {
+                    selections
+                        .iter()
+                        .enumerate()
+                        .find(|(_, s)| s.provider == probe.provider && s.name == probe.name)
+                        .map(|(i, s)| {
+                            matched[i] = true;
+                            (s.point.clone(), s.seq_arg, s.kind_arg)
+                        })
+                };
+                let Some((point, seq_arg, kind_arg)) = chosen else {
+                    continue;
+                };
+                let Some(seq) = probe.args.get(seq_arg) else {
+                    return Err(failure(
+                        Code::Usage,
+                        format!(
+                            "{}:{} in {file} has {} arguments, no arg{seq_arg} for seq",
+                            probe.provider,
+                            probe.name,
+                            probe.args.len()
+                        ),
+                    ));
+                };
+                let next_id = point_ids.len() as u16;
+                let index = *point_ids.entry(point.clone()).or_insert_with(|| {
+                    plan.app_names.push(point.clone());
+                    next_id
+                });
+                let spec_id = plan.sites.len() as u32;
+                if spec_id >= XLAP_USDT_MAX_SPECS {
+                    return Err(failure(
+                        Code::Usage,
+                        format!("more than {XLAP_USDT_MAX_SPECS} USDT probe sites selected"),
+                    ));
+                }
+                let spec = xlap_usdt_spec {
+                    seq: arg_spec(seq),
+                    kind: kind_arg
+                        .and_then(|k| probe.args.get(k))
+                        .map(arg_spec)
+                        .unwrap_or_default(),
+                    probe_addr: probe.address,
+                    point: xlap_point::XLAP_POINT_APP_BASE as u16 + index,
+                    ..Default::default()
+                };
+                let semaphore_addr = if probe.semaphore != 0 {
+                    Some(
+                        bias()
+                            .context("cannot find where the binary is mapped to set its semaphore")?
+                            .wrapping_add(probe.semaphore),
+                    )
+                } else {
+                    None
+                };
+                plan.sites.push(Site {
+                    pid,
+                    path: path.clone(),
+                    probe,
+                    spec_id,
+                    spec,
+                    semaphore_addr,
+                });
+                found += 1;
+            }
+        }
+        if found == 0 {
+            plan.without_markers.push((pid, crate::targets::comm(pid)));
+        }
+    }
+    if let Some(i) = matched.iter().position(|m| !m) {
+        let s = &selections[i];
+        return Err(failure(
+            Code::Usage,
+            format!(
+                "no USDT probe {}:{} in the binaries of pid {} (list a binary's probes with: readelf -n BINARY)",
+                s.provider,
+                s.name,
+                pids.iter().map(u32::to_string).collect::<Vec<_>>().join(", ")
+            ),
+        ));
+    }
+    Ok(plan)
+}
+
+/// Adds `delta` to a USDT semaphore (a u16 counter) in a live process,
+/// through /proc/PID/mem: probes gated by it fire while it is non-zero.
+pub fn adjust_semaphore(pid: u32, addr: u64, delta: i16) -> Result<()> {
+    use std::os::unix::fs::FileExt;
+    let mem = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(format!("/proc/{pid}/mem"))
+        .with_context(|| format!("cannot open the memory of pid {pid} to set a USDT semaphore"))?;
+    let mut buf = [0u8; 2];
+    mem.read_exact_at(&mut buf, addr)
+        .with_context(|| format!("cannot read the semaphore of pid {pid} at {addr:#x}"))?;
+    let value = u16::from_ne_bytes(buf).wrapping_add_signed(delta);
+    mem.write_all_at(&value.to_ne_bytes(), addr)
+        .with_context(|| format!("cannot write the semaphore of pid {pid}"))?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn selections_parse_with_argument_choices() {
+        let s: Selection = "myproto:pkt_out=app.tx,seq=arg2,kind=arg0".parse().unwrap();
+        assert_eq!(
+            s,
+            Selection {
+                provider: "myproto".into(),
+                name: "pkt_out".into(),
+                point: "app.tx".into(),
+                seq_arg: 2,
+                kind_arg: Some(0)
+            }
+        );
+        let s: Selection = "p:n=x".parse().unwrap();
+        assert_eq!((s.seq_arg, s.kind_arg), (0, None));
+        for bad in ["p:n", "pn=x", "p:n=", "p:n=x,seq=2", "p:n=x,len=arg1"] {
+            assert!(bad.parse::<Selection>().is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn argument_specs_map_to_the_abi() {
+        let a = arg_spec(&xlap_usdt::parse_args("-4@8(%rdi,%rsi,4)").unwrap()[0]);
+        assert_eq!(a.kind, xlap_arg_kind::XLAP_ARG_MEM as u8);
+        assert_eq!((a.size, a.is_signed, a.value, a.scale), (4, 1, 8, 4));
+        assert_eq!(a.reg_off, xlap_usdt::Register::Rdi.pt_regs_offset());
+        assert_eq!(a.idx_reg_off, xlap_usdt::Register::Rsi.pt_regs_offset());
+        let c = arg_spec(&xlap_usdt::parse_args("8@$42").unwrap()[0]);
+        assert_eq!((c.kind, c.value), (xlap_arg_kind::XLAP_ARG_CONST as u8, 42));
+    }
+
+    #[test]
+    fn this_test_binary_maps_executable_files() {
+        let maps = exec_mappings(std::process::id());
+        let exe = std::fs::read_link("/proc/self/exe").unwrap();
+        assert!(maps.iter().any(|(p, _, _)| Path::new(p) == exe), "{maps:?}");
+    }
+}
