@@ -82,8 +82,8 @@ struct {
 struct {
   __uint(type, BPF_MAP_TYPE_HASH);
   __uint(max_entries, 4096);
-  __type(key, __u16);   /* local UDP port of a traced socket, host order */
-  __type(value, __u32); /* owning tgid */
+  __type(key, struct xlap_port_key); /* a traced socket: netns + port */
+  __type(value, __u32);              /* owning tgid */
 } TARGET_PORTS SEC(".maps");
 
 struct {
@@ -100,24 +100,18 @@ struct {
   __type(value, struct xl_recv_ctx);
 } RECV_CTX SEC(".maps");
 
-/* skb -> identity, one map per direction: on veth the same skb passes the
- * receive path inside the driver's transmit call, before net_dev_xmit fires.
- * Per-CPU LRU lists: the common list costs microseconds per update here. */
+/* skb -> identity on the TX path, for the points after dev.queue (they may
+ * run in another context: qdisc, softirq). A plain preallocated hash with
+ * explicit deletes (at dev.xmit, or when the address shows up again for a
+ * foreign packet): an LRU update costs several times more. The RX path needs
+ * no map: its points re-read the headers, and the socket-side point pairs
+ * with the per-CPU RX_CUR (below). */
 struct {
-  __uint(type, BPF_MAP_TYPE_LRU_HASH);
+  __uint(type, BPF_MAP_TYPE_HASH);
   __uint(max_entries, 65536);
-  __uint(map_flags, BPF_F_NO_COMMON_LRU);
   __type(key, __u64); /* struct sk_buff * */
   __type(value, struct xl_ident);
 } SKB_TX SEC(".maps");
-
-struct {
-  __uint(type, BPF_MAP_TYPE_LRU_HASH);
-  __uint(max_entries, 65536);
-  __uint(map_flags, BPF_F_NO_COMMON_LRU);
-  __type(key, __u64); /* struct sk_buff * */
-  __type(value, struct xl_ident);
-} SKB_RX SEC(".maps");
 
 struct {
   __uint(type, BPF_MAP_TYPE_HASH);
@@ -247,50 +241,58 @@ static __always_inline __u16 fold16(const __u32 *words, int n) {
   return (__u16)(x ^ (x >> 16));
 }
 
+/* Bytes of the network header read in one go: an IPv6 header or an IPv4
+ * header without options, plus the UDP header. */
+#define NET_HDR_READ 48
+
 /* Parses the IP/UDP headers of an skb. On success fills the packet's flow
  * (addresses folded to 16 bits, ports), its UDP destination port and, when
  * the payload is in the linear area, seq and kind. Returns:
  * -1 not IPv4/IPv6 UDP (or not the first fragment), 0 parsed,
- * 1 UDP but seq/kind unreadable (nonlinear or beyond the datagram). */
+ * 1 UDP but seq/kind unreadable (nonlinear or beyond the datagram).
+ * `skb` comes from tp_btf arguments: its fields are plain loads; only the
+ * packet bytes need probe reads (one for the headers, one per field). */
 static __always_inline int parse_skb(struct sk_buff *skb, struct xl_ident *id,
                                      __u16 *dport) {
-  unsigned char *head = BPF_CORE_READ(skb, head);
-  __u16 nh = BPF_CORE_READ(skb, network_header);
+  unsigned char *head = skb->head;
+  __u16 nh = skb->network_header;
+  __u32 tail = skb->tail;
   if (!head || nh == (__u16)~0U)
     return -1;
   unsigned char *ip = head + nh;
-  __u8 vihl = 0;
-  if (bpf_probe_read_kernel(&vihl, 1, ip))
+  __u8 h[NET_HDR_READ];
+  if (bpf_probe_read_kernel(h, sizeof(h), ip))
     return -1;
   __u32 saddr[4] = {}, daddr[4] = {};
+  struct udphdr uh;
   unsigned char *udp;
   int words;
-  if ((vihl >> 4) == 4) {
-    struct iphdr iph;
-    if (bpf_probe_read_kernel(&iph, sizeof(iph), ip))
+  if ((h[0] >> 4) == 4) {
+    struct iphdr *iph = (struct iphdr *)h;
+    if (iph->protocol != IPPROTO_UDP_ ||
+        (bpf_ntohs(iph->frag_off) & 0x1fff) != 0)
       return -1;
-    if (iph.protocol != IPPROTO_UDP_ || (bpf_ntohs(iph.frag_off) & 0x1fff) != 0)
-      return -1;
-    saddr[0] = iph.saddr;
-    daddr[0] = iph.daddr;
+    saddr[0] = iph->saddr;
+    daddr[0] = iph->daddr;
     words = 1;
-    udp = ip + (vihl & 0xf) * 4;
-  } else if ((vihl >> 4) == 6) {
-    struct ipv6hdr ip6;
-    if (bpf_probe_read_kernel(&ip6, sizeof(ip6), ip))
+    __u32 ihl = (h[0] & 0xf) * 4;
+    udp = ip + ihl;
+    if (ihl == sizeof(struct iphdr))
+      __builtin_memcpy(&uh, h + sizeof(struct iphdr), sizeof(uh));
+    else if (bpf_probe_read_kernel(&uh, sizeof(uh), udp)) /* IP options */
       return -1;
-    if (ip6.nexthdr != IPPROTO_UDP_)
+  } else if ((h[0] >> 4) == 6) {
+    struct ipv6hdr *ip6 = (struct ipv6hdr *)h;
+    if (ip6->nexthdr != IPPROTO_UDP_)
       return -1;
-    __builtin_memcpy(saddr, &ip6.saddr, 16);
-    __builtin_memcpy(daddr, &ip6.daddr, 16);
+    __builtin_memcpy(saddr, &ip6->saddr, 16);
+    __builtin_memcpy(daddr, &ip6->daddr, 16);
     words = 4;
     udp = ip + sizeof(struct ipv6hdr);
+    __builtin_memcpy(&uh, h + sizeof(struct ipv6hdr), sizeof(uh));
   } else {
     return -1;
   }
-  struct udphdr uh;
-  if (bpf_probe_read_kernel(&uh, sizeof(uh), udp))
-    return -1;
   __u16 sport = bpf_ntohs(uh.source);
   *dport = bpf_ntohs(uh.dest);
   id->flow = ((__u64)fold16(saddr, words) << 48) |
@@ -302,7 +304,6 @@ static __always_inline int parse_skb(struct sk_buff *skb, struct xl_ident *id,
     return 1;
   unsigned char *payload = udp + 8;
   /* Only the linear area is readable through head: head + tail ends it. */
-  __u32 tail = BPF_CORE_READ(skb, tail);
   if (payload > head + tail)
     return 1;
   __u64 linear = (head + tail) - payload;
@@ -311,9 +312,7 @@ static __always_inline int parse_skb(struct sk_buff *skb, struct xl_ident *id,
 }
 
 static __always_inline __u64 skb_hw_ts(struct sk_buff *skb) {
-  unsigned char *head = BPF_CORE_READ(skb, head);
-  __u32 end = BPF_CORE_READ(skb, end);
-  struct skb_shared_info *sh = (struct skb_shared_info *)(head + end);
+  struct skb_shared_info *sh = (struct skb_shared_info *)(skb->head + skb->end);
   return (__u64)BPF_CORE_READ(sh, hwtstamps.hwtstamp);
 }
 
@@ -408,7 +407,7 @@ SEC("tp_btf/sock_recv_length")
 int BPF_PROG(on_sock_recv_length, struct sock *sk, int ret, int flags) {
   __u32 tid = (__u32)bpf_get_current_pid_tgid();
   struct xl_recv_ctx *rc = bpf_map_lookup_elem(&RECV_CTX, &tid);
-  if (rc && BPF_CORE_READ(sk, sk_protocol) == IPPROTO_UDP_)
+  if (rc && sk->sk_protocol == IPPROTO_UDP_)
     rc->on_sock = 1;
   return 0;
 }
@@ -444,8 +443,8 @@ int BPF_PROG(on_net_dev_queue, struct sk_buff *skb) {
   }
   if (bpf_map_update_elem(&SKB_TX, &key, &id, BPF_ANY))
     count_loss(XLAP_POINT_DEV_QUEUE, XLAP_LOSS_MAP_FULL);
-  emit(XLAP_POINT_DEV_QUEUE, now, &id, tid, BPF_CORE_READ(skb, dev, ifindex),
-       BPF_CORE_READ(skb, queue_mapping), 0);
+  emit(XLAP_POINT_DEV_QUEUE, now, &id, tid, skb->dev->ifindex,
+       skb->queue_mapping, 0);
   return 0;
 }
 
@@ -458,8 +457,8 @@ static __always_inline void stamp_known_tx(__u16 point, struct sk_buff *skb) {
   if (!id)
     return;
   __u32 tid = (__u32)bpf_get_current_pid_tgid();
-  emit(point, bpf_ktime_get_ns(), id, tid, BPF_CORE_READ(skb, dev, ifindex),
-       BPF_CORE_READ(skb, queue_mapping), 0);
+  emit(point, bpf_ktime_get_ns(), id, tid, skb->dev->ifindex,
+       skb->queue_mapping, 0);
 }
 
 SEC("tp_btf/qdisc_enqueue")
@@ -493,8 +492,7 @@ int BPF_PROG(on_net_dev_xmit, struct sk_buff *skb, int rc,
   if (!id)
     return 0;
   __u32 tid = (__u32)bpf_get_current_pid_tgid();
-  emit(XLAP_POINT_DEV_XMIT, bpf_ktime_get_ns(), id, tid,
-       BPF_CORE_READ(dev, ifindex), 0, 0);
+  emit(XLAP_POINT_DEV_XMIT, bpf_ktime_get_ns(), id, tid, dev->ifindex, 0, 0);
   /* The last TX point: the skb may be freed and its address reused. */
   bpf_map_delete_elem(&SKB_TX, &key);
   return 0;
@@ -505,22 +503,19 @@ int BPF_PROG(on_net_dev_xmit, struct sk_buff *skb, int rc,
 /* A driver hand-off point: parse, keep packets for traced sockets. */
 static __always_inline void stamp_rx_dev(__u16 point, struct sk_buff *skb) {
   __u64 now = bpf_ktime_get_ns();
-  __u64 key = (__u64)skb;
   struct xl_ident id = {};
   __u16 dport;
   int r = parse_skb(skb, &id, &dport);
-  __u32 *owner = r < 0 ? 0 : bpf_map_lookup_elem(&TARGET_PORTS, &dport);
-  if (!owner) {
-    bpf_map_delete_elem(&SKB_RX, &key); /* a reused address: not ours */
+  struct xlap_port_key pk = {.netns = skb->dev->nd_net.net->ns.inum,
+                             .port = dport};
+  __u32 *owner = r < 0 ? 0 : bpf_map_lookup_elem(&TARGET_PORTS, &pk);
+  if (!owner)
     return;
-  }
   if (r > 0) {
     count_loss(point, XLAP_LOSS_PARSE);
     return;
   }
   id.pid = *owner;
-  if (bpf_map_update_elem(&SKB_RX, &key, &id, BPF_ANY))
-    count_loss(point, XLAP_LOSS_MAP_FULL);
   /* The receive softirq carries this skb up to the socket on this CPU
    * before it takes the next one: sk_data_ready pairs with it. */
   __u32 zero = 0;
@@ -530,8 +525,8 @@ static __always_inline void stamp_rx_dev(__u16 point, struct sk_buff *skb) {
     cur->dport = dport;
     cur->ts = now;
   }
-  emit(point, now, &id, 0, BPF_CORE_READ(skb, dev, ifindex),
-       BPF_CORE_READ(skb, queue_mapping), skb_hw_ts(skb));
+  emit(point, now, &id, 0, skb->dev->ifindex, skb->queue_mapping,
+       skb_hw_ts(skb));
 }
 
 SEC("tp_btf/netif_rx")
@@ -554,23 +549,20 @@ int BPF_PROG(on_netif_receive_skb, struct sk_buff *skb) {
 
 SEC("tp_btf/sk_data_ready")
 int BPF_PROG(on_sk_data_ready, const struct sock *sk) {
-  __u16 port = BPF_CORE_READ(sk, __sk_common.skc_num);
-  if (!bpf_map_lookup_elem(&TARGET_PORTS, &port))
+  __u16 port = sk->__sk_common.skc_num;
+  struct xlap_port_key pk = {.netns = sk->__sk_common.skc_net.net->ns.inum,
+                             .port = port};
+  if (!bpf_map_lookup_elem(&TARGET_PORTS, &pk))
     return 0;
   __u64 now = bpf_ktime_get_ns();
-  /* The datagram this softirq carried up from the driver on this CPU; else
-   * the queue's tail, where UDP put it just before calling us (a reader on
-   * another CPU may have taken it already). */
+  /* The datagram this softirq carried up from the driver on this CPU: the
+   * receive path runs from netif_receive_skb to the socket without taking
+   * another packet on the way. */
   __u32 zero = 0;
   struct xl_rx_cur *cur = bpf_map_lookup_elem(&RX_CUR, &zero);
   struct xl_ident *found = 0;
-  if (cur && cur->dport == port && now - cur->ts < RX_CUR_MAX_AGE_NS) {
+  if (cur && cur->dport == port && now - cur->ts < RX_CUR_MAX_AGE_NS)
     found = &cur->id;
-  } else {
-    struct sk_buff *skb = BPF_CORE_READ(sk, sk_receive_queue.prev);
-    __u64 key = (__u64)skb;
-    found = bpf_map_lookup_elem(&SKB_RX, &key);
-  }
   if (!found) {
     count_loss(XLAP_POINT_SOCK_QUEUE, XLAP_LOSS_UNMATCHED);
     return 0;
@@ -604,11 +596,11 @@ int BPF_PROG(on_sched_waking, struct task_struct *p) {
     last->valid = 0;
     return 0;
   }
-  if ((__u32)BPF_CORE_READ(p, tgid) != last->id.pid)
+  if ((__u32)p->tgid != last->id.pid)
     return 0;
   /* Only a thread blocked in a receive call is woken by the datagram (not,
    * say, a worker thread its reader wakes through a futex). */
-  __u32 tid = BPF_CORE_READ(p, pid);
+  __u32 tid = p->pid;
   if (!bpf_map_lookup_elem(&RECV_CTX, &tid))
     return 0;
   last->valid = 0;
@@ -621,24 +613,13 @@ int BPF_PROG(on_sched_waking, struct task_struct *p) {
 SEC("tp_btf/sched_switch")
 int BPF_PROG(on_sched_switch, bool preempt, struct task_struct *prev,
              struct task_struct *next) {
-  __u32 tid = BPF_CORE_READ(next, pid);
+  __u32 tid = next->pid;
   struct xl_ident *id = bpf_map_lookup_elem(&WOKEN, &tid);
   if (!id)
     return 0;
   struct xl_ident copy = *id;
   bpf_map_delete_elem(&WOKEN, &tid);
   emit(XLAP_POINT_SCHED_SWITCH_IN, bpf_ktime_get_ns(), &copy, tid, 0, 0, 0);
-  return 0;
-}
-
-SEC("tp_btf/skb_copy_datagram_iovec")
-int BPF_PROG(on_skb_copy_datagram_iovec, const struct sk_buff *skb, int len) {
-  __u64 key = (__u64)skb;
-  struct xl_ident *id = bpf_map_lookup_elem(&SKB_RX, &key);
-  if (!id)
-    return 0;
-  emit(XLAP_POINT_SOCK_COPY, bpf_ktime_get_ns(), id,
-       (__u32)bpf_get_current_pid_tgid(), 0, 0, 0);
   return 0;
 }
 

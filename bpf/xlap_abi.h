@@ -26,8 +26,8 @@ enum xlap_point {
   XLAP_POINT_SOCK_QUEUE = 11,      /* datagram queued on the socket */
   XLAP_POINT_SCHED_WAKEUP = 12,    /* sched:sched_wakeup of the reader */
   XLAP_POINT_SCHED_SWITCH_IN = 13, /* sched:sched_switch to the reader */
-  XLAP_POINT_SOCK_COPY = 14,       /* skb:skb_copy_datagram_iovec */
-  XLAP_POINT_SOCK_RECV_EXIT = 15,  /* raw_tp sys_exit: recvfrom/recvmsg/... */
+  /* 14: reserved (skb:skb_copy_datagram_iovec does not fire for UDP) */
+  XLAP_POINT_SOCK_RECV_EXIT = 15, /* raw_tp sys_exit: recvfrom/recvmsg/... */
   /* Device (NIC) hardware timestamps are not points of their own: they ride
    * in hw_ts_ns of the dev.* stamps (XLAP_FLAG_HW_TS). */
   XLAP_POINT_KERNEL_COUNT = 16,
@@ -78,6 +78,14 @@ struct xlap_config {
    * wake-up per record costs microseconds (an IPI, a VM exit under KVM);
    * the reader also polls on a short timeout. */
   __u32 wakeup_bytes;
+};
+
+/* Key of the traced-socket table: a UDP port in a network namespace (ports
+ * repeat across namespaces, e.g. the same protocol on two stages). */
+struct xlap_port_key {
+  __u32 netns; /* inode number of the network namespace */
+  __u16 port;  /* local UDP port, host order */
+  __u16 _pad;
 };
 
 /* ---- USDT markers -------------------------------------------------------

@@ -42,10 +42,13 @@ pub fn privileged(test: &str) -> Option<MutexGuard<'static, ()>> {
 /// (`target/<profile>`, the parent of `deps/`).
 pub fn target_dir() -> PathBuf {
     let exe = std::env::current_exe().expect("current exe");
-    exe.parent()
-        .and_then(Path::parent)
-        .expect("test binaries live in target/<profile>/deps")
-        .to_path_buf()
+    let dir = exe.parent().expect("exe dir");
+    // Test binaries live in target/<profile>/deps, other binaries beside it.
+    if dir.ends_with("deps") {
+        dir.parent().expect("profile dir").to_path_buf()
+    } else {
+        dir.to_path_buf()
+    }
 }
 
 /// Path of a workspace binary; they are built by `cargo build --workspace`

@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-const OBJECTS: &[&str] = &["capture"];
+const OBJECTS: &[&str] = &["capture", "calibrate"];
 
 fn main() {
     let bpf_dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../bpf");

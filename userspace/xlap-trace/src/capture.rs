@@ -7,10 +7,20 @@ use aya::maps::{Array, HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf};
 use aya::programs::uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeScope};
 use aya::programs::{BtfTracePoint, RawTracePoint, UProbe};
 use aya::{include_bytes_aligned, Btf, Ebpf, EbpfLoader};
-use std::collections::BTreeMap;
 use xlap_abi::{xlap_loss, xlap_point};
 
 static CAPTURE_OBJECT: &[u8] = include_bytes_aligned!(concat!(env!("OUT_DIR"), "/capture.bpf.o"));
+/// Cost-floor programs for the benchmark (`bpf/calibrate.bpf.c`).
+pub static CALIBRATE_OBJECT: &[u8] =
+    include_bytes_aligned!(concat!(env!("OUT_DIR"), "/calibrate.bpf.o"));
+
+/// A traced-socket key as a map key.
+#[derive(Clone, Copy)]
+#[repr(transparent)]
+struct PortKey(xlap_abi::xlap_port_key);
+
+// SAFETY: plain C struct of integers, padding zeroed (Default).
+unsafe impl aya::Pod for PortKey {}
 
 /// A USDT spec as a map value.
 #[derive(Clone, Copy)]
@@ -58,12 +68,6 @@ const PROGRAMS: &[(&str, Kind, &str, bool)] = &[
     ("on_sk_data_ready", Kind::TpBtf, "sk_data_ready", false),
     ("on_sched_waking", Kind::TpBtf, "sched_waking", false),
     ("on_sched_switch", Kind::TpBtf, "sched_switch", false),
-    (
-        "on_skb_copy_datagram_iovec",
-        Kind::TpBtf,
-        "skb_copy_datagram_iovec",
-        false,
-    ),
 ];
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -186,21 +190,26 @@ impl Capture {
         Ok(())
     }
 
-    /// Makes the kernel's port table match `owners` (port -> pid).
-    pub fn sync_ports(&mut self, owners: &BTreeMap<u16, u32>) -> Result<()> {
-        let mut map: BpfHashMap<&mut MapData, u16, u32> = BpfHashMap::try_from(
+    /// Makes the kernel's socket table match `owners`.
+    pub fn sync_ports(&mut self, owners: &crate::targets::PortOwners) -> Result<()> {
+        let mut map: BpfHashMap<&mut MapData, PortKey, u32> = BpfHashMap::try_from(
             self.bpf
                 .map_mut("TARGET_PORTS")
                 .context("TARGET_PORTS map")?,
         )?;
-        let present: Vec<u16> = map.keys().filter_map(|k| k.ok()).collect();
-        for port in present {
-            if !owners.contains_key(&port) {
-                let _ = map.remove(&port);
+        let present: Vec<PortKey> = map.keys().filter_map(|k| k.ok()).collect();
+        for key in present {
+            if !owners.contains_key(&(key.0.netns, key.0.port)) {
+                let _ = map.remove(&key);
             }
         }
-        for (port, pid) in owners {
-            map.insert(port, pid, 0)
+        for ((netns, port), pid) in owners {
+            let key = PortKey(xlap_abi::xlap_port_key {
+                netns: *netns,
+                port: *port,
+                ..Default::default()
+            });
+            map.insert(key, pid, 0)
                 .context("cannot add a target port")?;
         }
         Ok(())

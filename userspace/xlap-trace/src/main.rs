@@ -1,22 +1,11 @@
 //! `xlap-trace`: the CLI and recording daemon.
 
-mod capture;
-mod cli;
-mod demo;
-mod exit;
-mod preflight;
-mod proto;
-mod quicklook;
-mod record;
-mod runmeta;
-mod targets;
-mod usdt;
-
 use anyhow::Result;
 use clap::Parser;
-use cli::{Cli, Command, StageCommand};
-use exit::{failure, Code};
 use std::process::ExitCode;
+use xlap_trace::cli::{self, Cli, Command, StageCommand};
+use xlap_trace::exit::{failure, Code};
+use xlap_trace::{demo, exit, proto, record};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();

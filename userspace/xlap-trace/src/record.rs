@@ -134,7 +134,7 @@ pub fn run(args: &RecordArgs) -> Result<RunMeta> {
                 .map(u32::to_string)
                 .collect::<Vec<_>>()
                 .join(", "),
-            owners.keys().collect::<Vec<_>>()
+            owners.keys().map(|(_, port)| port).collect::<Vec<_>>()
         );
     }
 
@@ -143,7 +143,7 @@ pub fn run(args: &RecordArgs) -> Result<RunMeta> {
     let mut last_ports = Instant::now();
     let mut last_progress = Instant::now();
     let mut tally = Tally::default();
-    let mut known_ports: BTreeMap<u16, u32> = owners.clone();
+    let mut known_ports = owners.clone();
     let progress = !args.quiet && std::io::stderr().is_terminal();
     let ring_fd = ring.as_raw_fd();
 
@@ -297,7 +297,7 @@ pub fn run(args: &RecordArgs) -> Result<RunMeta> {
                 udp_ports: known_ports
                     .iter()
                     .filter(|(_, p)| **p == pid)
-                    .map(|(port, _)| *port)
+                    .map(|((_, port), _)| *port)
                     .collect(),
             })
             .collect(),

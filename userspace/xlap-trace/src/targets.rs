@@ -48,10 +48,21 @@ pub fn udp_ports(pid: u32) -> Vec<u16> {
     ports
 }
 
-/// Ports of every traced pid, port -> owner.
-pub fn port_owners(pids: &[u32]) -> BTreeMap<u16, u32> {
+/// Inode number of the process's network namespace (`/proc/PID/ns/net`).
+pub fn netns_inode(pid: u32) -> Option<u32> {
+    let link = std::fs::read_link(format!("/proc/{pid}/ns/net")).ok()?;
+    let text = link.to_string_lossy().into_owned();
+    text.strip_prefix("net:[")?.strip_suffix(']')?.parse().ok()
+}
+
+/// The traced sockets: (network namespace, local UDP port) -> owning pid.
+pub type PortOwners = BTreeMap<(u32, u16), u32>;
+
+/// The UDP sockets of every traced pid.
+pub fn port_owners(pids: &[u32]) -> PortOwners {
     pids.iter()
-        .flat_map(|&pid| udp_ports(pid).into_iter().map(move |p| (p, pid)))
+        .filter_map(|&pid| Some((pid, netns_inode(pid)?)))
+        .flat_map(|(pid, ns)| udp_ports(pid).into_iter().map(move |p| ((ns, p), pid)))
         .collect()
 }
 
@@ -83,6 +94,15 @@ mod tests {
         assert!(udp_ports(std::process::id()).contains(&port));
         drop(sock);
         assert!(!udp_ports(std::process::id()).contains(&port));
+    }
+
+    #[test]
+    fn owners_are_keyed_by_network_namespace() {
+        let sock = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let port = sock.local_addr().unwrap().port();
+        let me = std::process::id();
+        let ns = netns_inode(me).expect("own netns");
+        assert_eq!(port_owners(&[me]).get(&(ns, port)), Some(&me));
     }
 
     #[test]

@@ -1,0 +1,13 @@
+//! xlap-trace as a library: the pieces the CLI and the benchmark share.
+
+pub mod capture;
+pub mod cli;
+pub mod demo;
+pub mod exit;
+pub mod preflight;
+pub mod proto;
+pub mod quicklook;
+pub mod record;
+pub mod runmeta;
+pub mod targets;
+pub mod usdt;
