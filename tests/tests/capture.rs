@@ -27,6 +27,18 @@ const RX_POINTS: &[&str] = &[
 ];
 const DATA: u8 = 1;
 
+/// A helper process that must not outlive a failed test.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        if let Ok(None) = self.0.try_wait() {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+}
+
 fn stage_with_tbf_on_sender() -> Stage {
     Stage::build(&StageConfig {
         hosts: 2,
@@ -180,12 +192,13 @@ fn unrelated_udp_traffic_leaves_no_stamps() {
     let stage = Stage::two_hosts().expect("stage");
     let scratch = Scratch::new("unrelated");
     let (a, b) = (stage.host(0), stage.host(1));
-    let mut server = b
-        .command("iperf3")
-        .args(["-s", "-1", "-p", "5301", "-B", &b.ipv4.to_string()])
-        .stdout(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut server = KillOnDrop(
+        b.command("iperf3")
+            .args(["-s", "-1", "-p", "5301", "-B", &b.ipv4.to_string()])
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
     std::thread::sleep(std::time::Duration::from_millis(300));
     let run = ProtocolRun::spawn(
         &stage,
@@ -226,7 +239,7 @@ fn unrelated_udp_traffic_leaves_no_stamps() {
         report["end"]["sum"]["packets"].as_u64().unwrap() > 1000,
         "iperf3 sent traffic"
     );
-    let _ = server.wait();
+    let _ = server.0.wait();
     run.wait();
     let meta = rec.meta_after_wait();
     let rows = read_stamps(&scratch.path("run").join("stamps.parquet"));

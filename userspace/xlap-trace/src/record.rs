@@ -273,6 +273,8 @@ pub fn run(args: &RecordArgs) -> Result<RunMeta> {
         run_id,
         host,
         kernel: runmeta::kernel_release(),
+        boot_id: runmeta::boot_id(),
+        clock_sync: runmeta::ClockSync::read(),
         clock_start,
         clock_end,
         options: serde_json::json!({

@@ -76,6 +76,11 @@ pub struct RunMeta {
     pub run_id: String,
     pub host: String,
     pub kernel: String,
+    /// Runs with the same boot id share one CLOCK_MONOTONIC (same kernel).
+    pub boot_id: String,
+    /// The kernel's view of realtime clock synchronisation (NTP/PTP
+    /// discipline through adjtimex), for mapping clocks between hosts.
+    pub clock_sync: ClockSync,
     pub clock_start: ClockPair,
     pub clock_end: ClockPair,
     pub options: serde_json::Value,
@@ -94,6 +99,37 @@ pub struct RunMeta {
 
 pub fn kernel_release() -> String {
     std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default()
+}
+
+#[derive(Debug, Serialize)]
+pub struct ClockSync {
+    /// adjtimex says the clock is disciplined (no STA_UNSYNC, no TIME_ERROR).
+    pub synchronized: bool,
+    /// Maximum error of the realtime clock, µs (adjtimex maxerror).
+    pub maxerror_us: i64,
+    /// Estimated error, µs (adjtimex esterror).
+    pub esterror_us: i64,
+}
+
+impl ClockSync {
+    pub fn read() -> ClockSync {
+        // SAFETY: modes = 0 only reads the kernel's clock state into `tx`.
+        let mut tx: libc::timex = unsafe { std::mem::zeroed() };
+        let state = unsafe { libc::adjtimex(&mut tx) };
+        ClockSync {
+            synchronized: state >= 0
+                && state != libc::TIME_ERROR
+                && tx.status & libc::STA_UNSYNC == 0,
+            maxerror_us: tx.maxerror,
+            esterror_us: tx.esterror,
+        }
+    }
+}
+
+pub fn boot_id() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
         .map(|s| s.trim().to_string())
         .unwrap_or_default()
 }
