@@ -35,3 +35,8 @@ schemas:
 # A stage for experiments, until Ctrl-C (e.g. just stage --qdisc a=tbf).
 stage *ARGS: build
     {{xlap}} stage up {{ARGS}}
+
+# Benchmarks: BPF cost floor, capture throughput and losses, perturbation of
+# the traced protocol's latency, side by side in one run (--quick: shorter).
+bench *ARGS: build
+    {{target}}/debug/xlap-bench {{ARGS}}

@@ -21,6 +21,10 @@ use xlap_tests::example::{events, summary, ExampleOptions, ProtocolRun};
 use xlap_tests::trace::Recorder;
 use xlap_tests::{privileged_unavailable, Scratch};
 
+/// The perturbation workload: 10 000 packets/s, the rate the issue's
+/// acceptance runs use.
+const PERTURB_PERIOD_US: u64 = 100;
+
 fn main() -> Result<()> {
     if let Some(reason) = privileged_unavailable() {
         anyhow::bail!("the benchmark loads BPF and builds a stage: {reason}");
@@ -73,8 +77,10 @@ fn main() -> Result<()> {
             "programs": meta["bpf_programs"]}));
     }
 
+    let rounds = if quick { 1 } else { 3 };
+    let count: u32 = if quick { 3_000 } else { 10_000 };
     println!(
-        "\n## Perturbation of the protocol's end-to-end latency (10 000 packets, 100 µs period)\n"
+        "\n## Perturbation of the protocol's end-to-end latency ({count} packets every {PERTURB_PERIOD_US} µs, {rounds} interleaved rounds)\n"
     );
     println!("| configuration | p50 µs | p99 µs | p99.9 µs | ratio p50 | ratio p99 |\n|---|---|---|---|---|---|");
     let configs: [(&str, bool, bool); 4] = [
@@ -83,17 +89,10 @@ fn main() -> Result<()> {
         ("traced, kernel points", false, true),
         ("traced, kernel + USDT", true, true),
     ];
-    let rounds = if quick { 1 } else { 3 };
     let mut lat: Vec<Vec<u64>> = vec![Vec::new(); configs.len()];
     for _ in 0..rounds {
         for (i, (_, markers, traced)) in configs.iter().enumerate() {
-            let r = traced_run(
-                &stage,
-                100,
-                if quick { 3_000 } else { 10_000 },
-                *markers,
-                *traced,
-            )?;
+            let r = traced_run(&stage, PERTURB_PERIOD_US, count, *markers, *traced)?;
             lat[i].extend(r.latencies);
         }
     }
