@@ -111,6 +111,10 @@ pub struct RecordArgs {
     /// Host name recorded with the stamps (default: the system's).
     #[arg(long)]
     pub host: Option<String>,
+    /// Keep the reader at normal CPU priority (default: SCHED_BATCH, nice
+    /// 19, so the traced processes are perturbed least).
+    #[arg(long)]
+    pub full_priority: bool,
     /// Do not turn on the kernel's BPF run-time statistics.
     #[arg(long)]
     pub no_bpf_stats: bool,
