@@ -143,3 +143,54 @@ pub fn read_stamps(path: &Path) -> Vec<Row> {
     }
     rows
 }
+
+/// The example protocol across `stage`, traced from before its first packet
+/// to its end: the protocol's logs and the run's metadata.
+pub struct Traced {
+    pub scratch: crate::Scratch,
+    pub pids: (u32, u32),
+    pub sent: Vec<Value>,
+    pub received: Vec<Value>,
+    pub meta: Value,
+    pub stderr: String,
+}
+
+impl Traced {
+    pub fn run_dir(&self) -> PathBuf {
+        self.scratch.path("run")
+    }
+
+    pub fn stamps(&self) -> Vec<Row> {
+        read_stamps(&self.run_dir().join("stamps.parquet"))
+    }
+}
+
+/// Starts the protocol (gated), attaches `xlap-trace record` with `args` to
+/// both ends, lets the protocol run and waits for all three to end.
+pub fn trace_example(
+    stage: &xlap_stage::Stage,
+    name: &str,
+    opts: &crate::example::ExampleOptions,
+    args: &[&str],
+) -> Traced {
+    let scratch = crate::Scratch::new(name);
+    let opts = crate::example::ExampleOptions {
+        gated: true,
+        ..opts.clone()
+    };
+    let run = crate::example::ProtocolRun::spawn(stage, &scratch, &opts);
+    let pids = run.pids();
+    let rec = Recorder::start(&[pids.0, pids.1], &scratch.path("run"), args);
+    run.start();
+    let (sent, received) = run.wait();
+    let dir = rec.dir.clone();
+    let out = rec.wait();
+    Traced {
+        pids,
+        sent,
+        received,
+        meta: run_meta(&dir),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        scratch,
+    }
+}

@@ -7,7 +7,7 @@ use xlap_stage::{Qdisc, Stage, StageConfig};
 use xlap_tests::example::{
     events, summary, ExampleOptions, ProtocolRun, RECEIVER_PORT, SENDER_PORT,
 };
-use xlap_tests::trace::{read_stamps, run_meta, Recorder, Row};
+use xlap_tests::trace::{read_stamps, trace_example, Recorder, Row};
 use xlap_tests::{bin, privileged, Scratch};
 
 const TX_POINTS: &[&str] = &[
@@ -73,26 +73,23 @@ fn every_delivered_packet_has_every_kernel_point_in_causal_order() {
         return;
     };
     let stage = stage_with_tbf_on_sender();
-    let scratch = Scratch::new("kpoints");
-    let opts = ExampleOptions {
-        count: 10_000,
-        period_us: 100,
-        drop: 0.01,
-        gated: true,
-        ..Default::default()
-    };
-    let run = ProtocolRun::spawn(&stage, &scratch, &opts);
-    let (sender_pid, receiver_pid) = run.pids();
     // The protocol is already running (sockets open) when tracing starts.
-    std::thread::sleep(std::time::Duration::from_millis(200));
-    let rec = Recorder::start(&[sender_pid, receiver_pid], &scratch.path("run"), &[]);
-    run.start();
-    let (sent, received) = run.wait();
-    let meta = rec.meta_after_wait();
-
+    let t = trace_example(
+        &stage,
+        "kpoints",
+        &ExampleOptions {
+            count: 10_000,
+            period_us: 100,
+            drop: 0.01,
+            ..Default::default()
+        },
+        &[],
+    );
+    let ((sender_pid, receiver_pid), sent, received, meta) =
+        (t.pids, &t.sent, &t.received, &t.meta);
     assert_eq!(meta["stop_reason"], "targets exited");
     assert_eq!(meta["lost"], 0, "loss counters: {}", meta["points"]);
-    let rows = read_stamps(&scratch.path("run").join("stamps.parquet"));
+    let rows = t.stamps();
     assert!(
         rows.iter()
             .all(|r| r.pid == sender_pid || r.pid == receiver_pid),
@@ -100,7 +97,7 @@ fn every_delivered_packet_has_every_kernel_point_in_causal_order() {
     );
 
     // Packets that crossed the wire and were delivered (not rebuilt).
-    let delivered: BTreeSet<u64> = events(&received, "delivered")
+    let delivered: BTreeSet<u64> = events(received, "delivered")
         .filter(|e| e["recovered"] == false)
         .map(|e| e["seq"].as_u64().unwrap())
         .collect();
@@ -161,10 +158,10 @@ fn every_delivered_packet_has_every_kernel_point_in_causal_order() {
     }
 
     // The counts per point match what the protocol says went over the wire.
-    let on_wire = events(&sent, "sent")
+    let on_wire = events(sent, "sent")
         .filter(|e| e["dropped"] == false)
         .count() as u64;
-    let feedback = summary(&received)["feedback_sent"].as_u64().unwrap();
+    let feedback = summary(received)["feedback_sent"].as_u64().unwrap();
     let points = &meta["points"];
     assert_eq!(points["dev.queue"]["stamps"], on_wire + feedback);
     assert_eq!(
@@ -174,7 +171,7 @@ fn every_delivered_packet_has_every_kernel_point_in_causal_order() {
     assert_eq!(points["dev.netif_rx"]["stamps"], on_wire + feedback);
     // Ground truth for the text output: a pid that exited ends the run with
     // its data kept.
-    assert!(scratch.path("run").join("stamps.arrows").exists());
+    assert!(t.run_dir().join("stamps.arrows").exists());
 }
 
 #[test]
@@ -260,33 +257,28 @@ fn a_full_ring_buffer_is_counted_exactly() {
         return;
     };
     let stage = stage_with_tbf_on_sender();
-    let scratch = Scratch::new("overflow");
-    let run = ProtocolRun::spawn(
+    // One page of ring buffer: ~70 stamps.
+    let t = trace_example(
         &stage,
-        &scratch,
+        "overflow",
         &ExampleOptions {
             count: 20_000,
             period_us: 10,
-            gated: true,
             ..Default::default()
         },
+        &["--ringbuf-kib", "4"],
     );
-    let (s, r) = run.pids();
-    // One page of ring buffer: ~70 stamps.
-    let rec = Recorder::start(&[s, r], &scratch.path("run"), &["--ringbuf-kib", "4"]);
-    run.start();
-    let (sent, received) = run.wait();
-    let meta = rec.meta_after_wait();
+    let (sent, received, meta) = (&t.sent, &t.received, &t.meta);
     let points = &meta["points"];
     let lost: u64 = meta["lost"].as_u64().unwrap();
     assert!(
         lost > 0,
         "a 4 KiB ring buffer at 100k packets/s must overflow"
     );
-    let on_wire = events(&sent, "sent")
+    let on_wire = events(sent, "sent")
         .filter(|e| e["dropped"] == false)
         .count() as u64;
-    let feedback = summary(&received)["feedback_sent"].as_u64().unwrap();
+    let feedback = summary(received)["feedback_sent"].as_u64().unwrap();
     let seen = |p: &str| {
         points[p]["stamps"].as_u64().unwrap_or(0)
             + points[p]["lost_ringbuf_full"].as_u64().unwrap_or(0)
@@ -297,7 +289,7 @@ fn a_full_ring_buffer_is_counted_exactly() {
     assert_eq!(seen("dev.receive_skb"), on_wire + feedback);
     assert_eq!(seen("qdisc.enqueue"), on_wire);
     // And the Parquet has exactly the stamps run.json counts.
-    let rows = read_stamps(&scratch.path("run").join("stamps.parquet"));
+    let rows = t.stamps();
     assert_eq!(rows.len() as u64, meta["stamps"].as_u64().unwrap());
 }
 
@@ -307,25 +299,18 @@ fn a_seq_offset_beyond_the_packet_is_counted_as_parse_failures_and_warned() {
         return;
     };
     let stage = Stage::two_hosts().expect("stage");
-    let scratch = Scratch::new("badoffset");
-    let run = ProtocolRun::spawn(
+    let t = trace_example(
         &stage,
-        &scratch,
+        "badoffset",
         &ExampleOptions {
             count: 200,
             period_us: 500,
-            gated: true,
             ..Default::default()
         },
+        &["--seq-offset", "3000"],
     );
-    let (s, r) = run.pids();
-    let rec = Recorder::start(&[s, r], &scratch.path("run"), &["--seq-offset", "3000"]);
-    run.start();
-    let (sent, _) = run.wait();
-    let dir = rec.dir.clone();
-    let out = rec.wait();
-    let meta = run_meta(&dir);
-    let on_wire = events(&sent, "sent")
+    let (sent, meta) = (&t.sent, &t.meta);
+    let on_wire = events(sent, "sent")
         .filter(|e| e["dropped"] == false)
         .count() as u64;
     assert!(meta["points"]["dev.queue"]["lost_parse"].as_u64().unwrap() >= on_wire);
@@ -335,11 +320,7 @@ fn a_seq_offset_beyond_the_packet_is_counted_as_parse_failures_and_warned() {
             .unwrap()
             >= on_wire
     );
-    assert!(
-        String::from_utf8_lossy(&out.stderr).contains("warning"),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert!(t.stderr.contains("warning"), "{}", t.stderr);
 }
 
 #[test]
@@ -381,23 +362,17 @@ fn the_parquet_file_has_the_documented_schema() {
         return;
     };
     let stage = Stage::two_hosts().expect("stage");
-    let scratch = Scratch::new("schema");
-    let run = ProtocolRun::spawn(
+    let t = trace_example(
         &stage,
-        &scratch,
+        "schema",
         &ExampleOptions {
             count: 100,
             period_us: 500,
-            gated: true,
             ..Default::default()
         },
+        &[],
     );
-    let (s, r) = run.pids();
-    let rec = Recorder::start(&[s, r], &scratch.path("run"), &[]);
-    run.start();
-    run.wait();
-    rec.wait();
-    let file = std::fs::File::open(scratch.path("run").join("stamps.parquet")).unwrap();
+    let file = std::fs::File::open(t.run_dir().join("stamps.parquet")).unwrap();
     let builder =
         parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(file).unwrap();
     let documented = xlap_records::schema::stamps();

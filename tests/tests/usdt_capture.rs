@@ -3,9 +3,9 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use xlap_stage::Stage;
-use xlap_tests::example::{events, ExampleOptions, ProtocolRun};
-use xlap_tests::trace::{read_stamps, Recorder};
-use xlap_tests::{privileged, Scratch};
+use xlap_tests::example::{events, ExampleOptions};
+use xlap_tests::privileged;
+use xlap_tests::trace::trace_example;
 
 const SENDER_APP: &[&str] = &[
     "app.send_start",
@@ -29,30 +29,25 @@ fn markers_become_app_points_in_causal_order_with_kernel_points() {
         return;
     };
     let stage = Stage::two_hosts().expect("stage");
-    let scratch = Scratch::new("usdt");
-    let run = ProtocolRun::spawn(
+    let t = trace_example(
         &stage,
-        &scratch,
+        "usdt",
         &ExampleOptions {
             count: 2_000,
             period_us: 200,
             markers: true,
-            gated: true,
             ..Default::default()
         },
+        &[],
     );
-    let (s, r) = run.pids();
-    let rec = Recorder::start(&[s, r], &scratch.path("run"), &[]);
-    run.start();
-    let (_, received) = run.wait();
-    let meta = rec.meta_after_wait();
+    let ((s, r), meta, received) = (t.pids, &t.meta, &t.received);
     assert_eq!(meta["lost"], 0);
     let sites = meta["options"]["usdt_sites"].as_array().unwrap();
     let names: BTreeSet<&str> = sites.iter().map(|s| s["name"].as_str().unwrap()).collect();
     assert_eq!(names.len(), 13, "every marker attached: {names:?}");
 
     // Data packets (kind 1) by seq: point -> (pid, ts).
-    let rows = read_stamps(&scratch.path("run").join("stamps.parquet"));
+    let rows = t.stamps();
     let mut packets: BTreeMap<u64, BTreeMap<String, (u32, i64)>> = BTreeMap::new();
     for row in rows.iter().filter(|r| r.kind == Some(1)) {
         packets
@@ -61,7 +56,7 @@ fn markers_become_app_points_in_causal_order_with_kernel_points() {
             .entry(row.point.clone())
             .or_insert((row.pid, row.ts_ns));
     }
-    let delivered: Vec<u64> = events(&received, "delivered")
+    let delivered: Vec<u64> = events(received, "delivered")
         .filter(|e| e["recovered"] == false)
         .map(|e| e["seq"].as_u64().unwrap())
         .collect();
@@ -116,30 +111,22 @@ fn a_binary_without_markers_is_said_and_its_kernel_points_still_traced() {
         return;
     };
     let stage = Stage::two_hosts().expect("stage");
-    let scratch = Scratch::new("usdt_none");
-    let run = ProtocolRun::spawn(
+    let t = trace_example(
         &stage,
-        &scratch,
+        "usdt_none",
         &ExampleOptions {
             count: 200,
             period_us: 500,
-            gated: true,
             ..Default::default()
         },
+        &[],
     );
-    let (s, r) = run.pids();
-    let rec = Recorder::start(&[s, r], &scratch.path("run"), &[]);
-    run.start();
-    run.wait();
-    let dir = rec.dir.clone();
-    let out = rec.wait();
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let (s, stderr) = (t.pids.0, &t.stderr);
     assert!(
         stderr.contains(&format!("pid {s}")) && stderr.contains("no xlap:* USDT markers"),
         "{stderr}"
     );
-    let meta = xlap_tests::trace::run_meta(&dir);
-    assert!(meta["points"]["dev.queue"]["stamps"].as_u64().unwrap() > 0);
+    assert!(t.meta["points"]["dev.queue"]["stamps"].as_u64().unwrap() > 0);
 }
 
 #[test]
