@@ -30,6 +30,9 @@ const volatile struct xlap_config CFG = {};
 #define NR_RECVMSG 47
 #define NR_RECVMMSG 299
 #define NR_SENDMMSG 307
+#define NR_BIND 49
+#define AF_INET_ 2
+#define AF_INET6_ 10
 
 #define IPPROTO_UDP_ 17
 #define LOSS_ROWS (XLAP_POINT_KERNEL_COUNT + 1) /* last row: app points */
@@ -333,6 +336,24 @@ static __always_inline __u64 user_buf(__u32 nr, struct pt_regs *regs) {
   return (__u64)iov.iov_base;
 }
 
+/* A traced process binding a socket to a port: traced from its first
+ * datagram on, before userspace's /proc scan (every 200 ms) would see it.
+ * Binding to port 0 (ephemeral) leaves it to that scan. */
+static __always_inline void register_bound_port(__u32 tgid,
+                                                struct pt_regs *regs) {
+  const void *addr = (const void *)BPF_CORE_READ(regs, si);
+  __u16 family = 0, port = 0;
+  if (bpf_probe_read_user(&family, sizeof(family), addr) ||
+      (family != AF_INET_ && family != AF_INET6_) ||
+      bpf_probe_read_user(&port, sizeof(port), addr + 2) || port == 0)
+    return;
+  struct task_struct *task = (struct task_struct *)bpf_get_current_task();
+  struct xlap_port_key key = {.netns =
+                                  BPF_CORE_READ(task, nsproxy, net_ns, ns.inum),
+                              .port = bpf_ntohs(port)};
+  bpf_map_update_elem(&TARGET_PORTS, &key, &tgid, BPF_ANY);
+}
+
 SEC("raw_tp/sys_enter")
 int on_sys_enter(__u64 *ctx) {
   __u64 pid_tgid = bpf_get_current_pid_tgid();
@@ -340,6 +361,10 @@ int on_sys_enter(__u64 *ctx) {
   if (!bpf_map_lookup_elem(&TARGET_PIDS, &tgid))
     return 0;
   __u32 nr = (__u32)ctx[1];
+  if (nr == NR_BIND) {
+    register_bound_port(tgid, (struct pt_regs *)ctx[0]);
+    return 0;
+  }
   if (nr == NR_SENDTO || nr == NR_SENDMSG || nr == NR_SENDMMSG ||
       nr == NR_WRITE) {
     struct xl_send_ctx sc = {};

@@ -190,26 +190,31 @@ impl Capture {
         Ok(())
     }
 
-    /// Makes the kernel's socket table match `owners`.
-    pub fn sync_ports(&mut self, owners: &crate::targets::PortOwners) -> Result<()> {
+    /// Updates the kernel's socket table: adds the sockets in `now`, removes
+    /// those that were in `before` and are gone. Entries the BPF side added
+    /// itself (at bind) and /proc does not show yet are left alone.
+    pub fn sync_ports(
+        &mut self,
+        before: &crate::targets::PortOwners,
+        now: &crate::targets::PortOwners,
+    ) -> Result<()> {
         let mut map: BpfHashMap<&mut MapData, PortKey, u32> = BpfHashMap::try_from(
             self.bpf
                 .map_mut("TARGET_PORTS")
                 .context("TARGET_PORTS map")?,
         )?;
-        let present: Vec<PortKey> = map.keys().filter_map(|k| k.ok()).collect();
-        for key in present {
-            if !owners.contains_key(&(key.0.netns, key.0.port)) {
-                let _ = map.remove(&key);
-            }
-        }
-        for ((netns, port), pid) in owners {
-            let key = PortKey(xlap_abi::xlap_port_key {
-                netns: *netns,
-                port: *port,
+        let key = |(netns, port): (u32, u16)| {
+            PortKey(xlap_abi::xlap_port_key {
+                netns,
+                port,
                 ..Default::default()
-            });
-            map.insert(key, pid, 0)
+            })
+        };
+        for gone in before.keys().filter(|k| !now.contains_key(k)) {
+            let _ = map.remove(&key(*gone));
+        }
+        for (sock, pid) in now {
+            map.insert(key(*sock), pid, 0)
                 .context("cannot add a target port")?;
         }
         Ok(())

@@ -13,7 +13,8 @@ use std::path::PathBuf;
 /// `xlap-trace --pid PID` is short for `xlap-trace record --pid PID`.
 ///
 /// Exit codes: 0 success, 1 runtime failure, 2 bad command line, 3 missing
-/// privileges, 4 kernel lacks a feature (BTF, tracepoint), 5 no such process.
+/// privileges, 4 kernel lacks a feature (BTF, tracepoint), 5 no such process,
+/// 6 bad input (not a run directory, wrong schema version).
 #[derive(Parser, Debug)]
 #[command(name = "xlap-trace", version, args_conflicts_with_subcommands = true)]
 pub struct Cli {
@@ -33,11 +34,31 @@ pub enum Command {
     /// Network-namespace test hosts joined by veth (for demos and tests).
     #[command(subcommand)]
     Stage(StageCommand),
+    /// Join the stamps of one or more runs (e.g. the two hosts of a
+    /// connection) into the per-packet table, clocks mapped onto the first.
+    Correlate(CorrelateArgs),
     /// List the stamp points and the protocol presets.
     Points,
     /// The main job end to end: a two-host stage, the example protocol
     /// across it, traced at every layer, and what the trace shows.
     Demo(DemoArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct CorrelateArgs {
+    /// Run directories (written by `record`); the first one's clock is the
+    /// reference.
+    #[arg(required = true)]
+    pub runs: Vec<PathBuf>,
+    /// Output Parquet file of the packets table.
+    #[arg(short, long, default_value = "packets.parquet")]
+    pub output: PathBuf,
+    /// Flag packets whose end-to-end latency exceeds this deadline.
+    #[arg(long)]
+    pub deadline_ms: Option<f64>,
+    /// Print the result as JSON instead of text.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Args, Debug)]
@@ -121,6 +142,12 @@ pub struct RecordArgs {
     /// Print only the summary.
     #[arg(short, long)]
     pub quiet: bool,
+    /// Do not build the packets table at the end of the run.
+    #[arg(long)]
+    pub no_correlate: bool,
+    /// End-to-end deadline for the packets table's deadline_missed flag.
+    #[arg(long)]
+    pub deadline_ms: Option<f64>,
 }
 
 impl RecordArgs {

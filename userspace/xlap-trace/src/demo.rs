@@ -5,7 +5,7 @@
 
 use crate::cli::{DemoArgs, RecordArgs};
 use crate::exit::{failure, Code};
-use crate::{preflight, quicklook, record};
+use crate::{preflight, record};
 use anyhow::{Context, Result};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -111,6 +111,8 @@ pub fn run(args: &DemoArgs) -> Result<()> {
         output: out.join("run"),
         ready_file: Some(files("tracer.ready")),
         quiet: true,
+        // The demo correlates and prints the table itself.
+        no_correlate: true,
         ..RecordArgs::defaults()
     };
     let starter = {
@@ -142,9 +144,13 @@ pub fn run(args: &DemoArgs) -> Result<()> {
     }
     println!("\n== what the kernel saw ==");
     record::print_summary(&meta, &record_args.output);
-    println!("\n== latency per stage (same host, consecutive points) ==");
-    quicklook::print(&quicklook::stage_stats(
-        &record_args.output.join("stamps.parquet"),
-    )?);
+    println!("\n== the packets table (sender and receiver joined by seq) ==");
+    let packets = record_args.output.join("packets.parquet");
+    let correlation =
+        crate::correlate_cmd::correlate(&[record_args.output.as_path()], &packets, None)?;
+    crate::correlate_cmd::print(&correlation, &packets);
+    println!("\n== latency per stage (consecutive points along the path) and X-LAP's totals ==");
+    let conn = duckdb::Connection::open_in_memory()?;
+    xlap_analyze::summary::print(&xlap_analyze::summary::stage_stats(&conn, &packets)?);
     Ok(())
 }

@@ -8,6 +8,7 @@
 //! | 3 | missing privileges (not root, no CAP_BPF/CAP_PERFMON) |
 //! | 4 | the kernel lacks something needed (BTF, a tracepoint) |
 //! | 5 | a target process does not exist |
+//! | 6 | a bad input file or run directory (not a run, wrong schema version) |
 
 use std::fmt;
 
@@ -18,6 +19,7 @@ pub enum Code {
     Privileges = 3,
     Kernel = 4,
     NoSuchProcess = 5,
+    BadInput = 6,
 }
 
 /// An error with its exit code; anywhere in an `anyhow` chain.

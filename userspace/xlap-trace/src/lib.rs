@@ -2,11 +2,11 @@
 
 pub mod capture;
 pub mod cli;
+pub mod correlate_cmd;
 pub mod demo;
 pub mod exit;
 pub mod preflight;
 pub mod proto;
-pub mod quicklook;
 pub mod record;
 pub mod runmeta;
 pub mod targets;

@@ -5,7 +5,7 @@ use clap::Parser;
 use std::process::ExitCode;
 use xlap_trace::cli::{self, Cli, Command, StageCommand};
 use xlap_trace::exit::{failure, Code};
-use xlap_trace::{demo, exit, proto, record};
+use xlap_trace::{correlate_cmd, demo, exit, proto, record};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -27,11 +27,24 @@ fn run(cli: Cli) -> Result<()> {
             };
             let meta = record::run(&args)?;
             record::print_summary(&meta, &args.output);
+            if !args.no_correlate {
+                record::correlate_run(&args);
+            }
             Ok(())
         }
         Some(Command::Schema(a)) => schema(a),
         Some(Command::Stage(c)) => stage(c),
         Some(Command::Demo(a)) => demo::run(&a),
+        Some(Command::Correlate(a)) => {
+            let dirs: Vec<&std::path::Path> = a.runs.iter().map(|p| p.as_path()).collect();
+            let result = correlate_cmd::correlate(&dirs, &a.output, a.deadline_ms)?;
+            if a.json {
+                println!("{}", serde_json::to_string_pretty(&result)?);
+            } else {
+                correlate_cmd::print(&result, &a.output);
+            }
+            Ok(())
+        }
         Some(Command::Points) => {
             println!("kernel stamp points:");
             for p in xlap_records::points::kernel_points() {

@@ -105,7 +105,7 @@ pub fn run(args: &RecordArgs) -> Result<RunMeta> {
     let semaphores = Semaphores::raise(&usdt_plan)?;
     capture.set_targets(&args.pids)?;
     let mut owners = targets::port_owners(&args.pids);
-    capture.sync_ports(&owners)?;
+    capture.sync_ports(&Default::default(), &owners)?;
     let mut ring = capture.take_ring()?;
 
     let run_id = format!(
@@ -204,7 +204,7 @@ pub fn run(args: &RecordArgs) -> Result<RunMeta> {
             }
             let now = targets::port_owners(&args.pids);
             if now != owners {
-                capture.sync_ports(&now)?;
+                capture.sync_ports(&owners, &now)?;
                 known_ports.extend(now.iter().map(|(k, v)| (*k, *v)));
                 owners = now;
             }
@@ -382,6 +382,24 @@ impl Tally {
                 .insert((stamp.flow, stamp.kind.unwrap_or(0), seq));
         }
         self.stamps += 1;
+    }
+}
+
+/// The live correlation of a run whose ends were both traced here: the
+/// packets table next to the stamps. A failure is reported, never fatal: the
+/// stamps are already safe on disk.
+pub fn correlate_run(args: &RecordArgs) {
+    let out = args.output.join("packets.parquet");
+    match crate::correlate_cmd::correlate(&[args.output.as_path()], &out, args.deadline_ms) {
+        Ok(c) => {
+            if !args.quiet {
+                crate::correlate_cmd::print(&c, &out);
+            }
+        }
+        Err(e) => eprintln!(
+            "xlap-trace: warning: no packets table ({e:#}); run `xlap-trace correlate {}` to retry",
+            args.output.display()
+        ),
     }
 }
 

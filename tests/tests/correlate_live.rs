@@ -1,0 +1,230 @@
+//! Privileged: the packets table of a live run (both ends traced by one
+//! daemon on the stage) against the protocol's own log; the same table from
+//! the two ends recorded separately; a clock offset and drift injected into
+//! one end recovered within the reported uncertainty.
+
+use std::collections::BTreeSet;
+use std::path::Path;
+use xlap_stage::Stage;
+use xlap_tests::example::{events, ExampleOptions};
+use xlap_tests::trace::{trace_example, Traced};
+use xlap_tests::{bin, privileged, Scratch};
+
+fn seqs(conn: &duckdb::Connection, sql: &str) -> BTreeSet<u64> {
+    let mut stmt = conn.prepare(sql).unwrap();
+    let rows = stmt.query_map([], |r| r.get::<_, i64>(0)).unwrap();
+    rows.map(|r| r.unwrap() as u64).collect()
+}
+
+fn log_seqs(
+    log: &[serde_json::Value],
+    event: &str,
+    pred: impl Fn(&serde_json::Value) -> bool,
+) -> BTreeSet<u64> {
+    events(log, event)
+        .filter(|e| pred(e))
+        .map(|e| e["seq"].as_u64().unwrap())
+        .collect()
+}
+
+/// Splits a run's stamps by process into two run directories, shifting the
+/// second one's clock by `offset_ns` plus `drift_ppm`, under `boot_id`.
+fn split(
+    t: &Traced,
+    out: &Path,
+    offset_ns: i64,
+    drift_ppm: f64,
+    boot_id: &str,
+) -> (std::path::PathBuf, std::path::PathBuf) {
+    let conn = duckdb::Connection::open_in_memory().unwrap();
+    let src = t.run_dir();
+    let meta = &t.meta;
+    let start = meta["clock_start"]["monotonic_ns"].as_i64().unwrap();
+    let mut dirs = Vec::new();
+    for (name, pid, shift) in [("a", t.pids.0, false), ("b", t.pids.1, true)] {
+        let dir = out.join(name);
+        std::fs::create_dir_all(&dir).unwrap();
+        let ts = if shift {
+            format!("(ts_ns + {offset_ns} + {drift_ppm} * 1e-6 * (ts_ns - {start}))::BIGINT")
+        } else {
+            "ts_ns".to_string()
+        };
+        conn.execute_batch(&format!(
+            "COPY (SELECT * REPLACE ('{name}' AS run_id, {ts} AS ts_ns) FROM '{}/stamps.parquet' WHERE pid = {pid})
+             TO '{}/stamps.parquet' (FORMAT PARQUET);",
+            src.display(),
+            dir.display()
+        ))
+        .unwrap();
+        let mut m = meta.clone();
+        m["run_id"] = name.into();
+        if shift {
+            m["boot_id"] = boot_id.into();
+        }
+        std::fs::write(dir.join("run.json"), m.to_string()).unwrap();
+        dirs.push(dir);
+    }
+    (dirs[0].clone(), dirs[1].clone())
+}
+
+fn correlate_cli(dirs: &[&Path], out: &Path) -> serde_json::Value {
+    let o = std::process::Command::new(bin("xlap-trace"))
+        .arg("correlate")
+        .args(dirs)
+        .arg("-o")
+        .arg(out)
+        .arg("--json")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    serde_json::from_slice(&o.stdout).unwrap()
+}
+
+#[test]
+fn the_live_packets_table_matches_the_protocol_and_offline_correlation_and_clock_mapping_work() {
+    let Some(_guard) = privileged("correlate_live") else {
+        return;
+    };
+    let stage = Stage::two_hosts().expect("stage");
+    let t = trace_example(
+        &stage,
+        "correlate_live",
+        &ExampleOptions {
+            count: 10_000,
+            period_us: 100,
+            drop: 0.01,
+            markers: true,
+            ..Default::default()
+        },
+        &[],
+    );
+    let packets = t.run_dir().join("packets.parquet");
+    assert!(
+        packets.exists(),
+        "record builds the packets table: {}",
+        t.stderr
+    );
+    let conn = duckdb::Connection::open_in_memory().unwrap();
+    let p = packets.display();
+
+    // Delivered, rebuilt and lost data packets: exactly as the protocol says.
+    let delivered = seqs(
+        &conn,
+        &format!("SELECT seq FROM '{p}' WHERE kind = 1 AND app_deliver_ns IS NOT NULL"),
+    );
+    assert_eq!(delivered, log_seqs(&t.received, "delivered", |_| true));
+    let recovered = seqs(
+        &conn,
+        &format!("SELECT seq FROM '{p}' WHERE kind = 1 AND recovered"),
+    );
+    assert_eq!(recovered, log_seqs(&t.received, "recovered", |_| true));
+    let dropped = log_seqs(&t.sent, "sent", |e| {
+        e["dropped"] == true && e["kind"] == "data"
+    });
+    let lost = seqs(
+        &conn,
+        &format!("SELECT seq FROM '{p}' WHERE kind = 1 AND lost"),
+    );
+    let never_received: BTreeSet<u64> = dropped.difference(&recovered).copied().collect();
+    assert_eq!(
+        lost, never_received,
+        "dropped by the channel and not rebuilt: sent, never received"
+    );
+    assert!(log_seqs(&t.received, "lost", |_| true).is_subset(&lost));
+
+    // Every delivered packet that crossed the wire has every point of both
+    // ends, and X-LAP's decomposition adds up.
+    let cols = [
+        "app_send_start_ns",
+        "app_encode_start_ns",
+        "app_encode_end_ns",
+        "app_submit_ns",
+        "app_link_transmit_start_ns",
+        "sock_send_enter_ns",
+        "dev_queue_ns",
+        "dev_start_xmit_ns",
+        "dev_xmit_ns",
+        "sock_send_exit_ns",
+        "app_link_transmit_end_ns",
+        "dev_netif_rx_ns",
+        "dev_receive_skb_ns",
+        "sock_queue_ns",
+        "sock_recv_exit_ns",
+        "app_link_receive_ns",
+        "app_handle_start_ns",
+        "app_decode_start_ns",
+        "app_decode_end_ns",
+        "app_handle_end_ns",
+        "app_deliver_ns",
+    ];
+    let all_present = cols
+        .iter()
+        .map(|c| format!("{c} IS NOT NULL"))
+        .collect::<Vec<_>>()
+        .join(" AND ");
+    let complete = seqs(&conn, &format!("SELECT seq FROM '{p}' WHERE kind = 1 AND NOT recovered AND app_deliver_ns IS NOT NULL AND {all_present}"));
+    let crossed: BTreeSet<u64> = delivered.difference(&recovered).copied().collect();
+    assert_eq!(complete, crossed);
+    let bad: i64 = conn
+        .query_row(
+            &format!("SELECT count(*) FROM '{p}' WHERE kind = 1 AND NOT recovered AND NOT lost
+                      AND (e2e_ns <> sender_total_ns + channel_ns + receiver_total_ns OR e2e_ns <= 0 OR channel_ns < 0)"),
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(bad, 0);
+
+    // The two ends recorded apart (same kernel): the same table.
+    let scratch = Scratch::new("correlate_offline");
+    let (a, b) = split(
+        &t,
+        &scratch.path("same"),
+        0,
+        0.0,
+        t.meta["boot_id"].as_str().unwrap(),
+    );
+    let offline = scratch.path("offline.parquet");
+    let c = correlate_cli(&[&a, &b], &offline);
+    assert_eq!(
+        c["clocks"].as_array().unwrap().len(),
+        1,
+        "one kernel, one clock"
+    );
+    let differ: i64 = conn
+        .query_row(
+            &format!(
+                "SELECT count(*) FROM (
+                   (SELECT flow, kind, seq, e2e_ns, lost, recovered FROM '{p}' EXCEPT SELECT flow, kind, seq, e2e_ns, lost, recovered FROM '{o}')
+                   UNION ALL
+                   (SELECT flow, kind, seq, e2e_ns, lost, recovered FROM '{o}' EXCEPT SELECT flow, kind, seq, e2e_ns, lost, recovered FROM '{p}'))",
+                o = offline.display()
+            ),
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(
+        differ, 0,
+        "offline correlation of the two ends equals the live table"
+    );
+
+    // A known offset (+3.7 ms) and drift (50 ppm) on the receiver's clock.
+    for (offset, drift, name) in [(3_700_000i64, 50.0, "shifted"), (0, 0.0, "unshifted")] {
+        let (a, b) = split(&t, &scratch.path(name), offset, drift, "another-kernel");
+        let c = correlate_cli(&[&a, &b], &scratch.path(&format!("{name}.parquet")));
+        let m = &c["clocks"][1];
+        let (est, u, t0) = (
+            m["offset_ns"].as_f64().unwrap(),
+            m["uncertainty_ns"].as_f64().unwrap(),
+            m["t0_ns"].as_f64().unwrap(),
+        );
+        let start = t.meta["clock_start"]["monotonic_ns"].as_f64().unwrap();
+        let truth = offset as f64 + drift * 1e-6 * (t0 - start);
+        assert!(
+            (est - truth).abs() <= u,
+            "{name}: estimated {est} ± {u}, true {truth}: {m}"
+        );
+        assert!(m["method"].as_str().unwrap().starts_with("two-way"), "{m}");
+    }
+}

@@ -1,0 +1,240 @@
+//! Unprivileged: the correlator on synthetic stamps whose truth is known:
+//! 16-bit sequence numbers wrapping, losses, a duplicate, a reordered pair,
+//! a packet rebuilt by the receiver without crossing the wire.
+
+use std::path::Path;
+use xlap_abi::xlap_point;
+use xlap_analyze::{correlate, CorrelateOptions, Run};
+use xlap_records::writer::{stream_to_parquet, StampBatcher, StampStream};
+use xlap_records::Stamp;
+use xlap_tests::Scratch;
+
+const PACKETS: u64 = 70_000; // more than 2^16: the seq field wraps once
+const SENDER: u32 = 10;
+const RECEIVER: u32 = 20;
+const FLOW: u64 = 0x1111_2222_2329_2328; // ports 9001 -> 9000
+const APP: u16 = xlap_point::XLAP_POINT_APP_BASE as u16;
+
+fn stamp(point: u16, ts: u64, seq: u64, flow: u64, pid: u32) -> Stamp {
+    Stamp {
+        ts_ns: ts,
+        point,
+        seq: Some(seq % 65_536),
+        kind: Some(1),
+        flow,
+        pid,
+        tid: pid,
+        cpu: 0,
+        len: 224,
+        ifindex: None,
+        queue: None,
+        hw_ts_ns: None,
+        from_user: flow == 0,
+    }
+}
+
+fn lost(i: u64) -> bool {
+    i % 1000 == 7
+}
+
+/// Writes a run directory with the given stamps.
+fn write_run(dir: &Path, stamps: &[Stamp]) {
+    std::fs::create_dir_all(dir).unwrap();
+    // app point APP+0 is send_start, APP+1 deliver
+    let mut batcher = StampBatcher::new(
+        "synthetic",
+        "host",
+        vec!["send_start".into(), "deliver".into()],
+    );
+    let stream = dir.join("stamps.arrows");
+    let mut out = StampStream::create(&stream).unwrap();
+    for s in stamps {
+        batcher.push(s);
+    }
+    out.write(&batcher.finish()).unwrap();
+    out.finish().unwrap();
+    stream_to_parquet(&stream, &dir.join("stamps.parquet")).unwrap();
+    let meta = serde_json::json!({
+        "schema_version": "1", "run_id": "synthetic", "host": "host", "boot_id": "boot-a",
+        "options": {"layout": {"seq_size": 2}},
+        "clock_start": {"monotonic_ns": 0, "realtime_ns": 0},
+    });
+    std::fs::write(dir.join("run.json"), meta.to_string()).unwrap();
+}
+
+fn synthetic() -> Vec<Stamp> {
+    let mut v = Vec::new();
+    for i in 0..PACKETS {
+        let t = 1_000_000_000 + i * 10_000;
+        v.push(stamp(APP, t, i, 0, SENDER));
+        v.push(stamp(
+            xlap_point::XLAP_POINT_SOCK_SEND_ENTER as u16,
+            t + 1_000,
+            i,
+            FLOW,
+            SENDER,
+        ));
+        v.push(stamp(
+            xlap_point::XLAP_POINT_DEV_QUEUE as u16,
+            t + 2_000,
+            i,
+            FLOW,
+            SENDER,
+        ));
+        v.push(stamp(
+            xlap_point::XLAP_POINT_DEV_START_XMIT as u16,
+            t + 3_000,
+            i,
+            FLOW,
+            SENDER,
+        ));
+        if i == 800 {
+            // rebuilt from parity: delivered, never received
+            v.push(stamp(APP + 1, t + 50_000, i, 0, RECEIVER));
+            continue;
+        }
+        if lost(i) {
+            continue;
+        }
+        // 600 arrives after 601
+        let rx = if i == 600 { t + 15_000 } else { t + 4_000 };
+        let copies = if i == 500 { 2 } else { 1 };
+        for c in 0..copies {
+            let rx = rx + c * 5_000;
+            v.push(stamp(
+                xlap_point::XLAP_POINT_DEV_NETIF_RX as u16,
+                rx,
+                i,
+                FLOW,
+                RECEIVER,
+            ));
+            v.push(stamp(
+                xlap_point::XLAP_POINT_SOCK_QUEUE as u16,
+                rx + 1_000,
+                i,
+                FLOW,
+                RECEIVER,
+            ));
+        }
+        v.push(stamp(
+            xlap_point::XLAP_POINT_SOCK_RECV_EXIT as u16,
+            rx + 3_000,
+            i,
+            0,
+            RECEIVER,
+        ));
+        v.push(stamp(APP + 1, rx + 4_000, i, 0, RECEIVER));
+    }
+    v
+}
+
+#[test]
+fn the_packets_table_matches_the_synthetic_truth() {
+    let scratch = Scratch::new("synthetic");
+    let dir = scratch.path("run");
+    write_run(&dir, &synthetic());
+    let run = Run::open(&dir).unwrap();
+    let conn = duckdb::Connection::open_in_memory().unwrap();
+    let out = scratch.path("packets.parquet");
+    let c = correlate(
+        &conn,
+        &[run],
+        &CorrelateOptions {
+            deadline_ns: Some(20_000),
+        },
+        Some(&out),
+    )
+    .unwrap();
+
+    assert_eq!(
+        c.packets, PACKETS,
+        "one row per packet, wrap-around unwrapped"
+    );
+    assert_eq!(c.lost, (0..PACKETS).filter(|i| lost(*i)).count() as u64);
+    assert_eq!(
+        (c.recovered, c.duplicates, c.reordered, c.unplaced_stamps),
+        (1, 1, 1, 0)
+    );
+    assert_eq!(
+        c.points,
+        [
+            "app_send_start_ns",
+            "sock_send_enter_ns",
+            "dev_queue_ns",
+            "dev_start_xmit_ns",
+            "dev_netif_rx_ns",
+            "sock_queue_ns",
+            "sock_recv_exit_ns",
+            "app_deliver_ns"
+        ]
+    );
+
+    let q = |sql: &str| -> Vec<(i64, i64)> {
+        let mut stmt = conn.prepare(sql).unwrap();
+        let rows = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?))).unwrap();
+        rows.collect::<Result<Vec<_>, _>>().unwrap()
+    };
+    let file = out.display();
+    // Unwrapped seqs are exactly 0..PACKETS, in order of sending.
+    assert_eq!(
+        q(&format!(
+            "SELECT min(seq)::BIGINT, max(seq)::BIGINT FROM '{file}'"
+        )),
+        vec![(0, PACKETS as i64 - 1)]
+    );
+    assert_eq!(
+        q(&format!("SELECT count(*), count(DISTINCT app_send_start_ns) FROM '{file}' WHERE seq = 65536 + 12 OR seq = 12")),
+        vec![(2, 2)],
+        "seq 12 before and after the wrap are two packets"
+    );
+    // Durations of an ordinary packet (seq 70): X-LAP's equations.
+    assert_eq!(
+        q(&format!(
+            "SELECT sender_total_ns, channel_ns FROM '{file}' WHERE seq = 70"
+        )),
+        vec![(3_000, 1_000)]
+    );
+    assert_eq!(
+        q(&format!(
+            "SELECT receiver_total_ns, e2e_ns FROM '{file}' WHERE seq = 70"
+        )),
+        vec![(4_000, 8_000)]
+    );
+    assert_eq!(
+        q(&format!("SELECT \"sock_send_enter__dev_queue_ns\", \"sock_recv_exit__app_deliver_ns\" FROM '{file}' WHERE seq = 70")),
+        vec![(1_000, 1_000)]
+    );
+    // Flags where the truth put them.
+    let flagged = |flag: &str| {
+        q(&format!(
+            "SELECT seq::BIGINT, 0 FROM '{file}' WHERE {flag} ORDER BY seq"
+        ))
+        .into_iter()
+        .map(|r| r.0)
+        .collect::<Vec<_>>()
+    };
+    assert_eq!(flagged("duplicate"), vec![500]);
+    assert_eq!(flagged("reordered"), vec![600]);
+    assert_eq!(flagged("recovered"), vec![800]);
+    assert_eq!(flagged("lost").len(), 70);
+    assert!(flagged("lost").iter().all(|s| s % 1000 == 7));
+    assert_eq!(
+        q(&format!(
+            "SELECT duplicate_skew_ns, 0 FROM '{file}' WHERE seq = 500"
+        )),
+        vec![(5_000, 0)]
+    );
+    // Deadline 20 µs: the recovered packet (delivered 50 µs after sending)
+    // and the late 600 (e2e 19 µs: within) only.
+    assert_eq!(flagged("deadline_missed"), vec![800]);
+}
+
+#[test]
+fn a_directory_that_is_not_a_run_is_a_clear_error() {
+    let scratch = Scratch::new("notarun");
+    let e = Run::open(&scratch.0).unwrap_err().to_string();
+    assert!(e.contains("not an xlap-trace run directory"), "{e}");
+    std::fs::write(scratch.path("run.json"), r#"{"schema_version": "9"}"#).unwrap();
+    let e = Run::open(&scratch.0).unwrap_err().to_string();
+    assert!(e.contains("schema version 9"), "{e}");
+}

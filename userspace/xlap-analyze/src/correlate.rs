@@ -1,0 +1,377 @@
+//! Stamps of one or more runs → the `packets` table.
+//!
+//! 1. Each stamp gets its clock domain (the run's boot id) and a flow: app
+//!    and receive-exit stamps carry none and take the flow of the kernel
+//!    stamps of the same run, pid, kind and seq (nearest in time).
+//! 2. Clocks of other domains are mapped onto the first run's ([`clock`]).
+//! 3. Sequence numbers are unwrapped per stream (8/16/32-bit fields wrap):
+//!    a step back by more than half the range starts a new epoch, a step
+//!    forward by more than half is a late packet of the previous one.
+//! 4. App stamps get their side: the sending or the receiving process of the
+//!    packet's flow. An app point seen on both sides gets a `_tx`/`_rx`
+//!    suffix.
+//! 5. One row per (flow, kind, seq): a column per point (`<point>_ns`, dots
+//!    as underscores, on the reference clock), X-LAP's durations, a column
+//!    per stage between points consecutive in their typical order, flags:
+//!    `lost` (sent, nothing received), `recovered` (delivered by the receiver
+//!    without crossing the wire), `duplicate` (received more than once, with
+//!    the skew of the copies), `reordered` (a later seq arrived before it),
+//!    `retransmitted` (sent more than once), `deadline_missed`.
+
+use crate::clock::{self, Mapping};
+use crate::runs::Run;
+use crate::{AnalyzeError, Result};
+use duckdb::Connection;
+use serde::Serialize;
+use std::path::Path;
+
+#[derive(Clone, Debug, Default)]
+pub struct CorrelateOptions {
+    /// End-to-end deadline: packets above it are flagged `deadline_missed`.
+    pub deadline_ns: Option<i64>,
+}
+
+/// What a correlation produced.
+#[derive(Clone, Debug, Serialize)]
+pub struct Correlation {
+    pub packets: u64,
+    pub lost: u64,
+    pub recovered: u64,
+    pub duplicates: u64,
+    pub reordered: u64,
+    /// Stamps whose packet could not be placed (no flow, no side).
+    pub unplaced_stamps: u64,
+    /// Point columns in their typical order along the path.
+    pub points: Vec<String>,
+    pub clocks: Vec<Mapping>,
+}
+
+const TX_WIRE: &[&str] = &["dev_start_xmit", "dev_xmit", "dev_queue"];
+const RX_WIRE: &[&str] = &["dev_netif_rx", "dev_gro_receive", "dev_receive_skb"];
+
+fn sql_list(paths: &[&Path]) -> String {
+    paths
+        .iter()
+        .map(|p| format!("'{}'", p.display().to_string().replace('\'', "''")))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Correlates `runs` (the first one's clock is the reference) into a
+/// `packets` table in `conn`, and writes it to `out` as Parquet when given.
+pub fn correlate(
+    conn: &Connection,
+    runs: &[Run],
+    opts: &CorrelateOptions,
+    out: Option<&Path>,
+) -> Result<Correlation> {
+    if runs.is_empty() {
+        return Err(AnalyzeError::Other("no runs to correlate".into()));
+    }
+    let files: Vec<_> = runs.iter().map(|r| r.stamps()).collect();
+    let file_refs: Vec<&Path> = files.iter().map(|p| p.as_path()).collect();
+    conn.execute_batch(&format!(
+        "CREATE OR REPLACE TEMP VIEW stamps AS SELECT * FROM read_parquet([{}]);",
+        sql_list(&file_refs)
+    ))?;
+    let domains_values = runs
+        .iter()
+        .map(|r| {
+            let span: i128 = if r.seq_size >= 8 {
+                0
+            } else {
+                1i128 << (8 * r.seq_size as u32)
+            };
+            format!(
+                "('{}', '{}', {span})",
+                r.run_id.replace('\'', ""),
+                r.boot_id.replace('\'', "")
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(", ");
+    conn.execute_batch(&format!(
+        "CREATE OR REPLACE TEMP TABLE run_domain (run_id VARCHAR, domain VARCHAR, span HUGEINT);
+         INSERT INTO run_domain VALUES {domains_values};
+         -- 1. domains and flows
+         CREATE OR REPLACE TEMP TABLE s0 AS
+           SELECT s.run_id, s.host, s.point, s.side, s.ts_ns, s.seq::HUGEINT AS seq, s.kind, s.flow, s.pid, d.domain, d.span
+           FROM stamps s JOIN run_domain d USING (run_id) WHERE s.seq IS NOT NULL;
+         CREATE OR REPLACE TEMP TABLE kflow AS
+           SELECT run_id, pid, kind, seq, flow, min(ts_ns) AS t FROM s0 WHERE flow <> 0 GROUP BY ALL;
+         -- a packet that never crossed the wire here (rebuilt from parity,
+         -- say) takes the flow this process uses most for its kind
+         CREATE OR REPLACE TEMP TABLE pidflow AS
+           SELECT run_id, pid, kind, arg_max(flow, n) AS flow
+           FROM (SELECT run_id, pid, kind, flow, count(*) n FROM kflow GROUP BY ALL) GROUP BY ALL;
+         CREATE OR REPLACE TEMP TABLE s1 AS
+           SELECT s0.* EXCLUDE (flow),
+                  CASE WHEN s0.flow <> 0 THEN s0.flow ELSE coalesce(m.flow, pf.flow) END AS flow
+           FROM s0 LEFT JOIN (
+             SELECT f.run_id, f.pid, f.kind, f.seq, f.ts_ns, arg_min(k.flow, abs(k.t - f.ts_ns)) AS flow
+             FROM (SELECT DISTINCT run_id, pid, kind, seq, ts_ns FROM s0 WHERE flow = 0) f
+             JOIN kflow k USING (run_id, pid, kind, seq)
+             GROUP BY ALL) m
+           USING (run_id, pid, kind, seq, ts_ns)
+           LEFT JOIN pidflow pf USING (run_id, pid, kind);"
+    ))?;
+
+    // 2. clocks: the wire crossing of every packet, raw, per domain.
+    conn.execute_batch(&format!(
+        "CREATE OR REPLACE TEMP TABLE wire AS
+         SELECT t.flow, t.kind, t.seq, t.domain AS tx_domain, t.ts AS tx_ns, r.domain AS rx_domain, r.ts AS rx_ns
+         FROM (SELECT flow, kind, seq, domain, min(ts_ns) ts FROM s1 WHERE replace(point, '.', '_') IN ({tx}) GROUP BY ALL) t
+         JOIN (SELECT flow, kind, seq, domain, min(ts_ns) ts FROM s1 WHERE replace(point, '.', '_') IN ({rx}) GROUP BY ALL) r
+         USING (flow, kind, seq);",
+        tx = TX_WIRE.iter().map(|p| format!("'{p}'")).collect::<Vec<_>>().join(", "),
+        rx = RX_WIRE.iter().map(|p| format!("'{p}'")).collect::<Vec<_>>().join(", ")
+    ))?;
+    let reference = runs[0].boot_id.clone();
+    let mut clocks = vec![Mapping::identity(&reference, "reference clock (first run)")];
+    for run in &runs[1..] {
+        if clocks.iter().any(|m| m.domain == run.boot_id) {
+            continue;
+        }
+        let mapping = match clock::estimate(conn, &reference, &run.boot_id)? {
+            Some(m) => m,
+            None => realtime_mapping(&runs[0], run),
+        };
+        clocks.push(mapping);
+    }
+    let clock_values = clocks
+        .iter()
+        .map(|m| {
+            format!(
+                "('{}', {}, {}, {})",
+                m.domain.replace('\'', ""),
+                m.offset_ns,
+                m.drift_ppm,
+                m.t0_ns
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(", ");
+
+    // 3.–4. reference time, unwrapped seq, side and column of every stamp.
+    conn.execute_batch(&format!(
+        "CREATE OR REPLACE TEMP TABLE clocks (domain VARCHAR, offset_ns DOUBLE, drift_ppm DOUBLE, t0_ns BIGINT);
+         INSERT INTO clocks VALUES {clock_values};
+         CREATE OR REPLACE TEMP TABLE s2 AS
+           SELECT s1.*, (ts_ns - c.offset_ns - c.drift_ppm * 1e-6 * (ts_ns - c.offset_ns - c.t0_ns))::BIGINT AS t
+           FROM s1 JOIN clocks c USING (domain) WHERE flow IS NOT NULL;
+         CREATE OR REPLACE TEMP TABLE s3 AS
+           SELECT * EXCLUDE (d, step),
+                  seq + span * sum(step) OVER (PARTITION BY run_id, flow, kind, point ORDER BY ts_ns ROWS UNBOUNDED PRECEDING) AS useq
+           FROM (SELECT *, seq - lag(seq) OVER (PARTITION BY run_id, flow, kind, point ORDER BY ts_ns) AS d,
+                        CASE WHEN span = 0 THEN 0 WHEN d < -span // 2 THEN 1 WHEN d > span // 2 THEN -1 ELSE 0 END AS step
+                 FROM s2);
+         CREATE OR REPLACE TEMP TABLE ends AS
+           SELECT flow,
+                  arg_max(run_id, n) FILTER (WHERE side = 'tx') AS tx_run, arg_max(pid, n) FILTER (WHERE side = 'tx') AS tx_pid,
+                  arg_max(host, n) FILTER (WHERE side = 'tx') AS tx_host,
+                  arg_max(run_id, n) FILTER (WHERE side = 'rx') AS rx_run, arg_max(pid, n) FILTER (WHERE side = 'rx') AS rx_pid,
+                  arg_max(host, n) FILTER (WHERE side = 'rx') AS rx_host
+           FROM (SELECT flow, side, run_id, pid, host, count(*) n FROM s3 WHERE side IS NOT NULL GROUP BY ALL)
+           GROUP BY flow;
+         CREATE OR REPLACE TEMP TABLE s4 AS
+           SELECT s3.*, coalesce(s3.side, CASE WHEN s3.run_id = e.tx_run AND s3.pid = e.tx_pid THEN 'tx'
+                                                WHEN s3.run_id = e.rx_run AND s3.pid = e.rx_pid THEN 'rx' END) AS end_side
+           FROM s3 JOIN ends e USING (flow);
+         CREATE OR REPLACE TEMP TABLE both_sides AS
+           SELECT point FROM s4 WHERE side IS NULL AND end_side IS NOT NULL GROUP BY point HAVING count(DISTINCT end_side) > 1;
+         CREATE OR REPLACE TEMP TABLE s5 AS
+           SELECT *, replace(point, '.', '_') || CASE WHEN point IN (SELECT point FROM both_sides) THEN '_' || end_side ELSE '' END || '_ns' AS col
+           FROM s4 WHERE end_side IS NOT NULL;"
+    ))?;
+    let unplaced: i64 = conn.query_row(
+        "SELECT (SELECT count(*) FROM stamps WHERE seq IS NOT NULL) - (SELECT count(*) FROM s5)",
+        [],
+        |r| r.get(0),
+    )?;
+
+    // 5. the table. Point columns in typical order (median offset from the
+    // packet's first stamp).
+    let cols: Vec<(String, String)> = {
+        let mut stmt = conn.prepare(
+            "WITH f AS (SELECT flow, kind, useq, min(t) AS t0 FROM s5 GROUP BY ALL)
+             SELECT col, any_value(end_side) FROM s5 JOIN f USING (flow, kind, useq)
+             GROUP BY col ORDER BY median(t - t0), min(t - t0), col",
+        )?;
+        let rows = stmt.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)))?;
+        rows.collect::<std::result::Result<_, _>>()?
+    };
+    if cols.is_empty() {
+        return Err(AnalyzeError::Other(
+            "no stamp carries a sequence number: nothing to correlate".into(),
+        ));
+    }
+    let q = |c: &str| format!("\"{c}\"");
+    let present = |names: &[&str]| -> Vec<String> {
+        names
+            .iter()
+            .map(|n| format!("{n}_ns"))
+            .filter(|n| cols.iter().any(|(c, _)| c == n))
+            .map(|n| q(&n))
+            .collect()
+    };
+    let coalesce = |v: Vec<String>| {
+        if v.is_empty() {
+            "NULL::BIGINT".to_string()
+        } else {
+            format!("coalesce({})", v.join(", "))
+        }
+    };
+    let side_cols = |side: &str| -> Vec<String> {
+        cols.iter()
+            .filter(|(_, s)| s == side)
+            .map(|(c, _)| q(c))
+            .collect()
+    };
+    let extreme = |f: &str, v: Vec<String>| {
+        if v.is_empty() {
+            "NULL::BIGINT".to_string()
+        } else {
+            format!("{f}({})", v.join(", "))
+        }
+    };
+    let tx_wire = coalesce(present(TX_WIRE));
+    let rx_wire = coalesce(present(RX_WIRE));
+    let tx_first = extreme("least", side_cols("tx"));
+    let rx_last = extreme("greatest", side_cols("rx"));
+    let rx_any_kernel = {
+        let v: Vec<String> = cols
+            .iter()
+            .filter(|(c, s)| s == "rx" && !c.starts_with("app_"))
+            .map(|(c, _)| format!("{} IS NOT NULL", q(c)))
+            .collect();
+        if v.is_empty() {
+            "false".to_string()
+        } else {
+            v.join(" OR ")
+        }
+    };
+    let rx_any = {
+        let v: Vec<String> = side_cols("rx")
+            .iter()
+            .map(|c| format!("{c} IS NOT NULL"))
+            .collect();
+        if v.is_empty() {
+            "false".to_string()
+        } else {
+            v.join(" OR ")
+        }
+    };
+    let stages: Vec<String> = cols
+        .windows(2)
+        .map(|w| {
+            let (a, b) = (&w[0].0, &w[1].0);
+            format!(
+                "{} - {} AS {}",
+                q(b),
+                q(a),
+                q(&format!("{}__{}", a.trim_end_matches("_ns"), b))
+            )
+        })
+        .collect();
+    let deadline = opts
+        .deadline_ns
+        .map_or("NULL::BOOLEAN".to_string(), |d| format!("e2e_ns > {d}"));
+    // Copies of a packet: how often its first receive-side device point fired.
+    let rx_count_point = RX_WIRE
+        .iter()
+        .find(|p| cols.iter().any(|(c, _)| c == &format!("{p}_ns")));
+    let dup_source = rx_count_point.map_or(
+        "SELECT NULL::UBIGINT flow, NULL::UTINYINT kind, NULL::HUGEINT useq, 0 AS copies, NULL::BIGINT AS skew WHERE false".to_string(),
+        |p| format!("SELECT flow, kind, useq, count(*) AS copies, max(t) - min(t) AS skew FROM s5 WHERE col = '{p}_ns' GROUP BY ALL"),
+    );
+    let sends_source = "SELECT flow, kind, useq, count(*) AS sends FROM s5 WHERE point = 'sock.send_enter' GROUP BY ALL";
+    let pivot_cols = cols
+        .iter()
+        .map(|(c, _)| format!("min(t) FILTER (WHERE col = '{c}') AS {}", q(c)))
+        .collect::<Vec<_>>()
+        .join(",\n  ");
+    conn.execute_batch(&format!(
+        "CREATE OR REPLACE TEMP TABLE pk AS
+         SELECT flow, kind, useq, {pivot_cols}
+         FROM s5 GROUP BY flow, kind, useq;
+         CREATE OR REPLACE TABLE packets AS
+         SELECT e.tx_run AS run_id, p.flow, p.kind, p.useq::UBIGINT AS seq,
+                e.tx_host, e.rx_host, e.tx_pid, e.rx_pid,
+                p.* EXCLUDE (flow, kind, useq),
+                {tx_wire} - {tx_first} AS sender_total_ns,
+                {rx_wire} - {tx_wire} AS channel_ns,
+                {rx_last} - {rx_wire} AS receiver_total_ns,
+                {rx_last} - {tx_first} AS e2e_ns,
+                {stages},
+                NOT ({rx_any}) AS lost,
+                ({rx_any}) AND NOT ({rx_any_kernel}) AS recovered,
+                coalesce(d.copies, 0) > 1 AS duplicate,
+                CASE WHEN d.copies > 1 THEN d.skew END AS duplicate_skew_ns,
+                coalesce({rx_wire} > min({rx_wire}) OVER (PARTITION BY p.flow, p.kind ORDER BY p.useq ROWS BETWEEN 1 FOLLOWING AND UNBOUNDED FOLLOWING), false) AS reordered,
+                coalesce(sn.sends, 0) > 1 AS retransmitted,
+                {deadline} AS deadline_missed
+         FROM pk p JOIN ends e USING (flow)
+         LEFT JOIN ({dup_source}) d USING (flow, kind, useq)
+         LEFT JOIN ({sends_source}) sn USING (flow, kind, useq)
+         ORDER BY p.flow, p.kind, p.useq;",
+        stages = if stages.is_empty() { "NULL AS no_stages".to_string() } else { stages.join(",\n                ") }
+    ))?;
+    if let Some(out) = out {
+        let tmp = out.with_extension("parquet.tmp");
+        conn.execute_batch(&format!(
+            "COPY packets TO '{}' (FORMAT PARQUET, COMPRESSION ZSTD);",
+            tmp.display().to_string().replace('\'', "''")
+        ))?;
+        std::fs::rename(&tmp, out).map_err(|e| AnalyzeError::Input {
+            path: out.display().to_string(),
+            what: e.to_string(),
+        })?;
+    }
+    let (packets, lost, recovered, duplicates, reordered): (i64, i64, i64, i64, i64) = conn
+        .query_row(
+            "SELECT count(*), count(*) FILTER (WHERE lost), count(*) FILTER (WHERE recovered),
+                count(*) FILTER (WHERE duplicate), count(*) FILTER (WHERE reordered) FROM packets",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?)),
+        )?;
+    Ok(Correlation {
+        packets: packets as u64,
+        lost: lost as u64,
+        recovered: recovered as u64,
+        duplicates: duplicates as u64,
+        reordered: reordered as u64,
+        unplaced_stamps: unplaced.max(0) as u64,
+        points: cols.into_iter().map(|(c, _)| c).collect(),
+        clocks,
+    })
+}
+
+/// The fallback mapping: both hosts' (monotonic, realtime) pairs, exact only
+/// as far as their realtime clocks agree.
+fn realtime_mapping(reference: &Run, other: &Run) -> Mapping {
+    let (ma, ra) = reference.clock_pair;
+    let (mb, rb) = other.clock_pair;
+    // mono_B − mono_A at one instant = (ra − ma) − (rb − mb).
+    let sync = |r: &Run| {
+        r.meta["clock_sync"]["maxerror_us"]
+            .as_f64()
+            .filter(|_| r.meta["clock_sync"]["synchronized"] == true)
+    };
+    let uncertainty = match (sync(reference), sync(other)) {
+        (Some(a), Some(b)) => Some((a + b) * 1e3),
+        _ => None,
+    };
+    Mapping {
+        domain: other.boot_id.clone(),
+        offset_ns: ((ra - ma) - (rb - mb)) as f64,
+        drift_ppm: 0.0,
+        t0_ns: 0,
+        uncertainty_ns: uncertainty,
+        method: if uncertainty.is_some() {
+            "realtime clock pairs (both hosts report synchronised clocks; bound = sum of their max errors)".into()
+        } else {
+            "realtime clock pairs (no two-way traffic; clocks not known to be synchronised: uncertainty unknown)".into()
+        },
+        windows: 0,
+    }
+}

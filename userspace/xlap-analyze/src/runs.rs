@@ -1,0 +1,62 @@
+//! A recorded run: its directory, `run.json` and `stamps.parquet`.
+
+use crate::{AnalyzeError, Result};
+use std::path::{Path, PathBuf};
+
+#[derive(Clone, Debug)]
+pub struct Run {
+    pub dir: PathBuf,
+    pub run_id: String,
+    pub host: String,
+    /// Runs with equal boot ids share one monotonic clock.
+    pub boot_id: String,
+    /// Bytes of the protocol's sequence number (wrap-around span).
+    pub seq_size: u8,
+    /// (monotonic, realtime) ns of the run's first clock pair.
+    pub clock_pair: (i64, i64),
+    pub meta: serde_json::Value,
+}
+
+impl Run {
+    pub fn stamps(&self) -> PathBuf {
+        self.dir.join("stamps.parquet")
+    }
+
+    /// Opens a run directory, saying what is wrong when it is not one.
+    pub fn open(dir: &Path) -> Result<Run> {
+        let shown = dir.display().to_string();
+        let err = |what: String| AnalyzeError::Input {
+            path: shown.clone(),
+            what,
+        };
+        let meta_path = dir.join("run.json");
+        let text = std::fs::read_to_string(&meta_path)
+            .map_err(|e| err(format!("not an xlap-trace run directory (run.json: {e})")))?;
+        let meta: serde_json::Value = serde_json::from_str(&text)
+            .map_err(|e| err(format!("run.json is not valid JSON: {e}")))?;
+        let version = meta["schema_version"].as_str().unwrap_or("?");
+        if version != "1" {
+            return Err(err(format!(
+                "run.json has schema version {version}; this xlap-trace reads version 1 (use a matching xlap-trace)"
+            )));
+        }
+        if !dir.join("stamps.parquet").exists() {
+            return Err(err(
+                "stamps.parquet is missing (the run did not end cleanly: stamps.arrows holds what was recorded)".into(),
+            ));
+        }
+        let s = |k: &str| meta[k].as_str().unwrap_or_default().to_string();
+        Ok(Run {
+            dir: dir.to_path_buf(),
+            run_id: s("run_id"),
+            host: s("host"),
+            boot_id: s("boot_id"),
+            seq_size: meta["options"]["layout"]["seq_size"].as_u64().unwrap_or(4) as u8,
+            clock_pair: (
+                meta["clock_start"]["monotonic_ns"].as_i64().unwrap_or(0),
+                meta["clock_start"]["realtime_ns"].as_i64().unwrap_or(0),
+            ),
+            meta,
+        })
+    }
+}
