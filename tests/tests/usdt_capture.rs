@@ -127,6 +127,11 @@ fn a_binary_without_markers_is_said_and_its_kernel_points_still_traced() {
         "{stderr}"
     );
     assert!(t.meta["points"]["dev.queue"]["stamps"].as_u64().unwrap() > 0);
+    // Both ends exited: each is said, and recorded, before the run ends.
+    for pid in [t.pids.0, t.pids.1] {
+        assert!(stderr.contains(&format!("pid {pid} exited")), "{stderr}");
+    }
+    assert_eq!(t.meta["options"]["exited"].as_array().unwrap().len(), 2);
 }
 
 #[test]

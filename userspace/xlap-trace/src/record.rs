@@ -146,6 +146,7 @@ pub fn run(args: &RecordArgs) -> Result<RunMeta> {
     let mut last_ports = Instant::now();
     let mut last_progress = Instant::now();
     let mut tally = Tally::default();
+    let mut exited: Vec<(u32, f64)> = Vec::new();
     let mut known_ports = owners.clone();
     let progress = !args.quiet && std::io::stderr().is_terminal();
     let ring_fd = ring.as_raw_fd();
@@ -199,7 +200,20 @@ pub fn run(args: &RecordArgs) -> Result<RunMeta> {
         }
         if last_ports.elapsed() >= PORT_REFRESH {
             last_ports = Instant::now();
-            if args.pids.iter().all(|p| !targets::alive(*p)) {
+            for &pid in &args.pids {
+                if !targets::alive(pid) && !exited.iter().any(|(p, _)| *p == pid) {
+                    // Its probes went with it: a restarted process has a new
+                    // pid and needs a new run (we do not guess which it is).
+                    if !args.quiet {
+                        eprintln!(
+                            "xlap-trace: note: pid {pid} exited after {:.1} s; its stamps so far are kept, a restart is not traced (trace the new pid)",
+                            started.elapsed().as_secs_f64()
+                        );
+                    }
+                    exited.push((pid, started.elapsed().as_secs_f64()));
+                }
+            }
+            if exited.len() == args.pids.len() {
                 break "targets exited".to_string();
             }
             let now = targets::port_owners(&args.pids);
@@ -286,6 +300,7 @@ pub fn run(args: &RecordArgs) -> Result<RunMeta> {
             "ringbuf_bytes": ringbuf_bytes,
             "duration_s": args.duration,
             "count": args.count,
+            "exited": exited.iter().map(|(pid, s)| serde_json::json!({"pid": pid, "after_s": s})).collect::<Vec<_>>(),
             "usdt_sites": usdt_plan.sites.iter().map(|s| serde_json::json!({
                 "pid": s.pid, "provider": s.probe.provider, "name": s.probe.name,
                 "point": format!("app.{}", usdt_plan.app_names[(s.spec.point - xlap_point::XLAP_POINT_APP_BASE as u16) as usize]),
