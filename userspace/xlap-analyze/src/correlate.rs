@@ -189,13 +189,17 @@ pub fn correlate(
         |r| r.get(0),
     )?;
 
-    // 5. the table. Point columns in typical order (median offset from the
-    // packet's first stamp).
+    // 5. the table. Point columns in typical order: the median offset from
+    // an anchor, the most common point, measured within each packet that has
+    // both (offsets from a packet's first stamp would mix populations: a
+    // point present only for some packets would sort by their other timing).
     let cols: Vec<(String, String)> = {
         let mut stmt = conn.prepare(
-            "WITH f AS (SELECT flow, kind, useq, min(t) AS t0 FROM s5 GROUP BY ALL)
-             SELECT col, any_value(end_side) FROM s5 JOIN f USING (flow, kind, useq)
-             GROUP BY col ORDER BY median(t - t0), min(t - t0), col",
+            "WITH a AS (SELECT col FROM s5 GROUP BY col ORDER BY count(*) DESC, col LIMIT 1),
+                  f AS (SELECT flow, kind, useq, min(t) AS t0 FROM s5 WHERE col = (SELECT col FROM a) GROUP BY ALL),
+                  g AS (SELECT flow, kind, useq, min(t) AS first FROM s5 GROUP BY ALL)
+             SELECT col, any_value(end_side) FROM s5 JOIN g USING (flow, kind, useq) LEFT JOIN f USING (flow, kind, useq)
+             GROUP BY col ORDER BY coalesce(median(t - t0), median(t - first)), median(t - first), col",
         )?;
         let rows = stmt.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)))?;
         rows.collect::<std::result::Result<_, _>>()?
