@@ -113,3 +113,16 @@ pub fn wait_for_file(path: &Path, secs: u64) {
         std::thread::sleep(std::time::Duration::from_millis(10));
     }
 }
+
+/// A helper process (a peer such as iperf3) that must not outlive a failed
+/// test.
+pub struct KillOnDrop(pub std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        if let Ok(None) = self.0.try_wait() {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+}

@@ -8,7 +8,7 @@ use xlap_tests::example::{
     events, summary, ExampleOptions, ProtocolRun, RECEIVER_PORT, SENDER_PORT,
 };
 use xlap_tests::trace::{read_stamps, trace_example, Recorder, Row};
-use xlap_tests::{bin, privileged, Scratch};
+use xlap_tests::{bin, privileged, KillOnDrop, Scratch};
 
 const TX_POINTS: &[&str] = &[
     "sock.send_enter",
@@ -26,18 +26,6 @@ const RX_POINTS: &[&str] = &[
     "sock.recv_exit",
 ];
 const DATA: u8 = 1;
-
-/// A helper process that must not outlive a failed test.
-struct KillOnDrop(std::process::Child);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        if let Ok(None) = self.0.try_wait() {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
-}
 
 fn stage_with_tbf_on_sender() -> Stage {
     Stage::build(&StageConfig {

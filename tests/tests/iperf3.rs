@@ -2,22 +2,11 @@
 //! two hosts, traced by payload offset only (`--proto iperf3`: its packet
 //! counter), against iperf3's own JSON report.
 
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 use xlap_stage::Stage;
 use xlap_tests::trace::{read_stamps, Recorder};
-use xlap_tests::{privileged, Scratch};
-
-struct KillOnDrop(Child);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        if let Ok(None) = self.0.try_wait() {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
-}
+use xlap_tests::{privileged, KillOnDrop, Scratch};
 
 #[test]
 fn iperf3_udp_counts_per_point_match_its_own_report() {

@@ -44,6 +44,8 @@ pub struct StampBatcher {
     run_id: String,
     host: String,
     app_names: Vec<String>,
+    /// point id -> (name, layer, side), filled on first use.
+    names: std::collections::HashMap<u16, (String, &'static str, Option<&'static str>)>,
     run_ids: StringBuilder,
     hosts: StringBuilder,
     points: StringBuilder,
@@ -71,6 +73,7 @@ impl StampBatcher {
             run_id: run_id.to_string(),
             host: host.to_string(),
             app_names,
+            names: std::collections::HashMap::new(),
             run_ids: StringBuilder::new(),
             hosts: StringBuilder::new(),
             points: StringBuilder::new(),
@@ -103,15 +106,20 @@ impl StampBatcher {
     /// Adds a stamp; a point id nobody defined is kept as `unknown.<id>`
     /// rather than dropped.
     pub fn push(&mut self, s: &Stamp) {
-        let (name, layer, side) = match point_info(s.point, &self.app_names) {
-            Some((name, layer, side)) => (name, layer.as_str(), side.map(|s| s.as_str())),
-            None => (format!("unknown.{}", s.point), "unknown", None),
-        };
+        // Names are resolved once per point id, not once per stamp.
+        let app_names = &self.app_names;
+        let (name, layer, side) =
+            self.names
+                .entry(s.point)
+                .or_insert_with(|| match point_info(s.point, app_names) {
+                    Some((name, layer, side)) => (name, layer.as_str(), side.map(|s| s.as_str())),
+                    None => (format!("unknown.{}", s.point), "unknown", None),
+                });
         self.run_ids.append_value(&self.run_id);
         self.hosts.append_value(&self.host);
-        self.points.append_value(name);
-        self.layers.append_value(layer);
-        self.sides.append_option(side);
+        self.points.append_value(name.as_str());
+        self.layers.append_value(*layer);
+        self.sides.append_option(*side);
         self.ts.append_value(s.ts_ns as i64);
         self.seqs.append_option(s.seq);
         self.kinds.append_option(s.kind);
