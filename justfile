@@ -3,6 +3,7 @@ set shell := ["bash", "-euo", "pipefail", "-c"]
 
 target := env_var_or_default("CARGO_TARGET_DIR", justfile_directory() / "target")
 xlap := target / "debug" / "xlap-trace"
+python := env_var_or_default("XLAP_PYTHON", "python3")
 
 # The main job: the example protocol on a two-host stage, traced, analysed.
 default: demo
@@ -40,3 +41,9 @@ stage *ARGS: build
 # the traced protocol's latency, side by side in one run (--quick: shorter).
 bench *ARGS: build
     {{target}}/debug/xlap-bench {{ARGS}}
+
+# The analysis benchmark: every bundled query (DuckDB) against a pandas
+# re-implementation of X-LAP's notebook on the same 10 M synthetic packets
+# (--quick: 1 M), interleaved rounds; ./run.sh installs pandas in a venv.
+bench-analysis *ARGS: build
+    {{target}}/debug/xlap-bench-analysis --python {{python}} {{ARGS}}

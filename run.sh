@@ -24,8 +24,10 @@ export PATH="$HOME/.cargo/bin:$PATH"
 command -v cargo >/dev/null || die "cargo not found: install Rust (rustup, stable) first" 1
 
 # System packages: the BPF toolchain, USDT headers, network tools, test peers.
+# chromium renders the HTML report in its test; python3-venv hosts the
+# pandas baseline of bench-analysis.
 PACKAGES=(clang llvm libbpf-dev bpftool libclang-dev clang-format systemtap-sdt-dev
-	build-essential pkg-config iproute2 iperf3)
+	build-essential pkg-config iproute2 iperf3 chromium python3-venv)
 missing=()
 for p in "${PACKAGES[@]}"; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -43,5 +45,15 @@ fi
 
 recipe="${1:-demo}"
 [ "$recipe" = setup ] && exit 0
+# The pandas baseline of bench-analysis, from PyPI, outside the system Python.
+if [ "$recipe" = bench-analysis ]; then
+	venv="${XLAP_CACHE_DIR:-$HOME/.cache/xlap-trace}/venv"
+	if ! "$venv/bin/python" -c 'import pandas, pyarrow' 2>/dev/null; then
+		echo "run.sh: installing pandas and pyarrow into $venv"
+		python3 -m venv "$venv"
+		"$venv/bin/pip" install --quiet pandas pyarrow
+	fi
+	export XLAP_PYTHON="$venv/bin/python"
+fi
 shift || true
 exec just "$recipe" "$@"

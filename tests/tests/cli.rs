@@ -25,6 +25,7 @@ fn help_texts() {
         &["record", "--help"],
         &["stage", "up", "--help"],
         &["demo", "--help"],
+        &["analyze", "--help"],
     ] {
         let out = xlap(args);
         assert!(out.status.success());

@@ -5,7 +5,10 @@ use std::path::PathBuf;
 
 fn main() {
     let header = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../bpf/xlap_abi.h");
-    println!("cargo:rerun-if-changed={}", header.display());
+    // Relative to the package root: several checkouts can share one target
+    // directory (artifacts of path packages are named alike), and an
+    // absolute path would let a fresh checkout reuse another's output.
+    println!("cargo:rerun-if-changed=../../bpf/xlap_abi.h");
     let bindings = bindgen::Builder::default()
         .header(header.to_str().expect("utf-8 path"))
         .allowlist_type("xlap_.*")

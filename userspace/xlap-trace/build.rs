@@ -11,7 +11,10 @@ const OBJECTS: &[&str] = &["capture", "calibrate"];
 fn main() {
     let bpf_dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../bpf");
     let out = PathBuf::from(std::env::var("OUT_DIR").unwrap());
-    println!("cargo:rerun-if-changed={}", bpf_dir.display());
+    // Relative to the package root: several checkouts can share one target
+    // directory (artifacts of path packages are named alike), and an
+    // absolute path would let a fresh checkout reuse another's objects.
+    println!("cargo:rerun-if-changed=../../bpf");
 
     let vmlinux = out.join("vmlinux.h");
     let btf = Path::new("/sys/kernel/btf/vmlinux");

@@ -12,7 +12,8 @@
 //!    suffix.
 //! 5. One row per (flow, kind, seq): a column per point (`<point>_ns`, dots
 //!    as underscores, on the reference clock), X-LAP's durations, a column
-//!    per stage between points consecutive in their typical order, flags:
+//!    per stage between points of one side consecutive in their typical
+//!    order (`<a>__<b>_ns`; the crossing is `channel_ns`), flags:
 //!    `lost` (sent, nothing received), `recovered` (delivered by the receiver
 //!    without crossing the wire), `duplicate` (received more than once, with
 //!    the skew of the copies), `reordered` (a later seq arrived before it),
@@ -43,6 +44,8 @@ pub struct Correlation {
     pub unplaced_stamps: u64,
     /// Point columns in their typical order along the path.
     pub points: Vec<String>,
+    /// The side ("tx" or "rx") of each point column.
+    pub point_sides: Vec<String>,
     pub clocks: Vec<Mapping>,
 }
 
@@ -265,16 +268,30 @@ pub fn correlate(
             v.join(" OR ")
         }
     };
-    let stages: Vec<String> = cols
-        .windows(2)
-        .map(|w| {
-            let (a, b) = (&w[0].0, &w[1].0);
-            format!(
-                "{} - {} AS {}",
-                q(b),
-                q(a),
-                q(&format!("{}__{}", a.trim_end_matches("_ns"), b))
-            )
+    // Stages chain the points of one side (sender, then receiver); the
+    // crossing between them is `channel_ns`. A chain across sides would pair
+    // unrelated work that merely overlaps in time (on veth the receiver's
+    // softirq runs inside the sender's transmit call).
+    let stages: Vec<String> = ["tx", "rx"]
+        .iter()
+        .flat_map(|side| {
+            let chain: Vec<&String> = cols
+                .iter()
+                .filter(|(_, s)| s == side)
+                .map(|(c, _)| c)
+                .collect();
+            chain
+                .windows(2)
+                .map(|w| {
+                    let (a, b) = (w[0], w[1]);
+                    format!(
+                        "{} - {} AS {}",
+                        q(b),
+                        q(a),
+                        q(&format!("{}__{}", a.trim_end_matches("_ns"), b))
+                    )
+                })
+                .collect::<Vec<_>>()
         })
         .collect();
     let deadline = opts
@@ -301,6 +318,7 @@ pub fn correlate(
          CREATE OR REPLACE TABLE packets AS
          SELECT e.tx_run AS run_id, p.flow, p.kind, p.useq::UBIGINT AS seq,
                 e.tx_host, e.rx_host, e.tx_pid, e.rx_pid,
+                {tx_first} AS sent_ns,
                 p.* EXCLUDE (flow, kind, useq),
                 {tx_wire} - {tx_first} AS sender_total_ns,
                 {rx_wire} - {tx_wire} AS channel_ns,
@@ -323,8 +341,12 @@ pub fn correlate(
     if let Some(out) = out {
         let tmp = out.with_extension("parquet.tmp");
         conn.execute_batch(&format!(
-            "COPY packets TO '{}' (FORMAT PARQUET, COMPRESSION ZSTD);",
-            tmp.display().to_string().replace('\'', "''")
+            "COPY packets TO '{}' (FORMAT PARQUET, COMPRESSION ZSTD, KV_METADATA {{{}: '{}', {}: '{}'}});",
+            tmp.display().to_string().replace('\'', "''"),
+            crate::dataset::VERSION_KEY,
+            crate::dataset::PACKETS_SCHEMA_VERSION,
+            crate::dataset::SIDES_KEY,
+            crate::dataset::sides_json(&cols).replace('\'', "''"),
         ))?;
         std::fs::rename(&tmp, out).map_err(|e| AnalyzeError::Input {
             path: out.display().to_string(),
@@ -345,6 +367,7 @@ pub fn correlate(
         duplicates: duplicates as u64,
         reordered: reordered as u64,
         unplaced_stamps: unplaced.max(0) as u64,
+        point_sides: cols.iter().map(|(_, s)| s.clone()).collect(),
         points: cols.into_iter().map(|(c, _)| c).collect(),
         clocks,
     })

@@ -8,8 +8,13 @@
 
 pub mod clock;
 pub mod correlate;
+pub mod dataset;
+pub mod format;
+pub mod perfetto;
+pub mod queries;
+pub mod report;
 pub mod runs;
-pub mod summary;
+pub mod synth;
 
 pub use correlate::{correlate, CorrelateOptions, Correlation};
 pub use runs::Run;
@@ -18,6 +23,12 @@ pub use runs::Run;
 pub enum AnalyzeError {
     #[error("{path}: {what}")]
     Input { path: String, what: String },
+    /// A command-line mistake: unknown query or parameter.
+    #[error("{0}")]
+    Usage(String),
+    /// A query (bundled or the user's) that DuckDB refused.
+    #[error("query {query}: {what}")]
+    Query { query: String, what: String },
     #[error("DuckDB: {0}")]
     Db(#[from] duckdb::Error),
     #[error("{0}")]

@@ -12,9 +12,11 @@ use std::path::PathBuf;
 ///
 /// `xlap-trace --pid PID` is short for `xlap-trace record --pid PID`.
 ///
-/// Exit codes: 0 success, 1 runtime failure, 2 bad command line, 3 missing
+/// Exit codes: 0 success, 1 runtime failure, 2 bad command line (also an
+/// unknown query, parameter or kind, SQL the engine refuses), 3 missing
 /// privileges, 4 kernel lacks a feature (BTF, tracepoint), 5 no such process,
-/// 6 bad input (not a run directory, wrong schema version).
+/// 6 bad input (not a run directory or packets table, wrong schema version,
+/// no packets, only one end recorded).
 #[derive(Parser, Debug)]
 #[command(name = "xlap-trace", version, args_conflicts_with_subcommands = true)]
 pub struct Cli {
@@ -42,6 +44,108 @@ pub enum Command {
     /// The main job end to end: a two-host stage, the example protocol
     /// across it, traced at every layer, and what the trace shows.
     Demo(DemoArgs),
+    /// Run the bundled analyses (queries/*.sql) over a run: jitter, outlier
+    /// causes, correlation, latency profile, histogram, trend, loss, trace.
+    Analyze(AnalyzeArgs),
+    /// Run your own SQL over a run's views (packets, stages, stamps, runs,
+    /// ...); without a statement, an interactive prompt.
+    Sql(SqlArgs),
+    /// A self-contained HTML report with SVG plots: box plots per stage,
+    /// outlier causes, correlation, latency profile, slowest packets.
+    Report(ReportArgs),
+    /// Export per-packet timelines for Perfetto / chrome://tracing.
+    Export(ExportArgs),
+    /// Generate a synthetic run with a known ground truth (tests, benchmarks).
+    Synth(SynthArgs),
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum OutputFormat {
+    /// Aligned columns for a terminal.
+    Table,
+    Json,
+    Csv,
+    /// GitHub-flavoured Markdown (CI job summaries).
+    Markdown,
+}
+
+#[derive(Args, Debug)]
+pub struct AnalyzeArgs {
+    /// A run directory (from `record`), a directory of runs, or a packets
+    /// Parquet file (from `correlate`).
+    pub run: Option<PathBuf>,
+    /// Query to run (repeatable; `all` for every one). Default: summary,
+    /// jitter, outlier_causes, correlation, trend, loss.
+    #[arg(short, long)]
+    pub query: Vec<String>,
+    /// Keep only packets of this kind (the protocol's kind field).
+    #[arg(long)]
+    pub kind: Option<u64>,
+    /// A query parameter NAME=VALUE (repeatable), e.g. top=10, seq=4711,
+    /// stage=e2e, bins=50.
+    #[arg(short, long)]
+    pub param: Vec<String>,
+    #[arg(short, long, value_enum, default_value = "table")]
+    pub format: OutputFormat,
+    /// List the bundled queries and their parameters.
+    #[arg(long)]
+    pub list: bool,
+    /// No progress lines on stderr.
+    #[arg(long)]
+    pub quiet: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct SqlArgs {
+    /// A run directory, a directory of runs, or a packets Parquet file.
+    pub run: PathBuf,
+    /// The statement; without it, statements are read from stdin (a prompt
+    /// on a terminal).
+    pub sql: Option<String>,
+    #[arg(short, long, value_enum, default_value = "table")]
+    pub format: OutputFormat,
+}
+
+#[derive(Args, Debug)]
+pub struct ReportArgs {
+    /// A run directory, a directory of runs, or a packets Parquet file.
+    pub run: PathBuf,
+    /// The HTML file to write.
+    #[arg(short, long, default_value = "report.html")]
+    pub output: PathBuf,
+    /// Keep only packets of this kind.
+    #[arg(long)]
+    pub kind: Option<u64>,
+    /// Slowest packets drawn as waterfalls.
+    #[arg(long, default_value_t = 5)]
+    pub slowest: u32,
+}
+
+#[derive(Args, Debug)]
+pub struct ExportArgs {
+    /// A run directory, a directory of runs, or a packets Parquet file.
+    pub run: PathBuf,
+    /// Chrome trace-event JSON for Perfetto (ui.perfetto.dev) or
+    /// chrome://tracing.
+    #[arg(long, required = true)]
+    pub perfetto: PathBuf,
+    /// Export at most this many packets: the slowest first (0: all).
+    #[arg(long, default_value_t = 10_000)]
+    pub max_packets: u64,
+    /// Keep only packets of this kind.
+    #[arg(long)]
+    pub kind: Option<u64>,
+}
+
+#[derive(Args, Debug)]
+pub struct SynthArgs {
+    /// Output directory (packets.parquet, run.json).
+    #[arg(short, long)]
+    pub output: PathBuf,
+    #[arg(long, default_value_t = 10_000)]
+    pub packets: u64,
+    #[arg(long, default_value_t = 1)]
+    pub seed: u32,
 }
 
 #[derive(Args, Debug)]

@@ -149,8 +149,16 @@ pub fn run(args: &DemoArgs) -> Result<()> {
     let correlation =
         crate::correlate_cmd::correlate(&[record_args.output.as_path()], &packets, None)?;
     crate::correlate_cmd::print(&correlation, &packets);
-    println!("\n== latency per stage (consecutive points along the path) and X-LAP's totals ==");
-    let conn = duckdb::Connection::open_in_memory()?;
-    xlap_analyze::summary::print(&xlap_analyze::summary::stage_stats(&conn, &packets)?);
+    println!(
+        "\n== the analysis (xlap-trace analyze {}) ==",
+        record_args.output.display()
+    );
+    let (conn, _) = crate::analyze_cmd::open(&record_args.output, false)?;
+    let queries = ["summary", "outlier_causes", "correlation"]
+        .iter()
+        .map(|n| xlap_analyze::queries::find(n))
+        .collect::<Result<Vec<_>, _>>()?;
+    let results = crate::analyze_cmd::run_queries(&conn, &queries, &[], false)?;
+    crate::analyze_cmd::print_results(&results, xlap_analyze::format::Format::Table)?;
     Ok(())
 }

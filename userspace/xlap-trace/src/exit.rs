@@ -4,11 +4,11 @@
 //! |---|---|
 //! | 0 | success |
 //! | 1 | runtime failure (I/O, BPF load/attach error, ...) |
-//! | 2 | bad command line (unknown option, bad value) |
+//! | 2 | bad command line (unknown option, bad value, unknown query/parameter/kind, SQL error) |
 //! | 3 | missing privileges (not root, no CAP_BPF/CAP_PERFMON) |
 //! | 4 | the kernel lacks something needed (BTF, a tracepoint) |
 //! | 5 | a target process does not exist |
-//! | 6 | a bad input file or run directory (not a run, wrong schema version) |
+//! | 6 | a bad input file or run directory (not a run or packets table, wrong schema version, no packets, one end only) |
 
 use std::fmt;
 

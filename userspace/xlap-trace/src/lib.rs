@@ -1,5 +1,6 @@
 //! xlap-trace as a library: the pieces the CLI and the benchmark share.
 
+pub mod analyze_cmd;
 pub mod capture;
 pub mod cli;
 pub mod correlate_cmd;
@@ -8,6 +9,7 @@ pub mod exit;
 pub mod preflight;
 pub mod proto;
 pub mod record;
+pub mod report_cmd;
 pub mod runmeta;
 pub mod targets;
 pub mod usdt;

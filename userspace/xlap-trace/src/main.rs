@@ -5,12 +5,21 @@ use clap::Parser;
 use std::process::ExitCode;
 use xlap_trace::cli::{self, Cli, Command, StageCommand};
 use xlap_trace::exit::{failure, Code};
-use xlap_trace::{correlate_cmd, demo, exit, proto, record};
+use xlap_trace::{analyze_cmd, correlate_cmd, demo, exit, proto, record, report_cmd};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
+        // Output piped into `head`: not an error.
+        Err(e)
+            if e.chain().any(|c| {
+                c.downcast_ref::<std::io::Error>()
+                    .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+            }) =>
+        {
+            ExitCode::SUCCESS
+        }
         Err(e) => {
             eprintln!("xlap-trace: error: {e:#}");
             ExitCode::from(exit::code_of(&e))
@@ -33,6 +42,11 @@ fn run(cli: Cli) -> Result<()> {
             Ok(())
         }
         Some(Command::Schema(a)) => schema(a),
+        Some(Command::Analyze(a)) => analyze_cmd::analyze(&a),
+        Some(Command::Sql(a)) => analyze_cmd::sql(&a),
+        Some(Command::Synth(a)) => analyze_cmd::synth(&a),
+        Some(Command::Report(a)) => report_cmd::report(&a),
+        Some(Command::Export(a)) => report_cmd::export(&a),
         Some(Command::Stage(c)) => stage(c),
         Some(Command::Demo(a)) => demo::run(&a),
         Some(Command::Correlate(a)) => {

@@ -410,11 +410,36 @@ pub fn correlate_run(args: &RecordArgs) {
             if !args.quiet {
                 crate::correlate_cmd::print(&c, &out);
             }
+            print_analysis_summary(&args.output);
         }
         Err(e) => eprintln!(
             "xlap-trace: warning: no packets table ({e:#}); run `xlap-trace correlate {}` to retry",
             args.output.display()
         ),
+    }
+}
+
+/// The bundled `summary` query over the run just recorded; a run that
+/// cannot have one (one side only) says why instead.
+fn print_analysis_summary(dir: &std::path::Path) {
+    let result = crate::analyze_cmd::open(dir, false).and_then(|(conn, _)| {
+        let q = xlap_analyze::queries::find("summary")?;
+        crate::analyze_cmd::run_queries(&conn, &[q], &[], false)
+    });
+    match result {
+        Ok(results) => {
+            println!(
+                "\n== summary (more: xlap-trace analyze {}; xlap-trace report {}) ==",
+                dir.display(),
+                dir.display()
+            );
+            if let Err(e) =
+                crate::analyze_cmd::print_results(&results, xlap_analyze::format::Format::Table)
+            {
+                eprintln!("xlap-trace: warning: {e:#}");
+            }
+        }
+        Err(e) => println!("(no latency summary: {e:#})"),
     }
 }
 

@@ -1,0 +1,40 @@
+-- name: loss
+-- description: Losses of the protocol per packet kind (sent, lost, recovered without crossing the wire, duplicates, reordering, retransmissions, gaps of consecutive lost packets) and of the tracer itself (stamps it could not record, per run, point and reason).
+-- reads: packets, tracer_points
+-- params: kind = packet kind to keep (default: every kind)
+WITH p AS (
+    SELECT * FROM packets WHERE getvariable('kind') IS NULL OR kind = getvariable('kind')
+), runs_of_loss AS (
+    -- islands of consecutive lost seqs (gaps-and-islands)
+    SELECT flow, kind, count(*) AS len
+    FROM (SELECT flow, kind, seq, seq - row_number() OVER (PARTITION BY flow, kind ORDER BY seq) AS island
+          FROM p WHERE lost)
+    GROUP BY flow, kind, island
+), per_kind AS (
+    SELECT kind,
+           count(*) AS sent,
+           count(*) FILTER (WHERE lost) AS lost,
+           count(*) FILTER (WHERE recovered) AS recovered,
+           count(*) FILTER (WHERE duplicate) AS duplicated,
+           count(*) FILTER (WHERE reordered) AS reordered,
+           count(*) FILTER (WHERE retransmitted) AS retransmitted
+    FROM p GROUP BY kind
+), gaps AS (
+    SELECT kind, count(*) AS gaps, max(len) AS longest_gap FROM runs_of_loss GROUP BY kind
+)
+SELECT 'protocol' AS scope, kind::VARCHAR AS what, measure, value,
+       round(100.0 * value / sent, 3) AS percent
+FROM (
+    UNPIVOT (SELECT k.*, coalesce(g.gaps, 0) AS gaps, coalesce(g.longest_gap, 0) AS longest_gap
+             FROM per_kind k LEFT JOIN gaps g USING (kind))
+    ON lost, recovered, duplicated, reordered, retransmitted, gaps, longest_gap INTO NAME measure VALUE value
+)
+UNION ALL
+SELECT 'tracer', host || ' ' || point, reason, value, round(100.0 * value / nullif(stamps + value, 0), 3)
+FROM (
+    UNPIVOT (SELECT host, point, stamps, lost_ringbuf_full AS ringbuf_full, lost_map_full AS map_full,
+                    lost_parse AS parse_failure, lost_unmatched AS unmatched FROM tracer_points)
+    ON ringbuf_full, map_full, parse_failure, unmatched INTO NAME reason VALUE value
+)
+WHERE value > 0
+ORDER BY scope DESC, what, measure;

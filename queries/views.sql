@@ -1,0 +1,143 @@
+-- Shared work of the bundled queries, done once per run: the exact
+-- distribution of every stage as value counts, its moments against
+-- end-to-end latency, sequence and time, Tukey fences, and the end-to-end
+-- outliers. One scan of the packets table each; every query then reads
+-- these small tables, so the whole query set costs about two scans.
+--
+-- Before this file runs, xlap-trace provides `packets` and the table
+-- `stage_columns` (col, stage, side, position: every stage column and the
+-- totals in path order; side tx, channel, rx or total), `point_columns`
+-- (col, point, side, position), `runs` and `tracer_points` (from run.json).
+-- In the DuckDB CLI, without xlap-trace:
+--   CREATE VIEW packets AS FROM 'RUN/packets.parquet';
+--   CREATE TABLE stage_columns AS SELECT column_name AS col, regexp_replace(column_name, '_ns$', '') AS stage,
+--     'stage' AS side, column_index AS position FROM duckdb_columns()
+--     WHERE table_name = 'packets' AND regexp_matches(column_name, '__.+_ns$|^(sender_total|channel|receiver_total|e2e)_ns$');
+--   .read queries/views.sql
+--   SET VARIABLE kind = 1;   -- parameters: see each query's header
+--   .read queries/jitter.sql
+
+-- Delivered packets of the selected kind (variable `kind`, default all).
+CREATE OR REPLACE TEMP VIEW delivered AS
+SELECT * FROM packets
+WHERE e2e_ns IS NOT NULL AND (getvariable('kind') IS NULL OR kind = getvariable('kind'));
+
+-- One row per (delivered packet, stage): the long format, for your own
+-- queries (the bundled ones avoid it: it multiplies the rows).
+CREATE OR REPLACE TEMP VIEW stages AS
+SELECT s.flow, s.kind, s.seq, s.sent_ns, s.e2e, c.stage, c.side, c.position, s.ns
+FROM (
+    UNPIVOT (SELECT flow, kind, seq, sent_ns, e2e_ns AS e2e,
+                    COLUMNS('__.+_ns$|^(sender_total|channel|receiver_total|e2e)_ns$')
+             FROM delivered)
+    ON COLUMNS(* EXCLUDE (flow, kind, seq, sent_ns, e2e)) INTO NAME col VALUE ns
+) s
+JOIN stage_columns c USING (col);
+
+-- Every value of every stage per kind with its count, and how many packets
+-- lie below it: exact quantiles of any level without sorting the packets.
+CREATE OR REPLACE TEMP TABLE stage_counts AS
+WITH h AS (
+    SELECT kind, histogram(COLUMNS('__.+_ns$|^(sender_total|channel|receiver_total|e2e)_ns$'))
+    FROM packets WHERE e2e_ns IS NOT NULL GROUP BY kind
+), u AS (
+    UNPIVOT h ON COLUMNS(* EXCLUDE kind) INTO NAME col VALUE m
+), v AS (
+    SELECT col, kind, unnest(map_keys(m)) AS ns, unnest(map_values(m))::BIGINT AS n FROM u
+)
+SELECT c.stage, c.side, c.position, v.kind, v.ns, v.n,
+       (sum(v.n) OVER (PARTITION BY c.stage, v.kind ORDER BY v.ns ROWS UNBOUNDED PRECEDING) - v.n)::BIGINT AS below,
+       (sum(v.n) OVER (PARTITION BY c.stage, v.kind))::BIGINT AS total
+FROM v JOIN stage_columns c USING (col);
+
+-- Quantiles at `levels` of every stage per kind, as DuckDB's quantile_cont
+-- computes them: linear between the order statistics around (n - 1)·p.
+CREATE OR REPLACE TEMP MACRO stage_quantiles(levels) AS TABLE
+WITH t AS (
+    SELECT stage, side, position, kind, any_value(total) AS total FROM stage_counts GROUP BY ALL
+), k AS (
+    SELECT t.*, l.p, (t.total - 1) * l.p AS h, floor((t.total - 1) * l.p)::BIGINT AS r
+    FROM t CROSS JOIN (SELECT unnest(levels::DOUBLE[]) AS p) l
+), lo AS (
+    SELECT k.*, c.ns AS v1 FROM k ASOF JOIN stage_counts c
+    ON k.stage = c.stage AND k.kind = c.kind AND k.r >= c.below
+), hi AS (
+    SELECT lo.*, c.ns AS v2 FROM lo ASOF JOIN stage_counts c
+    ON lo.stage = c.stage AND lo.kind = c.kind AND least(lo.r + 1, lo.total - 1) >= c.below
+)
+SELECT stage, side, position, kind, total AS packets, p, v1 + (h - r) * (v2 - v1) AS ns FROM hi;
+
+-- Tukey fences of every stage per kind: X-LAP's outlier definition.
+CREATE OR REPLACE TEMP TABLE fences AS
+SELECT *, q3 - q1 AS iqr, q1 - 1.5 * (q3 - q1) AS lo_fence, q3 + 1.5 * (q3 - q1) AS fence
+FROM (
+    SELECT stage, side, position, kind, packets,
+           max(ns) FILTER (WHERE p = 0.25) AS q1, max(ns) FILTER (WHERE p = 0.75) AS q3
+    FROM stage_quantiles([0.25, 0.75]) GROUP BY ALL
+);
+
+-- Moments of every stage per kind: mean, spread, its relation to
+-- end-to-end latency (r, slope, covariance share) and to sequence and
+-- send time (trend), the mean of the first and last tenth of the run.
+-- Plain sums in one scan (the regression aggregates cost three times as
+-- much); sums over y, s and t are masked to the rows where the stage has
+-- a value, so every statistic pairs complete rows.
+CREATE OR REPLACE TEMP TABLE stage_moments AS
+WITH b AS (
+    SELECT kind, min(seq) AS s0, min(sent_ns) AS t0, max(sent_ns) - min(sent_ns) AS span
+    FROM packets WHERE e2e_ns IS NOT NULL GROUP BY kind
+), c AS (
+    -- centred regressors keep the sums of products well inside DOUBLE
+    SELECT p.kind, (p.seq - b.s0)::DOUBLE AS s, (p.sent_ns - b.t0)::DOUBLE AS t, p.e2e_ns::DOUBLE AS y,
+           (p.sent_ns - b.t0) * 10 <= b.span AS first_tenth, (p.sent_ns - b.t0) * 10 >= 9 * b.span AS last_tenth,
+           COLUMNS('__.+_ns$|^(sender_total|channel|receiver_total|e2e)_ns$')::DOUBLE
+    FROM packets p JOIN b USING (kind) WHERE p.e2e_ns IS NOT NULL
+), w AS (
+    SELECT kind, {
+        'n': count(COLUMNS('__.+_ns$|^(sender_total|channel|receiver_total|e2e)_ns$')),
+        'sx': sum(COLUMNS('__.+_ns$|^(sender_total|channel|receiver_total|e2e)_ns$')), 'sxx': sum(COLUMNS('__.+_ns$|^(sender_total|channel|receiver_total|e2e)_ns$') * COLUMNS('__.+_ns$|^(sender_total|channel|receiver_total|e2e)_ns$')),
+        'sy': sum(y + 0 * COLUMNS('__.+_ns$|^(sender_total|channel|receiver_total|e2e)_ns$')), 'syy': sum(y * y + 0 * COLUMNS('__.+_ns$|^(sender_total|channel|receiver_total|e2e)_ns$')), 'sxy': sum(COLUMNS('__.+_ns$|^(sender_total|channel|receiver_total|e2e)_ns$') * y),
+        'ss': sum(s + 0 * COLUMNS('__.+_ns$|^(sender_total|channel|receiver_total|e2e)_ns$')), 'sss': sum(s * s + 0 * COLUMNS('__.+_ns$|^(sender_total|channel|receiver_total|e2e)_ns$')), 'sxs': sum(COLUMNS('__.+_ns$|^(sender_total|channel|receiver_total|e2e)_ns$') * s),
+        'st': sum(t + 0 * COLUMNS('__.+_ns$|^(sender_total|channel|receiver_total|e2e)_ns$')), 'stt': sum(t * t + 0 * COLUMNS('__.+_ns$|^(sender_total|channel|receiver_total|e2e)_ns$')), 'sxt': sum(COLUMNS('__.+_ns$|^(sender_total|channel|receiver_total|e2e)_ns$') * t),
+        'n1': count(CASE WHEN first_tenth THEN COLUMNS('__.+_ns$|^(sender_total|channel|receiver_total|e2e)_ns$') END), 'sx1': sum(CASE WHEN first_tenth THEN COLUMNS('__.+_ns$|^(sender_total|channel|receiver_total|e2e)_ns$') END),
+        'n9': count(CASE WHEN last_tenth THEN COLUMNS('__.+_ns$|^(sender_total|channel|receiver_total|e2e)_ns$') END), 'sx9': sum(CASE WHEN last_tenth THEN COLUMNS('__.+_ns$|^(sender_total|channel|receiver_total|e2e)_ns$') END)
+    }
+    FROM c GROUP BY kind
+), u AS (
+    SELECT col, kind, m.*
+    FROM (UNPIVOT w ON COLUMNS(* EXCLUDE kind) INTO NAME col VALUE m)
+), d AS (
+    -- centred sums of squares and products
+    SELECT *, sxx - sx * sx / n AS cxx, syy - sy * sy / n AS cyy, sxy - sx * sy / n AS cxy,
+           sss - ss * ss / n AS css, sxs - sx * ss / n AS cxs, stt - st * st / n AS ctt, sxt - sx * st / n AS cxt
+    FROM u WHERE n > 0
+)
+SELECT c.stage, c.side, c.position, d.kind, d.n,
+       sx / n AS mean,
+       CASE WHEN n > 1 THEN sqrt(greatest(cxx, 0) / (n - 1)) END AS stddev,
+       cxy / nullif(sqrt(cxx * cyy), 0) AS r,
+       cxy / nullif(cxx, 0) AS slope_e2e,
+       cxy AS sxy, cyy AS syy,
+       cxs / nullif(css, 0) AS slope_seq,
+       cxt / nullif(ctt, 0) AS slope_time,
+       cxt * cxt / nullif(cxx * ctt, 0) AS r2_time,
+       sx1 / nullif(n1, 0) AS first_mean,
+       sx9 / nullif(n9, 0) AS last_mean
+FROM d JOIN stage_columns c USING (col);
+
+-- End-to-end outliers (above the e2e fence of their kind), and each of
+-- their stages beside that stage's own fence.
+CREATE OR REPLACE TEMP TABLE late AS
+SELECT p.flow, p.kind, p.seq, p.e2e_ns, f.fence
+FROM packets p JOIN fences f ON f.stage = 'e2e' AND f.kind = p.kind
+WHERE p.e2e_ns > f.fence;
+
+CREATE OR REPLACE TEMP TABLE late_stages AS
+SELECT s.flow, s.kind, s.seq, c.stage, c.side, c.position, s.ns, f.fence, s.ns > f.fence AS above
+FROM (
+    UNPIVOT (SELECT flow, kind, seq, COLUMNS('__.+_ns$|^channel_ns$')
+             FROM packets p SEMI JOIN late l ON p.flow = l.flow AND p.kind = l.kind AND p.seq = l.seq)
+    ON COLUMNS(* EXCLUDE (flow, kind, seq)) INTO NAME col VALUE ns
+) s
+JOIN stage_columns c USING (col)
+JOIN fences f ON f.stage = c.stage AND f.kind = s.kind;

@@ -1,0 +1,663 @@
+//! The bundled analyses on a committed synthetic run whose ground truth is
+//! known (`xlap-trace synth --packets 2000 --seed 42`): a snapshot per
+//! query, every number of jitter, outlier causes and correlation recomputed
+//! here from the Parquet file with arrow (not with DuckDB, not with the
+//! queries' SQL), the planted cause found, the report rendered in headless
+//! Chromium, the Perfetto export checked against the packets table, and
+//! every kind of bad input answered with a message and an exit code.
+
+use arrow_array::cast::AsArray;
+use arrow_array::types::{Int64Type, UInt32Type, UInt64Type, UInt8Type};
+use arrow_array::Array;
+use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+use serde_json::Value;
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use xlap_tests::{bin, Scratch};
+
+fn fixture() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/synth-2000")
+}
+
+fn xlap(args: &[&str]) -> Output {
+    Command::new(bin("xlap-trace"))
+        .args(args)
+        .output()
+        .expect("run xlap-trace")
+}
+
+fn stdout(out: &Output) -> String {
+    assert!(
+        out.status.success(),
+        "xlap-trace failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The rows of one bundled query on the fixture, as JSON objects.
+fn query(name: &str, extra: &[&str]) -> Vec<serde_json::Map<String, Value>> {
+    let dir = fixture();
+    let mut args = vec![
+        "analyze",
+        dir.to_str().unwrap(),
+        "-q",
+        name,
+        "-f",
+        "json",
+        "--quiet",
+    ];
+    args.extend_from_slice(extra);
+    let v: Value = serde_json::from_str(&stdout(&xlap(&args))).expect("JSON output");
+    v[name]
+        .as_array()
+        .expect("rows")
+        .iter()
+        .map(|r| r.as_object().unwrap().clone())
+        .collect()
+}
+
+/// Every numeric column of a Parquet file, as f64 (None for null).
+fn columns(path: &Path) -> BTreeMap<String, Vec<Option<f64>>> {
+    let file = std::fs::File::open(path).unwrap();
+    let reader = ParquetRecordBatchReaderBuilder::try_new(file)
+        .unwrap()
+        .build()
+        .unwrap();
+    let mut out: BTreeMap<String, Vec<Option<f64>>> = BTreeMap::new();
+    for batch in reader {
+        let batch = batch.unwrap();
+        for (field, col) in batch.schema().fields().iter().zip(batch.columns()) {
+            let v = out.entry(field.name().clone()).or_default();
+            let n = col.len();
+            let get: Box<dyn Fn(usize) -> f64> = match col.data_type() {
+                arrow_schema::DataType::Int64 => {
+                    let a = col.as_primitive::<Int64Type>().clone();
+                    Box::new(move |i| a.value(i) as f64)
+                }
+                arrow_schema::DataType::UInt64 => {
+                    let a = col.as_primitive::<UInt64Type>().clone();
+                    Box::new(move |i| a.value(i) as f64)
+                }
+                arrow_schema::DataType::UInt32 => {
+                    let a = col.as_primitive::<UInt32Type>().clone();
+                    Box::new(move |i| a.value(i) as f64)
+                }
+                arrow_schema::DataType::UInt8 => {
+                    let a = col.as_primitive::<UInt8Type>().clone();
+                    Box::new(move |i| a.value(i) as f64)
+                }
+                arrow_schema::DataType::Boolean => {
+                    let a = col.as_boolean().clone();
+                    Box::new(move |i| if a.value(i) { 1.0 } else { 0.0 })
+                }
+                _ => continue,
+            };
+            v.extend((0..n).map(|i| (!col.is_null(i)).then(|| get(i))));
+        }
+    }
+    out
+}
+
+/// Stage columns of the fixture and the totals, by their query name.
+fn stage_values(cols: &BTreeMap<String, Vec<Option<f64>>>) -> Vec<(String, &Vec<Option<f64>>)> {
+    cols.iter()
+        .filter(|(c, _)| {
+            (c.contains("__") && c.ends_with("_ns"))
+                || [
+                    "sender_total_ns",
+                    "channel_ns",
+                    "receiver_total_ns",
+                    "e2e_ns",
+                ]
+                .contains(&c.as_str())
+        })
+        .map(|(c, v)| (c.trim_end_matches("_ns").to_string(), v))
+        .collect()
+}
+
+/// Quantile with linear interpolation between order statistics (type 7).
+fn quantile(sorted: &[f64], p: f64) -> f64 {
+    let h = (sorted.len() - 1) as f64 * p;
+    let (lo, hi) = (h.floor() as usize, h.ceil() as usize);
+    sorted[lo] + (h - lo as f64) * (sorted[hi] - sorted[lo])
+}
+
+/// Values of a stage per kind over delivered packets.
+fn by_kind(kind: &[Option<f64>], e2e: &[Option<f64>], v: &[Option<f64>]) -> HashMap<u64, Vec<f64>> {
+    let mut out: HashMap<u64, Vec<f64>> = HashMap::new();
+    for i in 0..v.len() {
+        if let (Some(x), Some(_), Some(k)) = (v[i], e2e[i], kind[i]) {
+            out.entry(k as u64).or_default().push(x);
+        }
+    }
+    out
+}
+
+fn close(a: f64, b: f64, tol: f64, what: &str) {
+    assert!(
+        (a - b).abs() <= tol * (1.0 + b.abs()),
+        "{what}: query says {a}, independent computation {b}"
+    );
+}
+
+fn num(row: &serde_json::Map<String, Value>, key: &str) -> f64 {
+    row[key]
+        .as_f64()
+        .unwrap_or_else(|| panic!("{key} is not a number in {row:?}"))
+}
+
+#[test]
+fn fixture_is_what_the_seeded_generator_makes() {
+    let scratch = Scratch::new("synth");
+    let out = scratch.path("run");
+    stdout(&xlap(&[
+        "synth",
+        "-o",
+        out.to_str().unwrap(),
+        "--packets",
+        "2000",
+        "--seed",
+        "42",
+    ]));
+    let (a, b) = (
+        columns(&fixture().join("packets.parquet")),
+        columns(&out.join("packets.parquet")),
+    );
+    assert_eq!(a.keys().collect::<Vec<_>>(), b.keys().collect::<Vec<_>>());
+    assert_eq!(
+        a, b,
+        "regenerate tests/fixtures/synth-2000 with xlap-trace synth --packets 2000 --seed 42"
+    );
+    assert_eq!(a["seq"].len(), 2000);
+}
+
+#[test]
+fn every_query_has_a_snapshot() {
+    let dir = fixture();
+    for name in xlap_analyze::queries::names() {
+        let out = stdout(&xlap(&[
+            "analyze",
+            dir.to_str().unwrap(),
+            "-q",
+            &name,
+            "-f",
+            "csv",
+            "--quiet",
+        ]));
+        assert!(out.lines().count() > 1, "{name} returned no rows");
+        insta::assert_snapshot!(format!("query_{name}"), out);
+    }
+}
+
+#[test]
+fn query_headers_are_complete_and_listed() {
+    let queries = xlap_analyze::queries::all();
+    assert!(queries.len() >= 9);
+    let list = stdout(&xlap(&["analyze", "--list"]));
+    for q in &queries {
+        assert!(
+            !q.description.is_empty() && !q.reads.is_empty(),
+            "{}",
+            q.name
+        );
+        assert!(list.contains(&q.name), "{} not listed", q.name);
+    }
+}
+
+#[test]
+fn jitter_matches_an_independent_computation() {
+    let cols = columns(&fixture().join("packets.parquet"));
+    let rows = query("jitter", &[]);
+    let mut checked = 0;
+    for (stage, values) in stage_values(&cols) {
+        for (kind, mut v) in by_kind(&cols["kind"], &cols["e2e_ns"], values) {
+            v.sort_by(f64::total_cmp);
+            let row = rows
+                .iter()
+                .find(|r| r["stage"] == stage.as_str() && r["kind"] == kind)
+                .unwrap_or_else(|| panic!("no jitter row for {stage} kind {kind}"));
+            let (q1, q3) = (quantile(&v, 0.25), quantile(&v, 0.75));
+            let (lo, hi) = (q1 - 1.5 * (q3 - q1), q3 + 1.5 * (q3 - q1));
+            let n = v.len() as f64;
+            let mean = v.iter().sum::<f64>() / n;
+            let sd = (v.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1.0)).sqrt();
+            let what = |k: &str| format!("jitter {stage} kind {kind} {k}");
+            assert_eq!(num(row, "packets"), n, "{}", what("packets"));
+            close(num(row, "min_ns"), v[0], 0.0, &what("min"));
+            close(num(row, "max_ns"), v[v.len() - 1], 0.0, &what("max"));
+            close(num(row, "q1_ns"), q1, 1e-9, &what("q1"));
+            close(
+                num(row, "median_ns"),
+                quantile(&v, 0.5),
+                1e-9,
+                &what("median"),
+            );
+            close(num(row, "q3_ns"), q3, 1e-9, &what("q3"));
+            close(num(row, "p99_ns"), quantile(&v, 0.99), 1e-9, &what("p99"));
+            close(
+                num(row, "p99_9_ns"),
+                quantile(&v, 0.999),
+                1e-9,
+                &what("p99.9"),
+            );
+            let inside: Vec<f64> = v.iter().copied().filter(|x| *x >= lo && *x <= hi).collect();
+            close(
+                num(row, "whisker_lo_ns"),
+                inside[0],
+                0.0,
+                &what("whisker lo"),
+            );
+            close(
+                num(row, "whisker_hi_ns"),
+                inside[inside.len() - 1],
+                0.0,
+                &what("whisker hi"),
+            );
+            assert_eq!(
+                num(row, "outliers"),
+                n - inside.len() as f64,
+                "{}",
+                what("outliers")
+            );
+            close(num(row, "mean_ns"), mean, 1e-3, &what("mean"));
+            close(num(row, "stddev_ns"), sd, 1e-3, &what("stddev"));
+            checked += 1;
+        }
+    }
+    assert_eq!(checked, rows.len(), "a jitter row without a stage column");
+    assert!(checked >= 30);
+}
+
+#[test]
+fn outlier_causes_match_an_independent_computation_and_name_the_planted_stage() {
+    let cols = columns(&fixture().join("packets.parquet"));
+    let (kind, e2e, seq) = (&cols["kind"], &cols["e2e_ns"], &cols["seq"]);
+    let fence = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        let (q1, q3) = (quantile(v, 0.25), quantile(v, 0.75));
+        q3 + 1.5 * (q3 - q1)
+    };
+    let stages: Vec<(String, &Vec<Option<f64>>)> = stage_values(&cols)
+        .into_iter()
+        .filter(|(s, _)| !["sender_total", "receiver_total", "e2e"].contains(&s.as_str()))
+        .collect();
+    let rows = query("outlier_causes", &[]);
+    for k in [0u64, 1] {
+        let e2e_fence = fence(&mut by_kind(kind, e2e, e2e).remove(&k).unwrap());
+        let late: Vec<usize> = (0..e2e.len())
+            .filter(|&i| kind[i] == Some(k as f64) && e2e[i].is_some_and(|x| x > e2e_fence))
+            .collect();
+        let mut expected: BTreeMap<String, usize> = BTreeMap::new();
+        let mut uncaused = 0;
+        for &i in &late {
+            let mut any = false;
+            for (stage, v) in &stages {
+                let f = fence(&mut by_kind(kind, e2e, v).remove(&k).unwrap());
+                if v[i].is_some_and(|x| x > f) {
+                    *expected.entry(stage.clone()).or_default() += 1;
+                    any = true;
+                }
+            }
+            if !any {
+                uncaused += 1;
+            }
+        }
+        if uncaused > 0 {
+            expected.insert("(no stage above its fence)".into(), uncaused);
+        }
+        let got: BTreeMap<String, usize> = rows
+            .iter()
+            .filter(|r| r["kind"] == k)
+            .map(|r| {
+                close(num(r, "e2e_fence_ns"), e2e_fence, 1e-9, "e2e fence");
+                assert_eq!(num(r, "e2e_outliers") as usize, late.len());
+                (
+                    r["cause"].as_str().unwrap().to_string(),
+                    num(r, "packets") as usize,
+                )
+            })
+            .collect();
+        assert_eq!(got, expected, "causes of kind {k}");
+        if k == 0 {
+            // The ground truth: +250 µs in the qdisc for data seqs 100..200.
+            let top = rows.iter().find(|r| r["kind"] == 0).unwrap();
+            assert_eq!(top["cause"], xlap_analyze::synth::INFLATED_STAGE);
+            let planted: Vec<usize> = (0..e2e.len())
+                .filter(|&i| {
+                    kind[i] == Some(0.0)
+                        && e2e[i].is_some()
+                        && seq[i].is_some_and(|s| {
+                            xlap_analyze::synth::INFLATED_SEQS.contains(&(s as u64))
+                        })
+                })
+                .collect();
+            assert!(planted.len() > 80);
+            assert!(
+                planted.iter().all(|i| late.contains(i)),
+                "a planted packet is not an outlier"
+            );
+            assert!(got[xlap_analyze::synth::INFLATED_STAGE] >= planted.len());
+        }
+    }
+}
+
+#[test]
+fn correlation_matches_an_independent_computation() {
+    let cols = columns(&fixture().join("packets.parquet"));
+    let rows = query("correlation", &[]);
+    let (kind, e2e) = (&cols["kind"], &cols["e2e_ns"]);
+    let mut checked = 0;
+    for (stage, v) in stage_values(&cols) {
+        if stage == "e2e" {
+            continue;
+        }
+        for k in [0u64, 1] {
+            let pairs: Vec<(f64, f64)> = (0..v.len())
+                .filter(|&i| kind[i] == Some(k as f64))
+                .filter_map(|i| Some((v[i]?, e2e[i]?)))
+                .collect();
+            let n = pairs.len() as f64;
+            let (mx, my) = (
+                pairs.iter().map(|p| p.0).sum::<f64>() / n,
+                pairs.iter().map(|p| p.1).sum::<f64>() / n,
+            );
+            let sxy: f64 = pairs.iter().map(|(x, y)| (x - mx) * (y - my)).sum();
+            let sxx: f64 = pairs.iter().map(|(x, _)| (x - mx).powi(2)).sum();
+            let syy: f64 = pairs.iter().map(|(_, y)| (y - my).powi(2)).sum();
+            let row = rows
+                .iter()
+                .find(|r| r["stage"] == stage.as_str() && r["kind"] == k)
+                .unwrap();
+            let what = format!("correlation {stage} kind {k}");
+            assert_eq!(num(row, "packets"), n, "{what}");
+            close(num(row, "pearson_r"), sxy / (sxx * syy).sqrt(), 6e-5, &what);
+            close(num(row, "slope_e2e_per_stage"), sxy / sxx, 6e-5, &what);
+            close(num(row, "variance_share"), sxy / syy, 6e-5, &what);
+            checked += 1;
+        }
+    }
+    assert_eq!(checked, rows.len());
+    // Ground truth: the planted +250 µs drives the data packets' variance;
+    // without it (parity packets) the heaviest tails, on the receiver, do.
+    let top = |k: u64| {
+        rows.iter()
+            .filter(|r| r["kind"] == k && r["side"] != "total")
+            .max_by(|a, b| num(a, "variance_share").total_cmp(&num(b, "variance_share")))
+            .unwrap()
+    };
+    assert_eq!(top(0)["stage"], xlap_analyze::synth::INFLATED_STAGE);
+    assert_eq!(top(1)["side"], "rx", "{:?}", top(1));
+}
+
+#[test]
+fn kind_parameter_filters_and_unknown_kinds_are_refused() {
+    let rows = query("jitter", &["--kind", "1"]);
+    assert!(!rows.is_empty() && rows.iter().all(|r| r["kind"] == 1));
+    let out = xlap(&["analyze", fixture().to_str().unwrap(), "--kind", "9"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("kinds in this run are 0, 1"));
+    let trace = query("trace", &["-p", "seq=150", "--kind", "0"]);
+    assert!(trace.iter().all(|r| r["seq"] == 150));
+    assert!(trace.iter().any(|r| r["point"] == "qdisc.dequeue"));
+}
+
+#[test]
+fn sql_runs_statements_from_the_command_line_and_stdin() {
+    let dir = fixture();
+    let out = stdout(&xlap(&[
+        "sql",
+        dir.to_str().unwrap(),
+        "SELECT count(*) AS n FROM packets",
+        "-f",
+        "csv",
+    ]));
+    assert_eq!(out, "n\n2000\n");
+    let mut child = Command::new(bin("xlap-trace"))
+        .args(["sql", dir.to_str().unwrap(), "-f", "csv"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"SELECT count(*) AS lost FROM packets\n  WHERE lost;\nSELECT max(seq) AS top FROM delivered;\n")
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let text = stdout(&out);
+    assert!(text.starts_with("lost\n"), "{text}");
+    assert!(text.contains("top\n1999\n"), "{text}");
+}
+
+/// (exit code, stderr) of analyze on `path`.
+fn refused(args: &[&str]) -> (i32, String) {
+    let out = xlap(args);
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn bad_inputs_get_a_message_and_an_exit_code() {
+    let scratch = Scratch::new("badinput");
+    let s = |p: &Path| p.to_str().unwrap().to_string();
+    let sql = |q: &str| {
+        let conn = duckdb::Connection::open_in_memory().unwrap();
+        conn.execute_batch(q).unwrap();
+    };
+
+    let garbage = scratch.path("garbage.parquet");
+    std::fs::write(&garbage, b"not parquet at all, just text\n").unwrap();
+    let (code, err) = refused(&["analyze", &s(&garbage)]);
+    assert_eq!(code, 6, "{err}");
+    assert!(
+        err.contains("garbage.parquet") && err.contains("not a readable Parquet file"),
+        "{err}"
+    );
+
+    let foreign = scratch.path("foreign.parquet");
+    sql(&format!(
+        "COPY (SELECT 1 AS a, 'x' AS b) TO '{}' (FORMAT PARQUET)",
+        s(&foreign)
+    ));
+    let (code, err) = refused(&["analyze", &s(&foreign)]);
+    assert_eq!(code, 6, "{err}");
+    assert!(err.contains("not an xlap-trace packets table"), "{err}");
+
+    let newer = scratch.path("newer.parquet");
+    sql(&format!(
+        "COPY (SELECT * FROM '{}') TO '{}' (FORMAT PARQUET, KV_METADATA {{xlap_packets_schema_version: '99'}})",
+        s(&fixture().join("packets.parquet")),
+        s(&newer)
+    ));
+    let (code, err) = refused(&["analyze", &s(&newer)]);
+    assert_eq!(code, 6, "{err}");
+    assert!(
+        err.contains("version 99 is newer") && err.contains("newer xlap-trace"),
+        "{err}"
+    );
+
+    let empty = scratch.path("empty");
+    stdout(&xlap(&["synth", "-o", &s(&empty), "--packets", "0"]));
+    let (code, err) = refused(&["analyze", &s(&empty)]);
+    assert_eq!(code, 6, "{err}");
+    assert!(err.contains("no packets"), "{err}");
+
+    // One end only: the sender was recorded, the receiver not.
+    let one = scratch.path("one-side");
+    std::fs::create_dir_all(&one).unwrap();
+    std::fs::copy(fixture().join("run.json"), one.join("run.json")).unwrap();
+    sql(&format!(
+        "COPY (SELECT * REPLACE (NULL::BIGINT AS e2e_ns, true AS lost) FROM '{}') TO '{}'
+         (FORMAT PARQUET, KV_METADATA {{xlap_packets_schema_version: '1', xlap_point_sides: '{{}}'}})",
+        s(&fixture().join("packets.parquet")),
+        s(&one.join("packets.parquet"))
+    ));
+    let (code, err) = refused(&["analyze", &s(&one)]);
+    assert_eq!(code, 6, "{err}");
+    assert!(
+        err.contains("both ends") && err.contains("receiver"),
+        "{err}"
+    );
+
+    let (code, err) = refused(&["analyze", &s(&scratch.path("missing"))]);
+    assert_eq!(code, 6, "{err}");
+    assert!(err.contains("no such file or directory"), "{err}");
+
+    let (code, err) = refused(&["analyze", &s(&fixture()), "-q", "jiter"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("no query named \"jiter\"") && err.contains("jitter"),
+        "{err}"
+    );
+
+    let (code, err) = refused(&["analyze", &s(&fixture()), "-q", "jitter", "-p", "tpo=3"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("tpo"), "{err}");
+
+    let (code, err) = refused(&["sql", &s(&fixture()), "SELEC count(*) FROM packets"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("syntax error") && err.contains("SELEC"),
+        "{err}"
+    );
+}
+
+fn chromium() -> Option<PathBuf> {
+    ["chromium", "chromium-browser", "google-chrome"]
+        .iter()
+        .find_map(|n| {
+            std::env::var_os("PATH").and_then(|p| {
+                std::env::split_paths(&p)
+                    .map(|d| d.join(n))
+                    .find(|f| f.is_file())
+            })
+        })
+}
+
+#[test]
+fn report_renders_every_plot_in_headless_chromium() {
+    let Some(browser) = chromium() else {
+        let why = "chromium is not installed (./run.sh test installs it)";
+        assert!(
+            std::env::var_os("XLAP_REQUIRE_PRIVILEGED").is_none(),
+            "required here: {why}"
+        );
+        eprintln!("SKIPPED report_renders_every_plot_in_headless_chromium: {why}");
+        return;
+    };
+    let scratch = Scratch::new("report");
+    let html = scratch.path("report.html");
+    stdout(&xlap(&[
+        "report",
+        fixture().to_str().unwrap(),
+        "-o",
+        html.to_str().unwrap(),
+    ]));
+    let text = std::fs::read_to_string(&html).unwrap();
+    assert!(
+        !text.contains("src=\"http") && !text.contains("href=\"http"),
+        "the report must not load anything from the network"
+    );
+    let out = Command::new(browser)
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--window-size=1200,900",
+            "--dump-dom",
+        ])
+        .arg(format!("file://{}", html.display()))
+        .output()
+        .unwrap();
+    let dom = String::from_utf8_lossy(&out.stdout);
+    for id in xlap_analyze::report::FIGURES {
+        let at = dom
+            .find(&format!("id=\"{id}\""))
+            .unwrap_or_else(|| panic!("figure {id} missing"));
+        let figure_tag = &dom[dom[..at].rfind("<figure").unwrap()..at + 200];
+        let rendered = figure_tag
+            .split("data-rendered=\"")
+            .nth(1)
+            .and_then(|s| s.split('"').next())
+            .unwrap_or_else(|| panic!("figure {id} was not laid out: {figure_tag}"));
+        let (size, marks) = rendered.split_once(" marks=").unwrap();
+        let (w, h) = size.split_once('x').unwrap();
+        let (w, h, marks): (u32, u32, u32) = (
+            w.parse().unwrap(),
+            h.parse().unwrap(),
+            marks.parse().unwrap(),
+        );
+        assert!(w > 200 && h > 100, "figure {id} is {w}x{h}");
+        assert!(marks > 0, "figure {id} drew nothing");
+    }
+}
+
+#[test]
+fn perfetto_export_matches_the_packets_table() {
+    let scratch = Scratch::new("perfetto");
+    let out = scratch.path("trace.json");
+    let text = stdout(&xlap(&[
+        "export",
+        fixture().to_str().unwrap(),
+        "--perfetto",
+        out.to_str().unwrap(),
+        "--max-packets",
+        "50",
+    ]));
+    assert!(text.contains("50 packets"), "{text}");
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    let events = v["traceEvents"].as_array().unwrap();
+    // Every begin has its end, per (pid, id, name).
+    let mut open: HashMap<(i64, String, String), i64> = HashMap::new();
+    for e in events {
+        let key = || {
+            (
+                e["pid"].as_i64().unwrap(),
+                e["id"].as_str().unwrap().to_string(),
+                e["name"].as_str().unwrap().to_string(),
+            )
+        };
+        match e["ph"].as_str().unwrap() {
+            "b" => *open.entry(key()).or_default() += 1,
+            "e" => *open.entry(key()).or_default() -= 1,
+            _ => {}
+        }
+    }
+    assert!(open.values().all(|n| *n == 0));
+    assert_eq!(open.keys().filter(|k| k.2.starts_with("seq ")).count(), 100);
+    // The slowest packet's qdisc step equals its column in the table.
+    let cols = columns(&fixture().join("packets.parquet"));
+    let e2e = &cols["e2e_ns"];
+    let slowest = (0..e2e.len())
+        .max_by(|&a, &b| e2e[a].unwrap_or(-1.0).total_cmp(&e2e[b].unwrap_or(-1.0)))
+        .unwrap();
+    let id = format!(
+        "1:{}:{}",
+        cols["kind"][slowest].unwrap(),
+        cols["seq"][slowest].unwrap()
+    );
+    let ts = |ph: &str| {
+        events
+            .iter()
+            .find(|e| {
+                e["id"] == id.as_str()
+                    && e["ph"] == ph
+                    && e["name"] == "qdisc_enqueue → qdisc_dequeue"
+            })
+            .map(|e| e["ts"].as_f64().unwrap())
+            .unwrap()
+    };
+    close(
+        (ts("e") - ts("b")) * 1e3,
+        cols["qdisc_enqueue__qdisc_dequeue_ns"][slowest].unwrap(),
+        1e-6,
+        "qdisc step of the slowest packet",
+    );
+}

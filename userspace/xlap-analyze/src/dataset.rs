@@ -1,0 +1,421 @@
+//! What the analyses read: a run (or several) opened in DuckDB as the views
+//! `packets`, `stamps`, `runs` and `tracer_points`, plus the helper views of
+//! `queries/views.sql`, each checked so a bad input is named, not a panic.
+//!
+//! A RUN argument is one of
+//! - a run directory written by `record` (`packets.parquet`, `run.json`,
+//!   `stamps.parquet`); without `packets.parquet` its stamps are correlated
+//!   on the fly;
+//! - a directory of run directories (the hosts of one connection), with or
+//!   without a `packets.parquet` of its own (`correlate -o DIR/packets.parquet`);
+//!   without, the runs are correlated on the fly, the first one's clock as
+//!   the reference;
+//! - a packets Parquet file (the output of `correlate`); `run.json` files
+//!   beside it and in its sibling directories are its runs.
+
+use crate::{correlate, AnalyzeError, CorrelateOptions, Result, Run};
+use duckdb::Connection;
+use std::path::{Path, PathBuf};
+
+/// Version of the packets table layout, in the Parquet key-value metadata
+/// `xlap_packets_schema_version`. Readers refuse newer versions.
+pub const PACKETS_SCHEMA_VERSION: u32 = 1;
+pub const VERSION_KEY: &str = "xlap_packets_schema_version";
+/// Parquet key-value metadata: `{"<point column>": "tx" | "rx", ...}`.
+pub const SIDES_KEY: &str = "xlap_point_sides";
+
+/// The sides of the point columns, as written in [`SIDES_KEY`].
+pub fn sides_json(cols: &[(String, String)]) -> String {
+    let map: serde_json::Map<String, serde_json::Value> = cols
+        .iter()
+        .map(|(c, s)| (c.clone(), serde_json::Value::String(s.clone())))
+        .collect();
+    serde_json::Value::Object(map).to_string()
+}
+
+const TOTALS: &[&str] = &["sender_total_ns", "receiver_total_ns", "e2e_ns"];
+
+/// Columns every packets table has; the queries rely on them.
+const REQUIRED: &[&str] = &[
+    "flow",
+    "kind",
+    "seq",
+    "sent_ns",
+    "tx_host",
+    "rx_host",
+    "sender_total_ns",
+    "channel_ns",
+    "receiver_total_ns",
+    "e2e_ns",
+    "lost",
+    "recovered",
+];
+
+/// The helper views over `packets` (long format of stages, path order).
+pub const VIEWS_SQL: &str = include_str!("../../../queries/views.sql");
+
+/// An opened dataset: what was found, for messages and reports.
+#[derive(Clone, Debug)]
+pub struct Dataset {
+    /// The argument, for messages.
+    pub source: String,
+    /// The packets Parquet file, or None when correlated on the fly.
+    pub packets_file: Option<PathBuf>,
+    pub run_files: Vec<PathBuf>,
+    pub packets: u64,
+    pub delivered: u64,
+}
+
+fn input(path: &Path, what: impl Into<String>) -> AnalyzeError {
+    AnalyzeError::Input {
+        path: path.display().to_string(),
+        what: what.into(),
+    }
+}
+
+fn quoted(p: &Path) -> String {
+    format!("'{}'", p.display().to_string().replace('\'', "''"))
+}
+
+fn run_dirs_in(dir: &Path) -> Vec<PathBuf> {
+    let mut out: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map(|rd| {
+            rd.filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|p| p.join("run.json").is_file())
+                .collect()
+        })
+        .unwrap_or_default();
+    out.sort();
+    out
+}
+
+/// The statements of a SQL file: each ends with `;` at the end of a line.
+fn statements(sql: &str) -> Vec<&str> {
+    let mut out = Vec::new();
+    let mut start = 0;
+    for (i, _) in sql.match_indices(";\n") {
+        out.push(&sql[start..=i]);
+        start = i + 2;
+    }
+    if !sql[start..].trim().is_empty() {
+        out.push(&sql[start..]);
+    }
+    out
+}
+
+/// Opens `arg` in `conn` (an in-memory DuckDB), creating the views;
+/// `progress` reports the time of each shared step on stderr.
+pub fn open(conn: &Connection, arg: &Path, progress: bool) -> Result<Dataset> {
+    if !arg.exists() {
+        return Err(input(
+            arg,
+            "no such file or directory (give a run directory written by `xlap-trace record`, a directory of runs, or a packets.parquet)",
+        ));
+    }
+    let (packets_file, run_dirs): (Option<PathBuf>, Vec<PathBuf>) = if arg.is_file() {
+        let parent = arg
+            .parent()
+            .filter(|p| !p.as_os_str().is_empty())
+            .unwrap_or(Path::new("."));
+        let mut dirs = run_dirs_in(parent);
+        if parent.join("run.json").is_file() {
+            dirs.insert(0, parent.to_path_buf());
+        }
+        (Some(arg.to_path_buf()), dirs)
+    } else {
+        let own = arg.join("packets.parquet");
+        let mut dirs = Vec::new();
+        if arg.join("run.json").is_file() {
+            dirs.push(arg.to_path_buf());
+        }
+        dirs.extend(run_dirs_in(arg));
+        if !own.is_file() && dirs.is_empty() {
+            return Err(input(
+                arg,
+                "not an xlap-trace run: no packets.parquet, no run.json here or in its subdirectories (record one with `xlap-trace record --pid PID -o DIR`)",
+            ));
+        }
+        (own.is_file().then_some(own), dirs)
+    };
+    let run_files: Vec<PathBuf> = run_dirs.iter().map(|d| d.join("run.json")).collect();
+    load_runs(conn, &run_files)?;
+
+    let sides: Vec<(String, String)> = match &packets_file {
+        Some(file) => {
+            let sides = check_packets_file(conn, file)?;
+            conn.execute_batch(&format!(
+                "CREATE OR REPLACE TEMP VIEW packets AS SELECT * FROM read_parquet({});",
+                quoted(file)
+            ))?;
+            sides
+        }
+        None => {
+            let runs = run_dirs
+                .iter()
+                .map(|d| Run::open(d))
+                .collect::<Result<Vec<_>>>()?;
+            let c = correlate(conn, &runs, &CorrelateOptions::default(), None)?;
+            c.points.into_iter().zip(c.point_sides).collect()
+        }
+    };
+    describe_columns(conn, &sides)?;
+    let stamp_files: Vec<String> = run_dirs
+        .iter()
+        .map(|d| d.join("stamps.parquet"))
+        .filter(|p| p.is_file())
+        .map(|p| quoted(&p))
+        .collect();
+    if !stamp_files.is_empty() {
+        conn.execute_batch(&format!(
+            "CREATE OR REPLACE TEMP VIEW stamps AS SELECT * FROM read_parquet([{}]);",
+            stamp_files.join(", ")
+        ))?;
+    }
+    let code = |l: &&str| !l.trim().is_empty() && !l.trim_start().starts_with("--");
+    for stmt in statements(VIEWS_SQL)
+        .into_iter()
+        .filter(|s| s.lines().any(|l| code(&l)))
+    {
+        let t0 = std::time::Instant::now();
+        conn.execute_batch(stmt).map_err(|e| {
+            input(
+                arg,
+                format!("queries/views.sql failed on this packets table: {e}"),
+            )
+        })?;
+        if progress {
+            let name = stmt
+                .lines()
+                .find(|l| l.starts_with("CREATE"))
+                .and_then(|l| l.split_whitespace().nth(5))
+                .unwrap_or("?");
+            eprintln!(
+                "xlap-trace: prepared {name} in {:.2} s",
+                t0.elapsed().as_secs_f64()
+            );
+        }
+    }
+
+    let (packets, delivered): (i64, i64) = conn.query_row(
+        "SELECT count(*), count(*) FILTER (WHERE e2e_ns IS NOT NULL) FROM packets",
+        [],
+        |r| Ok((r.get(0)?, r.get(1)?)),
+    )?;
+    if packets == 0 {
+        return Err(input(
+            arg,
+            "the run has no packets (no stamp carried a sequence number: check --proto or --seq-offset, and that the pids sent traffic while recording)",
+        ));
+    }
+    if delivered == 0 {
+        return Err(input(
+            arg,
+            format!(
+                "none of its {packets} packets has stamps from both ends, so there is no end-to-end latency: record the sender's and the receiver's pids (in one run, or two runs correlated with `xlap-trace correlate A B`)"
+            ),
+        ));
+    }
+    Ok(Dataset {
+        source: arg.display().to_string(),
+        packets_file,
+        run_files,
+        packets: packets as u64,
+        delivered: delivered as u64,
+    })
+}
+
+/// `point_columns` (col, point, side, position) and `stage_columns` (col,
+/// stage, side, position): sender stages in path order, the channel,
+/// receiver stages, then the totals.
+fn describe_columns(conn: &Connection, sides: &[(String, String)]) -> Result<()> {
+    let mut stmt = conn.prepare("SELECT column_name FROM (DESCRIBE SELECT * FROM packets)")?;
+    let cols: Vec<String> = stmt
+        .query_map([], |r| r.get(0))?
+        .collect::<std::result::Result<_, _>>()?;
+    let side_of = |col: &str| sides.iter().find(|(c, _)| c == col).map(|(_, s)| s.clone());
+    conn.execute_batch(
+        "CREATE OR REPLACE TEMP TABLE point_columns (col VARCHAR, point VARCHAR, side VARCHAR, position INTEGER);
+         CREATE OR REPLACE TEMP TABLE stage_columns (col VARCHAR, stage VARCHAR, side VARCHAR, position INTEGER);",
+    )?;
+    for (i, (col, side)) in sides.iter().enumerate() {
+        if cols.contains(col) {
+            let point = col.trim_end_matches("_ns").replacen('_', ".", 1);
+            conn.execute(
+                "INSERT INTO point_columns VALUES (?, ?, ?, ?)",
+                duckdb::params![col, point, side, i as i32],
+            )?;
+        }
+    }
+    let mut stages: Vec<(String, String)> = Vec::new();
+    for side in ["tx", "rx"] {
+        if side == "rx" && cols.iter().any(|c| c == "channel_ns") {
+            stages.push(("channel_ns".into(), "channel".into()));
+        }
+        for col in cols
+            .iter()
+            .filter(|c| c.contains("__") && c.ends_with("_ns"))
+        {
+            let first = format!("{}_ns", col.split("__").next().unwrap_or_default());
+            if side_of(&first).as_deref().unwrap_or("tx") == side {
+                stages.push((col.clone(), side.into()));
+            }
+        }
+    }
+    stages.extend(
+        TOTALS
+            .iter()
+            .filter(|t| cols.iter().any(|c| c == *t))
+            .map(|t| (t.to_string(), "total".to_string())),
+    );
+    for (i, (col, side)) in stages.iter().enumerate() {
+        let stage = col.trim_end_matches("_ns");
+        conn.execute(
+            "INSERT INTO stage_columns VALUES (?, ?, ?, ?)",
+            duckdb::params![col, stage, side, i as i32],
+        )?;
+    }
+    Ok(())
+}
+
+/// A Parquet file of ours, of a version we read, with the columns we need;
+/// returns the sides of its point columns.
+fn check_packets_file(conn: &Connection, file: &Path) -> Result<Vec<(String, String)>> {
+    let kv: std::result::Result<Vec<(String, String)>, duckdb::Error> = (|| {
+        let mut stmt = conn.prepare(&format!(
+            "SELECT decode(key), decode(value) FROM parquet_kv_metadata({})",
+            quoted(file)
+        ))?;
+        let rows = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?;
+        rows.collect()
+    })();
+    let kv = kv.map_err(|e| {
+        input(
+            file,
+            format!("not a readable Parquet file ({}); give the packets.parquet written by `xlap-trace record` or `correlate`", first_line(&e.to_string())),
+        )
+    })?;
+    let version = kv.iter().find(|(k, _)| k == VERSION_KEY).map(|(_, v)| v);
+    let Some(version) = version else {
+        return Err(input(
+            file,
+            "a Parquet file, but not an xlap-trace packets table (no xlap_packets_schema_version metadata): written by another tool or an older xlap-trace; rebuild it from the runs with `xlap-trace correlate RUN_DIR... -o FILE`",
+        ));
+    };
+    match version.parse::<u32>() {
+        Ok(v) if v <= PACKETS_SCHEMA_VERSION => {}
+        _ => {
+            return Err(input(
+                file,
+                format!(
+                    "packets table schema version {version} is newer than this xlap-trace reads ({PACKETS_SCHEMA_VERSION}); use a newer xlap-trace"
+                ),
+            ))
+        }
+    }
+    let mut stmt = conn.prepare(&format!(
+        "SELECT column_name FROM (DESCRIBE SELECT * FROM read_parquet({}))",
+        quoted(file)
+    ))?;
+    let cols: Vec<String> = stmt
+        .query_map([], |r| r.get(0))?
+        .collect::<std::result::Result<_, _>>()?;
+    let missing: Vec<&str> = REQUIRED
+        .iter()
+        .copied()
+        .filter(|c| !cols.iter().any(|x| x == c))
+        .collect();
+    if !missing.is_empty() {
+        return Err(input(
+            file,
+            format!(
+                "the packets table lacks the columns {}: written by a broken or foreign tool",
+                missing.join(", ")
+            ),
+        ));
+    }
+    let sides = kv
+        .iter()
+        .find(|(k, _)| k == SIDES_KEY)
+        .and_then(|(_, v)| {
+            serde_json::from_str::<serde_json::Map<String, serde_json::Value>>(v).ok()
+        })
+        .ok_or_else(|| {
+            input(
+                file,
+                format!("the {SIDES_KEY} metadata is missing or not a JSON object"),
+            )
+        })?;
+    Ok(sides
+        .into_iter()
+        .map(|(c, s)| (c, s.as_str().unwrap_or("tx").to_string()))
+        .collect())
+}
+
+fn first_line(s: &str) -> &str {
+    s.lines().next().unwrap_or(s)
+}
+
+/// `runs` (one row per run.json) and `tracer_points` (the tracer's own
+/// per-point counters), from the run metadata.
+fn load_runs(conn: &Connection, files: &[PathBuf]) -> Result<()> {
+    conn.execute_batch(
+        "CREATE OR REPLACE TEMP TABLE runs (run_id VARCHAR, host VARCHAR, kernel VARCHAR, boot_id VARCHAR,
+           start_realtime_ns BIGINT, duration_s DOUBLE, packets UBIGINT, stamps UBIGINT,
+           bpf_ns_per_stamp DOUBLE, stop_reason VARCHAR, file VARCHAR);
+         CREATE OR REPLACE TEMP TABLE tracer_points (run_id VARCHAR, host VARCHAR, point VARCHAR, stamps UBIGINT,
+           lost_ringbuf_full UBIGINT, lost_map_full UBIGINT, lost_parse UBIGINT, lost_unmatched UBIGINT);",
+    )?;
+    for file in files {
+        let text = std::fs::read_to_string(file).map_err(|e| input(file, e.to_string()))?;
+        let m: serde_json::Value = serde_json::from_str(&text)
+            .map_err(|e| input(file, format!("run.json is not valid JSON: {e}")))?;
+        let version = m["schema_version"].as_str().unwrap_or("?");
+        if version != "1" {
+            return Err(input(
+                file,
+                format!("run.json has schema version {version}; this xlap-trace reads version 1 (use a matching xlap-trace)"),
+            ));
+        }
+        let s = |v: &serde_json::Value| v.as_str().unwrap_or_default().to_string();
+        let start = m["clock_start"]["monotonic_ns"].as_i64();
+        let end = m["clock_end"]["monotonic_ns"].as_i64();
+        let duration = match (start, end) {
+            (Some(a), Some(b)) => Some((b - a) as f64 / 1e9),
+            _ => None,
+        };
+        conn.execute(
+            "INSERT INTO runs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            duckdb::params![
+                s(&m["run_id"]),
+                s(&m["host"]),
+                s(&m["kernel"]),
+                s(&m["boot_id"]),
+                m["clock_start"]["realtime_ns"].as_i64(),
+                duration,
+                m["packets"].as_u64(),
+                m["stamps"].as_u64(),
+                m["bpf_ns_per_stamp"].as_f64(),
+                s(&m["stop_reason"]),
+                file.display().to_string(),
+            ],
+        )?;
+        if let Some(points) = m["points"].as_object() {
+            for (name, c) in points {
+                conn.execute(
+                    "INSERT INTO tracer_points VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                    duckdb::params![
+                        s(&m["run_id"]),
+                        s(&m["host"]),
+                        name,
+                        c["stamps"].as_u64(),
+                        c["lost_ringbuf_full"].as_u64(),
+                        c["lost_map_full"].as_u64(),
+                        c["lost_parse"].as_u64(),
+                        c["lost_unmatched"].as_u64(),
+                    ],
+                )?;
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,176 @@
+//! A [`Table`] as text for people (aligned columns), Markdown (CI job
+//! summaries), CSV and JSON (machines).
+
+use crate::queries::Table;
+use serde_json::Value;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Format {
+    Table,
+    Json,
+    Csv,
+    Markdown,
+}
+
+/// A cell for people: integers as they are, other numbers with one decimal
+/// (ns and µs values) or four significant decimals below 1 (ratios).
+pub fn cell(v: &Value) -> String {
+    let s = raw_cell(v);
+    // A tiny negative rounds to "-0": say 0.
+    if s.starts_with('-') && s[1..].chars().all(|c| c == '0' || c == '.') {
+        return s[1..].to_string();
+    }
+    s
+}
+
+fn raw_cell(v: &Value) -> String {
+    match v {
+        Value::Null => String::new(),
+        Value::String(s) => s.clone(),
+        Value::Number(n) if n.is_f64() => {
+            let x = n.as_f64().unwrap_or(f64::NAN);
+            if x.fract() == 0.0 && x.abs() < 1e15 {
+                format!("{x:.0}")
+            } else if x.abs() >= 1.0 {
+                format!("{x:.1}")
+            } else {
+                let s = format!("{x:.4}");
+                s.trim_end_matches('0').trim_end_matches('.').to_string()
+            }
+        }
+        other => other.to_string(),
+    }
+}
+
+fn is_numeric(t: &Table, col: usize) -> bool {
+    t.rows
+        .iter()
+        .all(|r| matches!(r[col], Value::Number(_) | Value::Null))
+}
+
+pub fn render(t: &Table, format: Format) -> String {
+    match format {
+        Format::Table => aligned(t),
+        Format::Markdown => markdown(t),
+        Format::Csv => csv(t),
+        Format::Json => json(t),
+    }
+}
+
+fn aligned(t: &Table) -> String {
+    let cells: Vec<Vec<String>> = t
+        .rows
+        .iter()
+        .map(|r| r.iter().map(cell).collect())
+        .collect();
+    let widths: Vec<usize> = (0..t.columns.len())
+        .map(|i| {
+            cells
+                .iter()
+                .map(|r| r[i].chars().count())
+                .chain(std::iter::once(t.columns[i].chars().count()))
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    let numeric: Vec<bool> = (0..t.columns.len()).map(|i| is_numeric(t, i)).collect();
+    let line = |row: &[String]| {
+        row.iter()
+            .enumerate()
+            .map(|(i, c)| {
+                let pad = widths[i] - c.chars().count();
+                if numeric[i] {
+                    format!("{}{c}", " ".repeat(pad))
+                } else {
+                    format!("{c}{}", " ".repeat(pad))
+                }
+            })
+            .collect::<Vec<_>>()
+            .join("  ")
+            .trim_end()
+            .to_string()
+    };
+    let mut out = line(&t.columns);
+    out.push('\n');
+    for r in &cells {
+        out.push_str(&line(r));
+        out.push('\n');
+    }
+    if t.rows.is_empty() {
+        out.push_str("(no rows)\n");
+    }
+    out
+}
+
+fn markdown(t: &Table) -> String {
+    let esc = |s: String| s.replace('|', "\\|");
+    let mut out = format!("| {} |\n|", t.columns.join(" | "));
+    for i in 0..t.columns.len() {
+        out.push_str(if is_numeric(t, i) {
+            " ---: |"
+        } else {
+            " --- |"
+        });
+    }
+    out.push('\n');
+    for r in &t.rows {
+        out.push_str(&format!(
+            "| {} |\n",
+            r.iter()
+                .map(|v| esc(cell(v)))
+                .collect::<Vec<_>>()
+                .join(" | ")
+        ));
+    }
+    out
+}
+
+fn csv(t: &Table) -> String {
+    let field = |s: String| {
+        if s.contains([',', '"', '\n']) {
+            format!("\"{}\"", s.replace('"', "\"\""))
+        } else {
+            s
+        }
+    };
+    let mut out = t
+        .columns
+        .iter()
+        .map(|c| field(c.clone()))
+        .collect::<Vec<_>>()
+        .join(",");
+    out.push('\n');
+    for r in &t.rows {
+        // Full precision for machines: the JSON text of each number.
+        let line = r
+            .iter()
+            .map(|v| match v {
+                Value::Null => String::new(),
+                Value::String(s) => field(s.clone()),
+                other => other.to_string(),
+            })
+            .collect::<Vec<_>>()
+            .join(",");
+        out.push_str(&line);
+        out.push('\n');
+    }
+    out
+}
+
+/// An array of objects, one per row.
+fn json(t: &Table) -> String {
+    let rows: Vec<Value> = t
+        .rows
+        .iter()
+        .map(|r| {
+            Value::Object(
+                t.columns
+                    .iter()
+                    .cloned()
+                    .zip(r.iter().cloned())
+                    .collect::<serde_json::Map<_, _>>(),
+            )
+        })
+        .collect();
+    serde_json::to_string_pretty(&rows).unwrap_or_default() + "\n"
+}

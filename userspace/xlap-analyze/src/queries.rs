@@ -1,0 +1,235 @@
+//! The bundled queries of `queries/*.sql`: their headers, their parameters
+//! (DuckDB variables read with `getvariable`), and running them into a
+//! [`Table`].
+
+use crate::{AnalyzeError, Result};
+use duckdb::types::Value;
+use duckdb::Connection;
+use serde::Serialize;
+
+macro_rules! bundled {
+    ($($name:literal),* $(,)?) => {
+        &[$(($name, include_str!(concat!("../../../queries/", $name, ".sql")))),*]
+    };
+}
+
+/// Every bundled query, in the order `analyze` runs them.
+const SOURCES: &[(&str, &str)] = bundled!(
+    "summary",
+    "jitter",
+    "outlier_causes",
+    "correlation",
+    "latency_profile",
+    "histogram",
+    "trend",
+    "loss",
+    "trace",
+);
+
+/// A query file: its header and its SQL.
+#[derive(Clone, Debug, Serialize)]
+pub struct Query {
+    pub name: String,
+    pub description: String,
+    pub reads: String,
+    /// (name, description) of each parameter.
+    pub params: Vec<(String, String)>,
+    #[serde(skip)]
+    pub sql: String,
+}
+
+/// Parses a query file's `-- key: value` header.
+pub fn parse(file_name: &str, text: &str) -> Result<Query> {
+    let header = |key: &str| {
+        text.lines()
+            .take_while(|l| l.starts_with("--"))
+            .find_map(|l| {
+                l.trim_start_matches("--")
+                    .trim()
+                    .strip_prefix(&format!("{key}:"))
+                    .map(|v| v.trim().to_string())
+            })
+    };
+    let missing = |key: &str| AnalyzeError::Input {
+        path: format!("queries/{file_name}.sql"),
+        what: format!("the header lacks `-- {key}:`"),
+    };
+    let name = header("name").ok_or_else(|| missing("name"))?;
+    if name != file_name {
+        return Err(AnalyzeError::Input {
+            path: format!("queries/{file_name}.sql"),
+            what: format!("the header names it {name}"),
+        });
+    }
+    let params = header("params")
+        .ok_or_else(|| missing("params"))?
+        .split(';')
+        .filter_map(|p| {
+            let (n, d) = p.split_once('=')?;
+            Some((n.trim().to_string(), d.trim().to_string()))
+        })
+        .collect();
+    Ok(Query {
+        name,
+        description: header("description").ok_or_else(|| missing("description"))?,
+        reads: header("reads").ok_or_else(|| missing("reads"))?,
+        params,
+        sql: text.to_string(),
+    })
+}
+
+/// Every bundled query.
+pub fn all() -> Vec<Query> {
+    SOURCES
+        .iter()
+        .map(|(n, t)| parse(n, t).expect("bundled query headers are checked by a test"))
+        .collect()
+}
+
+/// A bundled query by name, or an error listing the names there are.
+pub fn find(name: &str) -> Result<Query> {
+    all().into_iter().find(|q| q.name == name).ok_or_else(|| {
+        AnalyzeError::Usage(format!(
+            "no query named {name:?}; the bundled queries are: {}",
+            names().join(", ")
+        ))
+    })
+}
+
+pub fn names() -> Vec<String> {
+    all().into_iter().map(|q| q.name).collect()
+}
+
+/// A result: column names and rows as JSON values (numbers, strings,
+/// booleans, null), in the query's order.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct Table {
+    pub columns: Vec<String>,
+    pub rows: Vec<Vec<serde_json::Value>>,
+}
+
+impl Table {
+    /// The column `name` of every row.
+    pub fn column(&self, name: &str) -> Option<Vec<&serde_json::Value>> {
+        let i = self.columns.iter().position(|c| c == name)?;
+        Some(self.rows.iter().map(|r| &r[i]).collect())
+    }
+}
+
+fn json(v: Value) -> serde_json::Value {
+    use serde_json::Value as J;
+    match v {
+        Value::Null => J::Null,
+        Value::Boolean(b) => J::Bool(b),
+        Value::TinyInt(x) => x.into(),
+        Value::SmallInt(x) => x.into(),
+        Value::Int(x) => x.into(),
+        Value::BigInt(x) => x.into(),
+        Value::UTinyInt(x) => x.into(),
+        Value::USmallInt(x) => x.into(),
+        Value::UInt(x) => x.into(),
+        Value::UBigInt(x) => x.into(),
+        Value::HugeInt(x) => i64::try_from(x).map_or_else(|_| J::String(x.to_string()), J::from),
+        Value::UHugeInt(x) => u64::try_from(x).map_or_else(|_| J::String(x.to_string()), J::from),
+        Value::Float(x) => finite(x as f64),
+        Value::Double(x) => finite(x),
+        Value::Decimal(d) => d.to_string().parse::<f64>().map_or(J::Null, finite),
+        Value::Text(s) | Value::Enum(s) => J::String(s),
+        Value::List(items) | Value::Array(items) => J::Array(items.into_iter().map(json).collect()),
+        Value::Struct(fields) => J::Object(
+            fields
+                .iter()
+                .map(|(k, v)| (k.clone(), json(v.clone())))
+                .collect(),
+        ),
+        // Map keys need not be strings: a list of [key, value] pairs.
+        Value::Map(entries) => J::Array(
+            entries
+                .iter()
+                .map(|(k, v)| J::Array(vec![json(k.clone()), json(v.clone())]))
+                .collect(),
+        ),
+        other => J::String(format!("{other:?}")),
+    }
+}
+
+fn finite(x: f64) -> serde_json::Value {
+    serde_json::Number::from_f64(x).map_or(serde_json::Value::Null, serde_json::Value::Number)
+}
+
+/// Runs any SQL statement returning rows.
+pub fn run_sql(conn: &Connection, sql: &str) -> Result<Table> {
+    let mut stmt = conn.prepare(sql)?;
+    let mut rows_out = Vec::new();
+    let mut rows = stmt.query([])?;
+    let mut columns: Vec<String> = Vec::new();
+    while let Some(row) = rows.next()? {
+        if columns.is_empty() {
+            columns = row.as_ref().column_names();
+        }
+        let n = row.as_ref().column_count();
+        let mut out = Vec::with_capacity(n);
+        for i in 0..n {
+            out.push(json(row.get::<_, Value>(i)?));
+        }
+        rows_out.push(out);
+    }
+    drop(rows);
+    if columns.is_empty() {
+        columns = stmt.column_names();
+    }
+    Ok(Table {
+        columns,
+        rows: rows_out,
+    })
+}
+
+/// A parameter value: an integer when it reads as one, else a string.
+fn literal(v: &str) -> String {
+    if v.parse::<i64>().is_ok() {
+        v.to_string()
+    } else {
+        format!("'{}'", v.replace('\'', "''"))
+    }
+}
+
+/// Sets `params` (name, value) as DuckDB variables, every other parameter
+/// the query declares to NULL (its default), and refuses parameters the
+/// query does not have.
+pub fn set_params(conn: &Connection, query: &Query, params: &[(String, String)]) -> Result<()> {
+    for (name, _) in params {
+        if !query.params.iter().any(|(n, _)| n == name) {
+            return Err(AnalyzeError::Usage(format!(
+                "query {} has no parameter {name:?} (it takes: {})",
+                query.name,
+                query
+                    .params
+                    .iter()
+                    .map(|(n, _)| n.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )));
+        }
+    }
+    for (name, _) in &query.params {
+        let value = params
+            .iter()
+            .rev()
+            .find(|(n, _)| n == name)
+            .map_or("NULL".to_string(), |(_, v)| literal(v));
+        conn.execute_batch(&format!("SET VARIABLE {name} = {value};"))?;
+    }
+    Ok(())
+}
+
+/// Runs a bundled query with its parameters.
+pub fn run(conn: &Connection, query: &Query, params: &[(String, String)]) -> Result<Table> {
+    set_params(conn, query, params)?;
+    run_sql(conn, &query.sql).map_err(|e| match e {
+        AnalyzeError::Db(db) => AnalyzeError::Query {
+            query: query.name.clone(),
+            what: db.to_string(),
+        },
+        other => other,
+    })
+}

@@ -1,0 +1,522 @@
+//! `xlap-trace report`: one self-contained HTML file (inline CSS and SVG, no
+//! network, no script needed to read it) built from the bundled queries.
+//!
+//! Plots: box plots per stage (jitter), outlier-cause frequencies, variance
+//! share and scatter of the most correlated stages, the latency profile on
+//! log axes, and waterfalls of the slowest packets. A few lines of script
+//! at the end record, on each figure, the size the browser laid it out at
+//! and how many marks it drew (`data-rendered`): the report's tests read it
+//! back from headless Chromium.
+
+pub mod svg;
+
+use crate::format::cell;
+use crate::queries::{self, Table};
+use crate::Result;
+use duckdb::Connection;
+use serde_json::Value;
+use std::fmt::Write;
+use svg::{esc, Frame, Scale};
+
+pub struct ReportOptions {
+    /// The packet kind to show (default: the most common).
+    pub kind: Option<u64>,
+    /// Slowest packets drawn as waterfalls.
+    pub slowest: u32,
+    /// What the report is about (the run argument).
+    pub title: String,
+}
+
+/// The ids of the figures every report has (tests check each).
+pub const FIGURES: &[&str] = &[
+    "jitter",
+    "outlier-causes",
+    "variance-share",
+    "scatter",
+    "latency-profile",
+    "waterfall",
+];
+
+const PALETTE: &[&str] = &[
+    "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
+    "#bcbd22", "#17becf",
+];
+
+fn run(conn: &Connection, name: &str, params: &[(String, String)]) -> Result<Table> {
+    let q = queries::find(name)?;
+    let mine: Vec<(String, String)> = params
+        .iter()
+        .filter(|(n, _)| q.params.iter().any(|(p, _)| p == n))
+        .cloned()
+        .collect();
+    queries::run(conn, &q, &mine)
+}
+
+fn num(v: &Value) -> f64 {
+    v.as_f64().unwrap_or(f64::NAN)
+}
+
+fn text(v: &Value) -> String {
+    match v {
+        Value::String(s) => s.clone(),
+        other => cell(other),
+    }
+}
+
+/// Rows of `t` as (column → value) lookups.
+fn rows(t: &Table) -> Vec<impl Fn(&str) -> Value + '_> {
+    t.rows
+        .iter()
+        .map(move |r| {
+            move |c: &str| {
+                t.columns
+                    .iter()
+                    .position(|x| x == c)
+                    .map_or(Value::Null, |i| r[i].clone())
+            }
+        })
+        .collect()
+}
+
+fn html_table(t: &Table) -> String {
+    let mut s = String::from("<table><thead><tr>");
+    for c in &t.columns {
+        let _ = write!(s, "<th>{}</th>", esc(c));
+    }
+    s.push_str("</tr></thead><tbody>");
+    for r in &t.rows {
+        s.push_str("<tr>");
+        for v in r {
+            let class = if v.is_number() { " class=\"n\"" } else { "" };
+            let _ = write!(s, "<td{class}>{}</td>", esc(&cell(v)));
+        }
+        s.push_str("</tr>");
+    }
+    s.push_str("</tbody></table>");
+    s
+}
+
+fn figure(id: &str, caption: &str, svg: String) -> String {
+    format!(
+        "<figure class=\"plot\" id=\"{id}\">{svg}<figcaption>{}</figcaption></figure>\n",
+        esc(caption)
+    )
+}
+
+fn us(ns: f64) -> f64 {
+    ns / 1e3
+}
+
+/// Horizontal box plots, one row per stage, on a log µs axis.
+fn jitter_plot(t: &Table) -> String {
+    let rs = rows(t);
+    let lo = rs
+        .iter()
+        .map(|r| num(&r("min_ns")))
+        .fold(f64::INFINITY, f64::min)
+        // a stage can take 0 ns (or less, when clocks are mapped): the axis
+        // starts at 0.1 µs
+        .max(100.0);
+    let hi = rs.iter().map(|r| num(&r("max_ns"))).fold(0.0, f64::max);
+    let row_h = 22.0;
+    let mut f = Frame::new(
+        960.0,
+        rs.len() as f64 * row_h + 60.0,
+        300.0,
+        Scale::log(us(lo), us(hi)),
+        Scale::linear(0.0, rs.len() as f64),
+    );
+    f.y_down = true;
+    for (i, r) in rs.iter().enumerate() {
+        let y = f.py(i as f64 + 0.5);
+        let color = match text(&r("side")).as_str() {
+            "tx" => PALETTE[0],
+            "rx" => PALETTE[1],
+            "channel" => PALETTE[2],
+            _ => PALETTE[7],
+        };
+        let (wl, q1, med, q3, wh, max) = (
+            f.px(us(num(&r("whisker_lo_ns")))),
+            f.px(us(num(&r("q1_ns")))),
+            f.px(us(num(&r("median_ns")))),
+            f.px(us(num(&r("q3_ns")))),
+            f.px(us(num(&r("whisker_hi_ns")))),
+            f.px(us(num(&r("max_ns")))),
+        );
+        let tip = format!(
+            "{}: median {:.1} µs, IQR {:.1}–{:.1} µs, whiskers {:.1}–{:.1} µs, {} outliers, max {:.1} µs",
+            text(&r("stage")),
+            us(num(&r("median_ns"))),
+            us(num(&r("q1_ns"))),
+            us(num(&r("q3_ns"))),
+            us(num(&r("whisker_lo_ns"))),
+            us(num(&r("whisker_hi_ns"))),
+            cell(&r("outliers")),
+            us(num(&r("max_ns")))
+        );
+        f.row_label(y, &text(&r("stage")).replace("__", " → "));
+        f.push(&format!(
+            r#"<g class="mark"><title>{}</title><line x1="{wl:.1}" y1="{y:.1}" x2="{wh:.1}" y2="{y:.1}" stroke="{color}"/><rect x="{q1:.1}" y="{:.1}" width="{:.1}" height="{:.1}" fill="{color}" fill-opacity="0.35" stroke="{color}"/><line x1="{med:.1}" y1="{:.1}" x2="{med:.1}" y2="{:.1}" stroke="black" stroke-width="2"/><line x1="{wh:.1}" y1="{:.1}" x2="{max:.1}" y2="{y:.1}" stroke="{color}" stroke-dasharray="2 3"/><circle cx="{max:.1}" cy="{y:.1}" r="2.5" fill="{color}"/></g>"#,
+            esc(&tip),
+            y - 7.0,
+            (q3 - q1).max(1.0),
+            14.0,
+            y - 7.0,
+            y + 7.0,
+            y
+        ));
+    }
+    f.x_axis("µs (log scale): box = quartiles, whiskers = 1.5·IQR, dotted = up to the maximum");
+    f.finish("box plots per stage")
+}
+
+/// Horizontal bars: a value per labelled row.
+fn bars(items: &[(String, f64, String)], x_title: &str, color: &str, aria: &str) -> String {
+    let row_h = 22.0;
+    let hi = items.iter().map(|i| i.1).fold(0.0, f64::max);
+    let lo = items.iter().map(|i| i.1).fold(0.0, f64::min);
+    let mut f = Frame::new(
+        960.0,
+        items.len().max(1) as f64 * row_h + 60.0,
+        300.0,
+        Scale::linear(lo, if hi > lo { hi } else { lo + 1.0 }),
+        Scale::linear(0.0, items.len().max(1) as f64),
+    );
+    f.y_down = true;
+    for (i, (name, v, tip)) in items.iter().enumerate() {
+        let y = f.py(i as f64 + 0.5);
+        let (x0, x1) = (f.px(0.0f64.max(lo)), f.px(*v));
+        f.row_label(y, name);
+        f.push(&format!(
+            r#"<rect class="mark" x="{:.1}" y="{:.1}" width="{:.1}" height="14" fill="{color}"><title>{}</title></rect>"#,
+            x0.min(x1),
+            y - 7.0,
+            (x1 - x0).abs().max(1.0),
+            esc(tip)
+        ));
+    }
+    f.x_axis(x_title);
+    f.finish(aria)
+}
+
+fn scatter(conn: &Connection, stages: &[String], kind: u64) -> Result<String> {
+    let mut panels = String::new();
+    for (i, stage) in stages.iter().enumerate() {
+        let col = format!("{stage}_ns").replace('"', "");
+        let t = queries::run_sql(
+            conn,
+            &format!(
+                "SELECT \"{col}\"::DOUBLE AS x, e2e_ns::DOUBLE AS y FROM packets
+                 WHERE kind = {kind} AND e2e_ns IS NOT NULL AND \"{col}\" IS NOT NULL
+                 USING SAMPLE reservoir(2000 ROWS) REPEATABLE (42)"
+            ),
+        )?;
+        let pts: Vec<(f64, f64)> = t.rows.iter().map(|r| (num(&r[0]), num(&r[1]))).collect();
+        let ext = |f: fn(f64, f64) -> f64, init: f64, get: fn(&(f64, f64)) -> f64| {
+            pts.iter().map(get).fold(init, f)
+        };
+        let mut f = Frame::new(
+            320.0,
+            280.0,
+            56.0,
+            Scale::log(
+                us(ext(f64::min, f64::INFINITY, |p| p.0).max(1.0)),
+                us(ext(f64::max, 1.0, |p| p.0)),
+            ),
+            Scale::log(
+                us(ext(f64::min, f64::INFINITY, |p| p.1).max(1.0)),
+                us(ext(f64::max, 1.0, |p| p.1)),
+            ),
+        );
+        let color = PALETTE[i % PALETTE.len()];
+        let mut dots = String::from("<g class=\"mark\">");
+        for (x, y) in &pts {
+            let _ = write!(
+                dots,
+                r#"<circle cx="{:.1}" cy="{:.1}" r="1.6" fill="{color}" fill-opacity="0.5"/>"#,
+                f.px(us(*x)),
+                f.py(us(*y))
+            );
+        }
+        dots.push_str("</g>");
+        f.push(&dots);
+        f.x_axis(&format!("{} µs", stage.replace("__", " → ")));
+        f.y_axis("end-to-end µs");
+        panels.push_str(&f.finish(&format!("{stage} against end-to-end")));
+    }
+    Ok(panels)
+}
+
+/// Latency profile: latency (log x) against the fraction of packets at or
+/// above it (log y, 1 at the top).
+fn profile_plot(t: &Table, stages: &[String]) -> String {
+    let rs = rows(t);
+    let pick: Vec<_> = rs
+        .iter()
+        .filter(|r| stages.contains(&text(&r("stage"))))
+        .collect();
+    let lo = pick
+        .iter()
+        .map(|r| num(&r("ns")))
+        .fold(f64::INFINITY, f64::min)
+        .max(1.0);
+    let hi = pick.iter().map(|r| num(&r("ns"))).fold(1.0, f64::max);
+    let min_e = pick
+        .iter()
+        .map(|r| num(&r("exceedance")))
+        .fold(1.0, f64::min);
+    let mut f = Frame::new(
+        960.0,
+        420.0,
+        70.0,
+        Scale::log(us(lo), us(hi)),
+        Scale::log(min_e, 1.0),
+    );
+    let mut legend = String::new();
+    for (i, stage) in stages.iter().enumerate() {
+        let color = PALETTE[i % PALETTE.len()];
+        let pts: Vec<String> = pick
+            .iter()
+            .filter(|r| &text(&r("stage")) == stage)
+            .map(|r| {
+                format!(
+                    "{:.1},{:.1}",
+                    f.px(us(num(&r("ns")))),
+                    f.py(num(&r("exceedance")))
+                )
+            })
+            .collect();
+        if pts.is_empty() {
+            continue;
+        }
+        let width = if stage == "e2e" { 3.0 } else { 1.5 };
+        f.push(&format!(
+            r#"<polyline class="mark" points="{}" fill="none" stroke="{color}" stroke-width="{width}"><title>{}</title></polyline>"#,
+            pts.join(" "),
+            esc(stage)
+        ));
+        let _ = write!(
+            legend,
+            r#"<text x="{:.1}" y="{:.1}" fill="{color}" class="row">{}</text>"#,
+            f.width - f.right - 260.0,
+            f.top + 16.0 + 15.0 * i as f64,
+            esc(&stage.replace("__", " → "))
+        );
+    }
+    f.push(&legend);
+    f.x_axis("latency, µs (log scale)");
+    f.y_axis("fraction of packets at or above (log)");
+    f.finish("latency profile")
+}
+
+/// Waterfalls: a row per slow packet, a segment per step between
+/// consecutive stamps, coloured by the side of the step's end point.
+fn waterfall(t: &Table) -> String {
+    let rs = rows(t);
+    let ranks: Vec<i64> = {
+        let mut v: Vec<i64> = rs.iter().filter_map(|r| r("rank").as_i64()).collect();
+        v.dedup();
+        v
+    };
+    let hi = rs.iter().map(|r| num(&r("at_ns"))).fold(1.0, f64::max);
+    let mut f = Frame::new(
+        960.0,
+        ranks.len().max(1) as f64 * 30.0 + 60.0,
+        300.0,
+        Scale::linear(0.0, us(hi)),
+        Scale::linear(0.0, ranks.len().max(1) as f64),
+    );
+    f.y_down = true;
+    for (i, rank) in ranks.iter().enumerate() {
+        let y = f.py(i as f64 + 0.5);
+        let steps: Vec<_> = rs
+            .iter()
+            .filter(|r| r("rank").as_i64() == Some(*rank))
+            .collect();
+        if let Some(first) = steps.first() {
+            f.row_label(
+                y,
+                &format!(
+                    "seq {} (kind {}): {:.1} µs",
+                    cell(&first("seq")),
+                    cell(&first("kind")),
+                    us(num(&first("e2e_ns")))
+                ),
+            );
+        }
+        let mut prev: Option<(f64, String)> = None;
+        for r in &steps {
+            let at = num(&r("at_ns"));
+            let point = text(&r("point"));
+            if let Some((p_at, p_point)) = &prev {
+                let color = if text(&r("side")) == "rx" {
+                    PALETTE[1]
+                } else {
+                    PALETTE[0]
+                };
+                f.push(&format!(
+                    r#"<rect class="mark" x="{:.1}" y="{:.1}" width="{:.1}" height="16" fill="{color}" fill-opacity="0.7" stroke="white" stroke-width="0.5"><title>{p_point} → {point}: {:.1} µs</title></rect>"#,
+                    f.px(us(*p_at)),
+                    y - 8.0,
+                    (f.px(us(at)) - f.px(us(*p_at))).max(1.0),
+                    us(at - p_at)
+                ));
+            }
+            prev = Some((at, point));
+        }
+    }
+    f.x_axis("µs since the packet's first stamp (blue: sender, orange: receiver)");
+    f.finish("waterfalls of the slowest packets")
+}
+
+const STYLE: &str = "body{font-family:system-ui,sans-serif;margin:2em auto;max-width:1000px;color:#222}
+h1{font-size:1.5em}h2{font-size:1.2em;margin-top:2em;border-bottom:1px solid #ccc}
+table{border-collapse:collapse;font-size:.85em}td,th{padding:2px 8px;border-bottom:1px solid #eee;text-align:left}
+td.n{text-align:right;font-variant-numeric:tabular-nums}figure{margin:1em 0}figcaption{font-size:.85em;color:#555}
+svg text{font-size:11px;fill:#333}svg .title{font-size:12px}svg .axis{stroke:#333}svg .grid{stroke:#eee}
+.panels{display:flex;flex-wrap:wrap;gap:8px}";
+
+/// The report's self-check: layout size and drawn marks of every figure.
+const SELF_CHECK: &str = "<script>
+for (const f of document.querySelectorAll('figure.plot')) {
+  let marks = 0, w = 0, h = 0;
+  for (const s of f.querySelectorAll('svg')) {
+    const b = s.getBoundingClientRect(); w = Math.max(w, b.width); h += b.height;
+    for (const m of s.querySelectorAll('.mark')) { const r = m.getBBox(); if (r.width > 0 || r.height > 0) marks++; }
+  }
+  f.dataset.rendered = Math.round(w) + 'x' + Math.round(h) + ' marks=' + marks;
+}
+</script>";
+
+/// Builds the report's HTML.
+pub fn build(conn: &Connection, opts: &ReportOptions) -> Result<String> {
+    let kind: u64 = match opts.kind {
+        Some(k) => k,
+        None => conn.query_row(
+            "SELECT mode(kind)::UBIGINT FROM packets WHERE e2e_ns IS NOT NULL",
+            [],
+            |r| r.get(0),
+        )?,
+    };
+    let params = vec![
+        ("kind".to_string(), kind.to_string()),
+        ("top".to_string(), opts.slowest.to_string()),
+    ];
+    let summary = run(conn, "summary", &params)?;
+    let jitter = run(conn, "jitter", &params)?;
+    let causes = run(conn, "outlier_causes", &params)?;
+    let corr = run(conn, "correlation", &params)?;
+    let profile = run(conn, "latency_profile", &params)?;
+    let trace = run(conn, "trace", &params)?;
+    let loss = run(conn, "loss", &[])?;
+
+    let cause_items: Vec<(String, f64, String)> = rows(&causes)
+        .iter()
+        .map(|r| {
+            (
+                text(&r("cause")).replace("__", " → "),
+                num(&r("share_of_outliers")),
+                format!(
+                    "{} of {} outliers (e2e fence {:.1} µs)",
+                    cell(&r("packets")),
+                    cell(&r("e2e_outliers")),
+                    us(num(&r("e2e_fence_ns")))
+                ),
+            )
+        })
+        .collect();
+    let corr_rows = rows(&corr);
+    let share_items: Vec<(String, f64, String)> = corr_rows
+        .iter()
+        .filter(|r| text(&r("side")) != "total")
+        .map(|r| {
+            (
+                text(&r("stage")).replace("__", " → "),
+                num(&r("variance_share")),
+                format!(
+                    "r = {}, slope {}, share {}",
+                    cell(&r("pearson_r")),
+                    cell(&r("slope_e2e_per_stage")),
+                    cell(&r("variance_share"))
+                ),
+            )
+        })
+        .collect();
+    let mut by_r: Vec<(String, f64)> = corr_rows
+        .iter()
+        .filter(|r| text(&r("side")) != "total")
+        .map(|r| (text(&r("stage")), num(&r("pearson_r")).abs()))
+        .filter(|(_, r)| r.is_finite())
+        .collect();
+    by_r.sort_by(|a, b| b.1.total_cmp(&a.1));
+    let top_stages: Vec<String> = by_r.iter().take(3).map(|(s, _)| s.clone()).collect();
+    let mut profile_stages = vec![
+        "e2e".to_string(),
+        "sender_total".to_string(),
+        "receiver_total".to_string(),
+    ];
+    profile_stages.extend(top_stages.iter().cloned());
+
+    let mut html = String::new();
+    let _ = write!(
+        html,
+        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>xlap-trace report: {t}</title><style>{STYLE}</style></head><body>\n<h1>Where the latency comes from: {t}</h1>\n<p>Packet kind {kind}. Generated by xlap-trace {v} from the bundled queries (<code>xlap-trace analyze</code> prints the same numbers).</p>\n",
+        t = esc(&opts.title),
+        v = env!("CARGO_PKG_VERSION")
+    );
+    let _ = writeln!(html, "<h2>Summary</h2>{}", html_table(&summary));
+    let _ = write!(
+        html,
+        "<h2>Jitter per stage</h2>{}",
+        figure(
+            "jitter",
+            "Box plots of every stage and total (X-LAP's trace jitter); hover for the numbers.",
+            jitter_plot(&jitter)
+        )
+    );
+    let _ = write!(
+        html,
+        "<h2>Causes of end-to-end outliers</h2>{}",
+        figure(
+            "outlier-causes",
+            "Share of the end-to-end outliers (above Q3 + 1.5·IQR) in which each stage was itself above its fence.",
+            bars(&cause_items, "share of the end-to-end outliers", PALETTE[3], "outlier causes")
+        )
+    );
+    let _ = write!(
+        html,
+        "<h2>Correlation with end-to-end latency</h2>{}{}",
+        figure(
+            "variance-share",
+            "Each stage's share of the end-to-end variance, cov(stage, e2e) / var(e2e): where the jitter comes from.",
+            bars(&share_items, "share of the end-to-end variance", PALETTE[4], "variance share")
+        ),
+        figure(
+            "scatter",
+            "The three stages most correlated with end-to-end latency, against it (a sample of up to 2000 packets, log axes).",
+            format!("<div class=\"panels\">{}</div>", scatter(conn, &top_stages, kind)?)
+        )
+    );
+    let _ = write!(
+        html,
+        "<h2>Latency profile</h2>{}",
+        figure(
+            "latency-profile",
+            "Fraction of packets at or above a latency (log-log): the worst cases magnified.",
+            profile_plot(&profile, &profile_stages)
+        )
+    );
+    let _ = write!(
+        html,
+        "<h2>Slowest packets</h2>{}",
+        figure(
+            "waterfall",
+            "Every stamp of the slowest packets, both hosts; hover a segment for the step.",
+            waterfall(&trace)
+        )
+    );
+    let _ = writeln!(html, "<h2>Losses</h2>{}", html_table(&loss));
+    html.push_str(SELF_CHECK);
+    html.push_str("\n</body></html>\n");
+    Ok(html)
+}
