@@ -152,6 +152,7 @@ pub struct Traced {
     pub sent: Vec<Value>,
     pub received: Vec<Value>,
     pub meta: Value,
+    pub stdout: String,
     pub stderr: String,
 }
 
@@ -190,6 +191,7 @@ pub fn trace_example(
         sent,
         received,
         meta: run_meta(&dir),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
         stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
         scratch,
     }

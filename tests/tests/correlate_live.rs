@@ -209,6 +209,48 @@ fn the_live_packets_table_matches_the_protocol_and_offline_correlation_and_clock
     );
     let offline = scratch.path("offline.parquet");
     let c = correlate_cli(&[&a, &b], &offline);
+
+    // The analyses: after record, on the run, and on the directory of the
+    // two ends (correlated on the fly) they agree.
+    assert!(
+        t.stdout.contains("== summary") && t.stdout.contains("kind 1"),
+        "record prints the summary: {}",
+        t.stdout
+    );
+    let summary = |run: &Path| -> serde_json::Value {
+        let o = std::process::Command::new(bin("xlap-trace"))
+            .args([
+                "analyze", "-q", "summary", "-q", "jitter", "--kind", "1", "-f", "json", "--quiet",
+            ])
+            .arg(run)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        serde_json::from_slice(&o.stdout).unwrap()
+    };
+    let (live, apart) = (summary(&t.run_dir()), summary(&scratch.path("same")));
+    assert_eq!(
+        live, apart,
+        "the analysis of the run equals that of its two ends"
+    );
+    let head = &live["summary"][0];
+    assert_eq!(head["name"], "kind 1");
+    assert_eq!(head["packets"], 10_000);
+    let e2e = live["jitter"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["stage"] == "e2e")
+        .expect("an e2e row");
+    let with_e2e: i64 = conn
+        .query_row(
+            &format!("SELECT count(*) FROM '{p}' WHERE kind = 1 AND e2e_ns IS NOT NULL"),
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(e2e["packets"].as_i64(), Some(with_e2e));
+    assert!(with_e2e as usize >= delivered.len());
     assert_eq!(
         c["clocks"].as_array().unwrap().len(),
         1,

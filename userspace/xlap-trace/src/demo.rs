@@ -149,16 +149,35 @@ pub fn run(args: &DemoArgs) -> Result<()> {
     let correlation =
         crate::correlate_cmd::correlate(&[record_args.output.as_path()], &packets, None)?;
     crate::correlate_cmd::print(&correlation, &packets);
-    println!(
-        "\n== the analysis (xlap-trace analyze {}) ==",
-        record_args.output.display()
-    );
+    let run = record_args.output.display().to_string();
     let (conn, _) = crate::analyze_cmd::open(&record_args.output, false)?;
+    // The data packets: the protocol's most common kind.
+    let kind: u64 = conn.query_row(
+        "SELECT mode(kind)::UBIGINT FROM packets WHERE e2e_ns IS NOT NULL",
+        [],
+        |r| r.get(0),
+    )?;
+    println!("\n== the analysis of kind {kind} (xlap-trace analyze {run} --kind {kind}) ==");
     let queries = ["summary", "outlier_causes", "correlation"]
         .iter()
         .map(|n| xlap_analyze::queries::find(n))
         .collect::<Result<Vec<_>, _>>()?;
-    let results = crate::analyze_cmd::run_queries(&conn, &queries, &[], false)?;
+    let params = [("kind".to_string(), kind.to_string())];
+    let results = crate::analyze_cmd::run_queries(&conn, &queries, &params, false)?;
     crate::analyze_cmd::print_results(&results, xlap_analyze::format::Format::Table)?;
+    let report = out.join("report.html");
+    let html = xlap_analyze::report::build(
+        &conn,
+        &xlap_analyze::report::ReportOptions {
+            kind: Some(kind),
+            slowest: 5,
+            title: format!("the demo ({run})"),
+        },
+    )?;
+    std::fs::write(&report, html)?;
+    println!(
+        "\nplots: {} (xlap-trace report {run}); every query: xlap-trace analyze {run} -q all",
+        report.display()
+    );
     Ok(())
 }
