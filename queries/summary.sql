@@ -1,6 +1,6 @@
 -- name: summary
 -- description: One screen for one packet kind (default: the most common): packets, rate and losses, then per stage (path order) and total the packet count, p50/p99/max and how often the stage causes an end-to-end outlier.
--- reads: packets, stage_quantiles, stage_counts, late, late_stages (views.sql)
+-- reads: packets, kinds, stage_quantiles, stage_counts, late, late_stages (views.sql)
 -- params: kind = packet kind to show (default: the most common kind)
 WITH k AS (
     SELECT coalesce(getvariable('kind'), (SELECT mode(kind) FROM packets)) AS kind
@@ -26,7 +26,9 @@ WITH k AS (
     WHERE kind = (SELECT kind FROM k) GROUP BY stage
 )
 SELECT * EXCLUDE (position) FROM (
-    SELECT 'run' AS section, 'kind ' || (SELECT kind FROM k) AS name, packets::BIGINT AS packets,
+    SELECT 'run' AS section,
+           'kind ' || (SELECT kind FROM k) || coalesce(' (' || (SELECT name FROM kinds WHERE kind = (SELECT kind FROM k)) || ')', '') AS name,
+           packets::BIGINT AS packets,
            NULL::DOUBLE AS p50_us, NULL::DOUBLE AS p99_us, NULL::DOUBLE AS max_us,
            format('lost {} ({:.2f} %), {:.0f} packets/s over {:.1f} s, {} end-to-end outliers',
                   lost, 100.0 * lost / packets, packets / nullif(seconds, 0), seconds, (SELECT count(*) FROM l)) AS note,

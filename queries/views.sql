@@ -7,12 +7,14 @@
 -- Before this file runs, xlap-trace provides `packets` and the table
 -- `stage_columns` (col, stage, side, position: every stage column and the
 -- totals in path order; side tx, channel, rx or total), `point_columns`
--- (col, point, side, position), `runs` and `tracer_points` (from run.json).
+-- (col, point, side, position), `runs`, `tracer_points` and `kinds` (kind,
+-- name: the protocol's names of its kinds) from run.json.
 -- In the DuckDB CLI, without xlap-trace:
 --   CREATE VIEW packets AS FROM 'RUN/packets.parquet';
 --   CREATE TABLE stage_columns AS SELECT column_name AS col, regexp_replace(column_name, '_ns$', '') AS stage,
 --     'stage' AS side, column_index AS position FROM duckdb_columns()
 --     WHERE table_name = 'packets' AND regexp_matches(column_name, '__.+_ns$|^(sender_total|channel|receiver_total|e2e)_ns$');
+--   CREATE TABLE kinds (kind UBIGINT, name VARCHAR);
 --   .read queries/views.sql
 --   SET VARIABLE kind = 1;   -- parameters: see each query's header
 --   .read queries/jitter.sql

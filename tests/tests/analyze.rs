@@ -395,9 +395,13 @@ fn correlation_matches_an_independent_computation() {
 fn kind_parameter_filters_and_unknown_kinds_are_refused() {
     let rows = query("jitter", &["--kind", "1"]);
     assert!(!rows.is_empty() && rows.iter().all(|r| r["kind"] == 1));
+    // Kinds by the names run.json gives them.
+    assert_eq!(query("jitter", &["--kind", "parity"]), rows);
     let out = xlap(&["analyze", fixture().to_str().unwrap(), "--kind", "9"]);
     assert_eq!(out.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("kinds in this run are 0, 1"));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("kinds in this run are 0 (data), 1 (parity)")
+    );
     let trace = query("trace", &["-p", "seq=150", "--kind", "0"]);
     assert!(trace.iter().all(|r| r["seq"] == 150));
     assert!(trace.iter().any(|r| r["point"] == "qdisc.dequeue"));

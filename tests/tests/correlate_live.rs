@@ -220,7 +220,8 @@ fn the_live_packets_table_matches_the_protocol_and_offline_correlation_and_clock
     let summary = |run: &Path| -> serde_json::Value {
         let o = std::process::Command::new(bin("xlap-trace"))
             .args([
-                "analyze", "-q", "summary", "-q", "jitter", "--kind", "1", "-f", "json", "--quiet",
+                "analyze", "-q", "summary", "-q", "jitter", "--kind", "data", "-f", "json",
+                "--quiet",
             ])
             .arg(run)
             .output()
@@ -234,7 +235,7 @@ fn the_live_packets_table_matches_the_protocol_and_offline_correlation_and_clock
         "the analysis of the run equals that of its two ends"
     );
     let head = &live["summary"][0];
-    assert_eq!(head["name"], "kind 1");
+    assert_eq!(head["name"], "kind 1 (data)");
     assert_eq!(head["packets"], 10_000);
     let e2e = live["jitter"]
         .as_array()

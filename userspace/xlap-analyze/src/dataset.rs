@@ -363,7 +363,8 @@ fn load_runs(conn: &Connection, files: &[PathBuf]) -> Result<()> {
            start_realtime_ns BIGINT, duration_s DOUBLE, packets UBIGINT, stamps UBIGINT,
            bpf_ns_per_stamp DOUBLE, stop_reason VARCHAR, file VARCHAR);
          CREATE OR REPLACE TEMP TABLE tracer_points (run_id VARCHAR, host VARCHAR, point VARCHAR, stamps UBIGINT,
-           lost_ringbuf_full UBIGINT, lost_map_full UBIGINT, lost_parse UBIGINT, lost_unmatched UBIGINT);",
+           lost_ringbuf_full UBIGINT, lost_map_full UBIGINT, lost_parse UBIGINT, lost_unmatched UBIGINT);
+         CREATE OR REPLACE TEMP TABLE kinds (kind UBIGINT, name VARCHAR);",
     )?;
     for file in files {
         let text = std::fs::read_to_string(file).map_err(|e| input(file, e.to_string()))?;
@@ -399,6 +400,19 @@ fn load_runs(conn: &Connection, files: &[PathBuf]) -> Result<()> {
                 file.display().to_string(),
             ],
         )?;
+        // The protocol's names of its kinds (from the --proto preset).
+        for pair in m["options"]["layout"]["kind_names"]
+            .as_array()
+            .into_iter()
+            .flatten()
+        {
+            if let (Some(kind), Some(name)) = (pair[0].as_u64(), pair[1].as_str()) {
+                conn.execute(
+                    "INSERT INTO kinds SELECT ?, ? WHERE NOT EXISTS (SELECT 1 FROM kinds WHERE kind = ?)",
+                    duckdb::params![kind, name, kind],
+                )?;
+            }
+        }
         if let Some(points) = m["points"].as_object() {
             for (name, c) in points {
                 conn.execute(

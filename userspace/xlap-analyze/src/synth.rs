@@ -269,7 +269,10 @@ fn write_run_json(
         "kernel": "synthetic",
         "boot_id": format!("synthetic-{seed}"),
         "clock_start": {"monotonic_ns": 1_000_000_000i64, "realtime_ns": 1_700_000_000_000_000_000i64},
-        "options": {"layout": {"seq_size": 8}, "synthetic": {"packets": packets, "seed": seed}},
+        "options": {
+            "layout": {"seq_size": 8, "kind_names": [[0, "data"], [1, "parity"]]},
+            "synthetic": {"packets": packets, "seed": seed}
+        },
         "points": points,
         "packets": packets,
         "stop_reason": "synthetic",

@@ -183,32 +183,40 @@ pub fn analyze(a: &AnalyzeArgs) -> Result<()> {
         ));
     };
     let queries = selected(&a.query)?;
-    let params = params(a.kind, &a.param)?;
     let (conn, _) = open(run, !a.quiet)?;
-    if let Some(kind) = a.kind {
-        check_kind(&conn, kind)?;
-    }
+    let kind = a
+        .kind
+        .as_deref()
+        .map(|k| resolve_kind(&conn, k))
+        .transpose()?;
+    let params = params(kind, &a.param)?;
     let results = run_queries(&conn, &queries, &params, !a.quiet)?;
     print_results(&results, format_of(a.format))
 }
 
-/// Refuses a `--kind` no packet has, naming the kinds there are.
-pub fn check_kind(conn: &Connection, kind: u64) -> Result<()> {
-    let kinds: Vec<u64> = {
-        let mut stmt = conn.prepare("SELECT DISTINCT kind::UBIGINT FROM packets ORDER BY 1")?;
-        let rows = stmt.query_map([], |r| r.get(0))?;
+/// The kind number `--kind` names (a number, or a name the protocol's
+/// preset gave it), refusing kinds no packet has.
+pub fn resolve_kind(conn: &Connection, arg: &str) -> Result<u64> {
+    let kinds: Vec<(u64, Option<String>)> = {
+        let mut stmt = conn.prepare(
+            "SELECT DISTINCT p.kind::UBIGINT, k.name FROM packets p LEFT JOIN kinds k ON k.kind = p.kind ORDER BY 1",
+        )?;
+        let rows = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?;
         rows.collect::<std::result::Result<_, _>>()?
     };
-    if kinds.contains(&kind) {
-        return Ok(());
+    let found = kinds
+        .iter()
+        .find(|(k, name)| arg.parse::<u64>() == Ok(*k) || name.as_deref() == Some(arg));
+    if let Some((k, _)) = found {
+        return Ok(*k);
     }
     Err(failure(
         Code::Usage,
         format!(
-            "no packet has kind {kind}; the kinds in this run are {}",
+            "no packet has kind {arg}; the kinds in this run are {}",
             kinds
                 .iter()
-                .map(|k| k.to_string())
+                .map(|(k, n)| n.as_ref().map_or(k.to_string(), |n| format!("{k} ({n})")))
                 .collect::<Vec<_>>()
                 .join(", ")
         ),
@@ -241,7 +249,7 @@ pub fn sql(a: &SqlArgs) -> Result<()> {
     let interactive = std::io::stdin().is_terminal();
     if interactive {
         eprintln!(
-            "{}: {} packets ({} delivered). Views: packets, stages, delivered, fences, stage_columns, point_columns, runs, tracer_points{}. End statements with ';', Ctrl-D quits.",
+            "{}: {} packets ({} delivered). Views: packets, delivered, stages, stage_counts, stage_quantiles(levels), fences, stage_moments, late, late_stages, stage_columns, point_columns, runs, tracer_points, kinds{}. End statements with ';', Ctrl-D quits.",
             ds.source,
             ds.packets,
             ds.delivered,

@@ -78,9 +78,10 @@ pub struct AnalyzeArgs {
     /// jitter, outlier_causes, correlation, trend, loss.
     #[arg(short, long)]
     pub query: Vec<String>,
-    /// Keep only packets of this kind (the protocol's kind field).
+    /// Keep only packets of this kind: its number, or its name when the
+    /// protocol preset names kinds (`data`).
     #[arg(long)]
-    pub kind: Option<u64>,
+    pub kind: Option<String>,
     /// A query parameter NAME=VALUE (repeatable), e.g. top=10, seq=4711,
     /// stage=e2e, bins=50.
     #[arg(short, long)]
@@ -113,9 +114,9 @@ pub struct ReportArgs {
     /// The HTML file to write.
     #[arg(short, long, default_value = "report.html")]
     pub output: PathBuf,
-    /// Keep only packets of this kind.
+    /// Keep only packets of this kind (number or name).
     #[arg(long)]
-    pub kind: Option<u64>,
+    pub kind: Option<String>,
     /// Slowest packets drawn as waterfalls.
     #[arg(long, default_value_t = 5)]
     pub slowest: u32,
@@ -132,9 +133,9 @@ pub struct ExportArgs {
     /// Export at most this many packets: the slowest first (0: all).
     #[arg(long, default_value_t = 10_000)]
     pub max_packets: u64,
-    /// Keep only packets of this kind.
+    /// Keep only packets of this kind (number or name).
     #[arg(long)]
-    pub kind: Option<u64>,
+    pub kind: Option<String>,
 }
 
 #[derive(Args, Debug)]
@@ -275,9 +276,11 @@ impl RecordArgs {
         }
         if let Some(v) = self.kind_offset {
             l.kind_offset = v;
+            l.kind_names = &[];
         }
         if let Some(v) = self.kind_size {
             l.kind_size = v;
+            l.kind_names = &[];
         }
         l.validate()?;
         Ok(l)

@@ -13,6 +13,9 @@ pub struct Layout {
     /// 0: the protocol has no kind field.
     pub kind_size: u8,
     pub big_endian: bool,
+    /// Names of the kind values (run.json carries them; the analyses accept
+    /// `--kind data`).
+    pub kind_names: &'static [(u64, &'static str)],
 }
 
 /// `(name, layout, what it is)` of every preset.
@@ -25,6 +28,7 @@ pub const PRESETS: &[(&str, Layout, &str)] = &[
             kind_offset: 0,
             kind_size: 1,
             big_endian: true,
+            kind_names: &[(1, "data"), (2, "parity"), (3, "feedback")],
         },
         "examples/prrt-lite: kind u8 at 0, seq u32 big-endian at 4",
     ),
@@ -36,6 +40,7 @@ pub const PRESETS: &[(&str, Layout, &str)] = &[
             kind_offset: 0,
             kind_size: 0,
             big_endian: true,
+            kind_names: &[],
         },
         "iperf3 -u (32-bit counters): packet count u32 big-endian at 8",
     ),
@@ -47,6 +52,7 @@ pub const PRESETS: &[(&str, Layout, &str)] = &[
             kind_offset: 0,
             kind_size: 0,
             big_endian: true,
+            kind_names: &[],
         },
         "iperf3 -u --udp-counters-64bit: packet count u64 big-endian at 8",
     ),

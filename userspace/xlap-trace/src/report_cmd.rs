@@ -1,6 +1,6 @@
 //! `xlap-trace report` and `export`.
 
-use crate::analyze_cmd::{check_kind, classify, open};
+use crate::analyze_cmd::{classify, open, resolve_kind};
 use crate::cli::{ExportArgs, ReportArgs};
 use anyhow::{Context, Result};
 use xlap_analyze::perfetto::{self, ExportOptions};
@@ -8,13 +8,15 @@ use xlap_analyze::report::{self, ReportOptions};
 
 pub fn report(a: &ReportArgs) -> Result<()> {
     let (conn, ds) = open(&a.run, true)?;
-    if let Some(k) = a.kind {
-        check_kind(&conn, k)?;
-    }
+    let kind = a
+        .kind
+        .as_deref()
+        .map(|k| resolve_kind(&conn, k))
+        .transpose()?;
     let html = report::build(
         &conn,
         &ReportOptions {
-            kind: a.kind,
+            kind,
             slowest: a.slowest,
             title: ds.source.clone(),
         },
@@ -32,15 +34,17 @@ pub fn report(a: &ReportArgs) -> Result<()> {
 
 pub fn export(a: &ExportArgs) -> Result<()> {
     let (conn, _) = open(&a.run, false)?;
-    if let Some(k) = a.kind {
-        check_kind(&conn, k)?;
-    }
+    let kind = a
+        .kind
+        .as_deref()
+        .map(|k| resolve_kind(&conn, k))
+        .transpose()?;
     let done = perfetto::export(
         &conn,
         &a.perfetto,
         &ExportOptions {
             max_packets: a.max_packets,
-            kind: a.kind,
+            kind,
         },
     )
     .map_err(classify)?;
