@@ -95,19 +95,24 @@ WITH b AS (
            COLUMNS('__.+_ns$|^(sender_total|channel|receiver_total|e2e)_ns$')::DOUBLE
     FROM packets p JOIN b USING (kind) WHERE p.e2e_ns IS NOT NULL
 ), w AS (
-    SELECT kind, {
+    -- by part of the run (first tenth, middle, last tenth), so the tenths
+    -- need no conditional sums per stage
+    SELECT kind, CASE WHEN first_tenth THEN 1 WHEN last_tenth THEN 9 ELSE 5 END AS part, {
         'n': count(COLUMNS('__.+_ns$|^(sender_total|channel|receiver_total|e2e)_ns$')),
         'sx': sum(COLUMNS('__.+_ns$|^(sender_total|channel|receiver_total|e2e)_ns$')), 'sxx': sum(COLUMNS('__.+_ns$|^(sender_total|channel|receiver_total|e2e)_ns$') * COLUMNS('__.+_ns$|^(sender_total|channel|receiver_total|e2e)_ns$')),
         'sy': sum(y + 0 * COLUMNS('__.+_ns$|^(sender_total|channel|receiver_total|e2e)_ns$')), 'syy': sum(y * y + 0 * COLUMNS('__.+_ns$|^(sender_total|channel|receiver_total|e2e)_ns$')), 'sxy': sum(COLUMNS('__.+_ns$|^(sender_total|channel|receiver_total|e2e)_ns$') * y),
         'ss': sum(s + 0 * COLUMNS('__.+_ns$|^(sender_total|channel|receiver_total|e2e)_ns$')), 'sss': sum(s * s + 0 * COLUMNS('__.+_ns$|^(sender_total|channel|receiver_total|e2e)_ns$')), 'sxs': sum(COLUMNS('__.+_ns$|^(sender_total|channel|receiver_total|e2e)_ns$') * s),
-        'st': sum(t + 0 * COLUMNS('__.+_ns$|^(sender_total|channel|receiver_total|e2e)_ns$')), 'stt': sum(t * t + 0 * COLUMNS('__.+_ns$|^(sender_total|channel|receiver_total|e2e)_ns$')), 'sxt': sum(COLUMNS('__.+_ns$|^(sender_total|channel|receiver_total|e2e)_ns$') * t),
-        'n1': count(CASE WHEN first_tenth THEN COLUMNS('__.+_ns$|^(sender_total|channel|receiver_total|e2e)_ns$') END), 'sx1': sum(CASE WHEN first_tenth THEN COLUMNS('__.+_ns$|^(sender_total|channel|receiver_total|e2e)_ns$') END),
-        'n9': count(CASE WHEN last_tenth THEN COLUMNS('__.+_ns$|^(sender_total|channel|receiver_total|e2e)_ns$') END), 'sx9': sum(CASE WHEN last_tenth THEN COLUMNS('__.+_ns$|^(sender_total|channel|receiver_total|e2e)_ns$') END)
+        'st': sum(t + 0 * COLUMNS('__.+_ns$|^(sender_total|channel|receiver_total|e2e)_ns$')), 'stt': sum(t * t + 0 * COLUMNS('__.+_ns$|^(sender_total|channel|receiver_total|e2e)_ns$')), 'sxt': sum(COLUMNS('__.+_ns$|^(sender_total|channel|receiver_total|e2e)_ns$') * t)
     }
-    FROM c GROUP BY kind
+    FROM c GROUP BY ALL
 ), u AS (
-    SELECT col, kind, m.*
-    FROM (UNPIVOT w ON COLUMNS(* EXCLUDE kind) INTO NAME col VALUE m)
+    SELECT col, kind,
+           sum(m.n) AS n, sum(m.sx) AS sx, sum(m.sxx) AS sxx, sum(m.sy) AS sy, sum(m.syy) AS syy, sum(m.sxy) AS sxy,
+           sum(m.ss) AS ss, sum(m.sss) AS sss, sum(m.sxs) AS sxs, sum(m.st) AS st, sum(m.stt) AS stt, sum(m.sxt) AS sxt,
+           sum(m.n) FILTER (WHERE part = 1) AS n1, sum(m.sx) FILTER (WHERE part = 1) AS sx1,
+           sum(m.n) FILTER (WHERE part = 9) AS n9, sum(m.sx) FILTER (WHERE part = 9) AS sx9
+    FROM (UNPIVOT w ON COLUMNS(* EXCLUDE (kind, part)) INTO NAME col VALUE m)
+    GROUP BY col, kind
 ), d AS (
     -- centred sums of squares and products
     SELECT *, sxx - sx * sx / n AS cxx, syy - sy * sy / n AS cyy, sxy - sx * sy / n AS cxy,
