@@ -7,6 +7,10 @@
  * kind, read from the UDP payload (CFG) in the skb or the syscall's user
  * buffer; the skb -> identity map carries it to points where the headers are
  * no longer at hand. Traffic of other processes costs one map lookup.
+ *
+ * Export: stamps are batched per CPU (struct xlap_batch in xlap_abi.h) and
+ * leave in one ring-buffer record per batch; CFG.per_stamp selects the old
+ * one-record-per-stamp mode (for benchmarks).
  */
 #include "vmlinux.h"
 #include <bpf/bpf_core_read.h>
@@ -57,8 +61,6 @@ struct xl_send_ctx {
 
 /* A receive syscall of a traced process, until it returns. */
 struct xl_recv_ctx {
-  __u64 buf;    /* user buffer (or msghdr for recvmsg/recvmmsg) */
-  __u32 nr;     /* syscall number */
   __u8 on_sock; /* sock_recv_length saw a UDP socket in this syscall */
 };
 
@@ -74,6 +76,17 @@ struct {
   __uint(type, BPF_MAP_TYPE_RINGBUF);
   __uint(max_entries, 1 << 22); /* overridden by userspace */
 } STAMPS SEC(".maps");
+
+struct {
+  __uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+  __uint(max_entries, 1);
+  __type(key, __u32);
+  __type(value, struct xlap_batch);
+} BATCH SEC(".maps");
+
+/* Entries in WOKEN (an upper bound): while it is 0, sched_switch, the most
+ * frequent of our events, needs no hash lookup. */
+__u64 WOKEN_PENDING = 0;
 
 struct {
   __uint(type, BPF_MAP_TYPE_HASH);
@@ -161,14 +174,14 @@ static __always_inline void count_loss(__u32 point, __u32 reason) {
     *v += 1;
 }
 
-static __always_inline void emit(__u16 point, __u64 ts,
+static __always_inline __u64 wakeup_flag(void) {
+  __u64 waiting = bpf_ringbuf_query(&STAMPS, BPF_RB_AVAIL_DATA);
+  return waiting >= CFG.wakeup_bytes ? BPF_RB_FORCE_WAKEUP : BPF_RB_NO_WAKEUP;
+}
+
+static __always_inline void fill(struct xlap_stamp *s, __u16 point, __u64 ts,
                                  const struct xl_ident *id, __u32 tid,
                                  __u32 ifindex, __u16 queue, __u64 hw_ts) {
-  struct xlap_stamp *s = bpf_ringbuf_reserve(&STAMPS, sizeof(*s), 0);
-  if (!s) {
-    count_loss(point, XLAP_LOSS_RINGBUF_FULL);
-    return;
-  }
   s->ts_ns = ts;
   s->flow = id->flow;
   s->seq = id->seq;
@@ -182,9 +195,81 @@ static __always_inline void emit(__u16 point, __u64 ts,
   s->queue = queue;
   s->kind = id->kind;
   s->flags = id->flags | (hw_ts ? XLAP_FLAG_HW_TS : 0);
-  __u64 waiting = bpf_ringbuf_query(&STAMPS, BPF_RB_AVAIL_DATA);
-  bpf_ringbuf_submit(s, waiting >= CFG.wakeup_bytes ? BPF_RB_FORCE_WAKEUP
-                                                    : BPF_RB_NO_WAKEUP);
+}
+
+/* Exports the stamps waiting in a batch as one record; if the ring buffer
+ * has no room, every one of them is counted lost at its point. Only called
+ * with b->depth held (or with interrupts off and depth 0). */
+static __always_inline void flush(struct xlap_batch *b) {
+  __u32 n = b->n;
+  if (n == 0 || n > XLAP_BATCH_STAMPS) {
+    b->n = 0;
+    return;
+  }
+  if (bpf_ringbuf_output(&STAMPS, b->stamps, n * sizeof(struct xlap_stamp),
+                         wakeup_flag())) {
+    for (__u32 i = 0; i < XLAP_BATCH_STAMPS; i++) {
+      if (i >= n)
+        break;
+      count_loss(b->stamps[i].point, XLAP_LOSS_RINGBUF_FULL);
+    }
+  }
+  b->n = 0;
+}
+
+/* Nesting guard of the per-CPU batch: programs on one CPU nest strictly
+ * (an interrupt, or a preemption of a uprobe program, runs to completion
+ * before the interrupted program goes on), so a plain increment that is
+ * undone before returning is enough; only the outermost append uses the
+ * batch. */
+static __always_inline __u32 batch_enter(struct xlap_batch *b) {
+  volatile __u32 *d = &b->depth;
+  __u32 old = *d;
+  *d = old + 1;
+  asm volatile("" ::: "memory");
+  return old;
+}
+
+static __always_inline void batch_leave(struct xlap_batch *b) {
+  volatile __u32 *d = &b->depth;
+  asm volatile("" ::: "memory");
+  *d = *d - 1;
+}
+
+static __always_inline void emit(__u16 point, __u64 ts,
+                                 const struct xl_ident *id, __u32 tid,
+                                 __u32 ifindex, __u16 queue, __u64 hw_ts) {
+  if (!CFG.per_stamp) {
+    __u32 zero = 0;
+    struct xlap_batch *b = bpf_map_lookup_elem(&BATCH, &zero);
+    if (b) {
+      if (batch_enter(b) == 0) {
+        __u32 n = b->n;
+        if (n >= XLAP_BATCH_STAMPS) { /* never: full batches leave at once */
+          flush(b);
+          n = 0;
+        }
+        if (n == 0)
+          b->oldest_ns = ts;
+        fill(&b->stamps[n & (XLAP_BATCH_STAMPS - 1)], point, ts, id, tid,
+             ifindex, queue, hw_ts);
+        b->n = n + 1;
+        if (n + 1 >= XLAP_BATCH_STAMPS ||
+            (__s64)(ts - b->oldest_ns) > (__s64)XLAP_BATCH_MAX_AGE_NS)
+          flush(b);
+        batch_leave(b);
+        return;
+      }
+      batch_leave(b); /* nested: a record of its own */
+    }
+  }
+  struct xlap_stamp *s = bpf_ringbuf_reserve(&STAMPS, sizeof(*s), 0);
+  if (!s) {
+    count_loss(point, XLAP_LOSS_RINGBUF_FULL);
+    return;
+  }
+  fill(s, point, ts, id, tid, ifindex, queue, hw_ts);
+  bpf_ringbuf_submit(s, wakeup_flag());
 }
 
 /* Reads an unsigned field of 1, 2, 4 or 8 bytes at `src` (kernel or user
@@ -354,46 +439,66 @@ static __always_inline void register_bound_port(__u32 tgid,
   bpf_map_update_elem(&TARGET_PORTS, &key, &tgid, BPF_ANY);
 }
 
-SEC("raw_tp/sys_enter")
-int on_sys_enter(__u64 *ctx) {
+static __always_inline int is_send(__u32 nr) {
+  return nr == NR_SENDTO || nr == NR_SENDMSG || nr == NR_SENDMMSG ||
+         nr == NR_WRITE;
+}
+
+static __always_inline int is_recv(__u32 nr) {
+  return nr == NR_RECVFROM || nr == NR_RECVMSG || nr == NR_RECVMMSG ||
+         nr == NR_READ;
+}
+
+/* tp_btf (not raw_tp) on the syscall tracepoints: the syscall number and
+ * the saved user registers are plain loads, and the number is tested before
+ * any map lookup, so the other syscalls of the machine cost almost nothing. */
+SEC("tp_btf/sys_enter")
+int BPF_PROG(on_sys_enter, struct pt_regs *regs, long id) {
+  __u32 nr = (__u32)id;
+  int send = is_send(nr), recv = is_recv(nr);
+  if (!send && !recv && nr != NR_BIND)
+    return 0;
   __u64 pid_tgid = bpf_get_current_pid_tgid();
   __u32 tgid = pid_tgid >> 32, tid = (__u32)pid_tgid;
   if (!bpf_map_lookup_elem(&TARGET_PIDS, &tgid))
     return 0;
-  __u32 nr = (__u32)ctx[1];
-  if (nr == NR_BIND) {
-    register_bound_port(tgid, (struct pt_regs *)ctx[0]);
-    return 0;
-  }
-  if (nr == NR_SENDTO || nr == NR_SENDMSG || nr == NR_SENDMMSG ||
-      nr == NR_WRITE) {
+  if (send) {
     struct xl_send_ctx sc = {};
     sc.ts_enter = bpf_ktime_get_ns();
     if (bpf_map_update_elem(&SEND_CTX, &tid, &sc, BPF_ANY))
       count_loss(XLAP_POINT_SOCK_SEND_ENTER, XLAP_LOSS_MAP_FULL);
-  } else if (nr == NR_RECVFROM || nr == NR_RECVMSG || nr == NR_RECVMMSG ||
-             nr == NR_READ) {
-    struct pt_regs *regs = (struct pt_regs *)ctx[0];
+  } else if (recv) {
     struct xl_recv_ctx rc = {};
-    rc.nr = nr;
-    rc.buf = BPF_CORE_READ(regs, si);
     if (bpf_map_update_elem(&RECV_CTX, &tid, &rc, BPF_ANY))
       count_loss(XLAP_POINT_SOCK_RECV_EXIT, XLAP_LOSS_MAP_FULL);
+  } else {
+    register_bound_port(tgid, regs);
   }
   return 0;
 }
 
-SEC("raw_tp/sys_exit")
-int on_sys_exit(__u64 *ctx) {
-  __u64 pid_tgid = bpf_get_current_pid_tgid();
-  __u32 tgid = pid_tgid >> 32, tid = (__u32)pid_tgid;
-  if (!bpf_map_lookup_elem(&TARGET_PIDS, &tgid))
-    return 0;
-  __u64 now = bpf_ktime_get_ns();
-  struct xl_send_ctx *sc = bpf_map_lookup_elem(&SEND_CTX, &tid);
-  if (sc) {
+/* A thread's pending wake-up is spent (it ran, or its receive returned). */
+static __always_inline void forget_woken(__u32 tid) {
+  if (WOKEN_PENDING && bpf_map_delete_elem(&WOKEN, &tid) == 0)
+    __sync_fetch_and_add(&WOKEN_PENDING, -1);
+}
+
+SEC("tp_btf/sys_exit")
+int BPF_PROG(on_sys_exit, struct pt_regs *regs, long ret) {
+  __u32 nr = (__u32)regs->orig_ax;
+  /* Only threads of traced processes have call contexts. */
+  __u64 pid_tgid;
+  __u32 tgid, tid;
+  if (is_send(nr)) {
+    pid_tgid = bpf_get_current_pid_tgid();
+    tgid = pid_tgid >> 32;
+    tid = (__u32)pid_tgid;
+    struct xl_send_ctx *sc = bpf_map_lookup_elem(&SEND_CTX, &tid);
+    if (!sc)
+      return 0;
     /* Only a call that put a UDP datagram on a device is a send. */
     if (sc->seen_skb) {
+      __u64 now = bpf_ktime_get_ns();
       struct xl_ident id = sc->id;
       id.pid = tgid;
       emit(XLAP_POINT_SOCK_SEND_ENTER, sc->ts_enter, &id, tid, 0, 0, 0);
@@ -402,22 +507,29 @@ int on_sys_exit(__u64 *ctx) {
     bpf_map_delete_elem(&SEND_CTX, &tid);
     return 0;
   }
+  if (!is_recv(nr))
+    return 0;
+  pid_tgid = bpf_get_current_pid_tgid();
+  tgid = pid_tgid >> 32;
+  tid = (__u32)pid_tgid;
   struct xl_recv_ctx *rc = bpf_map_lookup_elem(&RECV_CTX, &tid);
   if (!rc)
     return 0;
   /* A reader woken while still on its CPU is never switched in for that
    * wake-up: once its receive returns, the wake-up is spent. */
-  bpf_map_delete_elem(&WOKEN, &tid);
-  long ret = (long)ctx[1];
+  forget_woken(tid);
   if (rc->on_sock && ret > 0) {
-    struct pt_regs *regs = (struct pt_regs *)ctx[0];
-    __u64 buf = rc->buf;
-    if (rc->nr == NR_RECVMSG || rc->nr == NR_RECVMMSG)
-      buf = user_buf(rc->nr, regs);
-    __u64 avail = rc->nr == NR_RECVMMSG ? 65535 : (__u64)ret;
+    __u64 now = bpf_ktime_get_ns();
+    /* The user's argument registers are intact at exit: the buffer is
+     * found here, also for a call that was already blocked when tracing
+     * started (no entry context; sock_recv_length made one). */
+    __u64 buf = regs->si;
+    if (nr == NR_RECVMSG || nr == NR_RECVMMSG)
+      buf = user_buf(nr, regs);
+    __u64 avail = nr == NR_RECVMMSG ? 65535 : (__u64)ret;
     struct xl_ident id = {};
     id.pid = tgid;
-    id.len = rc->nr == NR_RECVMMSG ? 0 : ret;
+    id.len = nr == NR_RECVMMSG ? 0 : ret;
     id.flags = XLAP_FLAG_FROM_USER;
     if (buf && read_ident((void *)buf, avail, 1, &id) == 0)
       emit(XLAP_POINT_SOCK_RECV_EXIT, now, &id, tid, 0, 0, 0);
@@ -430,10 +542,22 @@ int on_sys_exit(__u64 *ctx) {
 
 SEC("tp_btf/sock_recv_length")
 int BPF_PROG(on_sock_recv_length, struct sock *sk, int ret, int flags) {
-  __u32 tid = (__u32)bpf_get_current_pid_tgid();
+  if (sk->sk_protocol != IPPROTO_UDP_)
+    return 0;
+  __u64 pid_tgid = bpf_get_current_pid_tgid();
+  __u32 tid = (__u32)pid_tgid;
   struct xl_recv_ctx *rc = bpf_map_lookup_elem(&RECV_CTX, &tid);
-  if (rc && sk->sk_protocol == IPPROTO_UDP_)
+  if (rc) {
     rc->on_sock = 1;
+    return 0;
+  }
+  /* A receive call of a traced process that began before tracing did. */
+  __u32 tgid = pid_tgid >> 32;
+  if (!bpf_map_lookup_elem(&TARGET_PIDS, &tgid))
+    return 0;
+  struct xl_recv_ctx fresh = {.on_sock = 1};
+  if (bpf_map_update_elem(&RECV_CTX, &tid, &fresh, BPF_ANY))
+    count_loss(XLAP_POINT_SOCK_RECV_EXIT, XLAP_LOSS_MAP_FULL);
   return 0;
 }
 
@@ -630,7 +754,9 @@ int BPF_PROG(on_sched_waking, struct task_struct *p) {
     return 0;
   last->valid = 0;
   emit(XLAP_POINT_SCHED_WAKEUP, now, &last->id, tid, 0, 0, 0);
-  if (bpf_map_update_elem(&WOKEN, &tid, &last->id, BPF_ANY))
+  if (bpf_map_update_elem(&WOKEN, &tid, &last->id, BPF_NOEXIST) == 0)
+    __sync_fetch_and_add(&WOKEN_PENDING, 1);
+  else if (bpf_map_update_elem(&WOKEN, &tid, &last->id, BPF_EXIST))
     count_loss(XLAP_POINT_SCHED_SWITCH_IN, XLAP_LOSS_MAP_FULL);
   return 0;
 }
@@ -639,11 +765,27 @@ SEC("tp_btf/sched_switch")
 int BPF_PROG(on_sched_switch, bool preempt, struct task_struct *prev,
              struct task_struct *next) {
   __u32 tid = next->pid;
+  if (tid == 0) {
+    /* This CPU goes idle: export what waits in its batch, so stamps never
+     * wait long for the reader. Interrupts are off here: no program can
+     * nest, and depth is only non-zero under a preempted uprobe append. */
+    __u32 zero = 0;
+    struct xlap_batch *b = bpf_map_lookup_elem(&BATCH, &zero);
+    if (b && b->n) {
+      if (batch_enter(b) == 0)
+        flush(b);
+      batch_leave(b);
+    }
+    return 0;
+  }
+  if (!WOKEN_PENDING)
+    return 0;
   struct xl_ident *id = bpf_map_lookup_elem(&WOKEN, &tid);
   if (!id)
     return 0;
   struct xl_ident copy = *id;
-  bpf_map_delete_elem(&WOKEN, &tid);
+  if (bpf_map_delete_elem(&WOKEN, &tid) == 0)
+    __sync_fetch_and_add(&WOKEN_PENDING, -1);
   emit(XLAP_POINT_SCHED_SWITCH_IN, bpf_ktime_get_ns(), &copy, tid, 0, 0, 0);
   return 0;
 }

@@ -82,6 +82,7 @@ pub fn run(args: &RecordArgs) -> Result<RunMeta> {
     let mut capture = Capture::load(&Settings {
         layout,
         ringbuf_bytes,
+        per_stamp: args.per_stamp_records,
     })?;
     for (point, why) in &capture.unavailable {
         if !args.quiet {
@@ -107,6 +108,7 @@ pub fn run(args: &RecordArgs) -> Result<RunMeta> {
     let mut owners = targets::port_owners(&args.pids);
     capture.sync_ports(&Default::default(), &owners)?;
     let mut ring = capture.take_ring()?;
+    let batches = capture.take_batches()?;
 
     let run_id = format!(
         "{}-{}",
@@ -138,9 +140,7 @@ pub fn run(args: &RecordArgs) -> Result<RunMeta> {
         );
     }
 
-    if !args.full_priority {
-        yield_cpu_to_targets();
-    }
+    let mut priority = (!args.full_priority).then(|| ReaderPriority::background(ringbuf_bytes));
     let started = Instant::now();
     let mut last_flush = Instant::now();
     let mut last_ports = Instant::now();
@@ -161,17 +161,29 @@ pub fn run(args: &RecordArgs) -> Result<RunMeta> {
         // the timeout bounds how stale the output files get.
         // SAFETY: one valid pollfd; a signal interrupting poll is fine.
         unsafe { libc::poll(&mut pfd, 1, POLL_MS) };
+        let mut drained = 0usize;
         while let Some(item) = ring.next() {
-            let Some(raw) = xlap_stamp::from_bytes(&item) else {
-                continue;
-            };
-            let stamp = Stamp::decode(&raw);
-            tally.add(&stamp);
-            batcher.push(&stamp);
+            drained += item.len();
+            if drained >= ringbuf_bytes as usize / 4 {
+                // Behind by a quarter of the buffer in this one drain.
+                if let Some(p) = priority.as_mut() {
+                    p.adjust(drained);
+                }
+                drained = 0;
+            }
+            // One record: a stamp or a per-CPU batch of them.
+            for raw in xlap_stamp::all_from_bytes(&item) {
+                let stamp = Stamp::decode(&raw);
+                tally.add(&stamp);
+                batcher.push(&stamp);
+            }
             if batcher.len() >= BATCH_ROWS {
                 stream.write(&batcher.finish())?;
                 last_flush = Instant::now();
             }
+        }
+        if let Some(p) = priority.as_mut() {
+            p.adjust(drained);
         }
         if !batcher.is_empty() && last_flush.elapsed() >= FLUSH_EVERY {
             stream.write(&batcher.finish())?;
@@ -228,7 +240,8 @@ pub fn run(args: &RecordArgs) -> Result<RunMeta> {
         eprintln!();
     }
 
-    // Detach first, then take what the ring buffer still holds.
+    // Detach first, then take what the ring buffer and the per-CPU batches
+    // still hold.
     let losses = capture.losses()?;
     let unavailable: BTreeMap<String, String> = capture.unavailable.iter().cloned().collect();
     let program_stats = capture.program_stats();
@@ -236,12 +249,18 @@ pub fn run(args: &RecordArgs) -> Result<RunMeta> {
     drop(capture);
     drop(semaphores);
     while let Some(item) = ring.next() {
-        if let Some(raw) = xlap_stamp::from_bytes(&item) {
+        for raw in xlap_stamp::all_from_bytes(&item) {
             let stamp = Stamp::decode(&raw);
             tally.add(&stamp);
             batcher.push(&stamp);
         }
     }
+    for raw in capture::drain_batches(&batches)? {
+        let stamp = Stamp::decode(&raw);
+        tally.add(&stamp);
+        batcher.push(&stamp);
+    }
+    drop(batches);
     if !batcher.is_empty() {
         stream.write(&batcher.finish())?;
     }
@@ -298,6 +317,7 @@ pub fn run(args: &RecordArgs) -> Result<RunMeta> {
             "pids": args.pids,
             "layout": layout,
             "ringbuf_bytes": ringbuf_bytes,
+            "per_stamp_records": args.per_stamp_records,
             "duration_s": args.duration,
             "count": args.count,
             "exited": exited.iter().map(|(pid, s)| serde_json::json!({"pid": pid, "after_s": s})).collect::<Vec<_>>(),
@@ -366,17 +386,60 @@ impl Drop for Semaphores {
     }
 }
 
-/// Makes the reader a background task (SCHED_BATCH, nice 19): on a busy
-/// machine the traced protocol keeps the CPU and the reader catches up in
-/// its gaps; the ring buffer absorbs the wait, and anything it cannot hold
-/// is counted as lost, never silently dropped.
-fn yield_cpu_to_targets() {
+/// The reader's CPU priority. It runs as a background task (SCHED_BATCH,
+/// nice 19): on a busy machine the traced protocol keeps the CPU and the
+/// reader catches up in its gaps, the ring buffer absorbing the wait. When
+/// one drain finds a quarter of the ring buffer full, the reader is falling
+/// behind (the traced processes leave it no gaps): it takes normal priority
+/// (nice 0) until it has kept up for a second, rather than let the buffer
+/// overflow. Whatever the buffer cannot hold is counted as lost, never
+/// silently dropped.
+struct ReaderPriority {
+    ring_bytes: usize,
+    background: bool,
+    calm_since: Instant,
+}
+
+impl ReaderPriority {
+    fn background(ring_bytes: u32) -> ReaderPriority {
+        let p = ReaderPriority {
+            ring_bytes: ring_bytes as usize,
+            background: true,
+            calm_since: Instant::now(),
+        };
+        set_priority(true);
+        p
+    }
+
+    /// After a drain of `drained` bytes.
+    fn adjust(&mut self, drained: usize) {
+        if drained >= self.ring_bytes / 4 {
+            self.calm_since = Instant::now();
+            if self.background {
+                set_priority(false);
+                self.background = false;
+            }
+        } else if drained >= self.ring_bytes / 16 {
+            self.calm_since = Instant::now();
+        } else if !self.background && self.calm_since.elapsed() >= Duration::from_secs(1) {
+            set_priority(true);
+            self.background = true;
+        }
+    }
+}
+
+fn set_priority(background: bool) {
     let param = libc::sched_param { sched_priority: 0 };
-    // SAFETY: plain syscalls on this process with valid arguments; failure
-    // leaves the default priority, which is harmless.
+    let (policy, nice) = if background {
+        (libc::SCHED_BATCH, 19)
+    } else {
+        (libc::SCHED_OTHER, 0)
+    };
+    // SAFETY: plain syscalls on this thread with valid arguments; failure
+    // leaves the previous priority, which is harmless.
     unsafe {
-        libc::sched_setscheduler(0, libc::SCHED_BATCH, &param);
-        libc::setpriority(libc::PRIO_PROCESS, 0, 19);
+        libc::sched_setscheduler(0, policy, &param);
+        libc::setpriority(libc::PRIO_PROCESS, 0, nice);
     }
 }
 
