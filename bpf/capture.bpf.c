@@ -59,9 +59,13 @@ struct xl_send_ctx {
   __u8 seen_skb;
 };
 
-/* A receive syscall of a traced process, until it returns. */
-struct xl_recv_ctx {
-  __u8 on_sock; /* sock_recv_length saw a UDP socket in this syscall */
+/* The call state of a thread of a traced process, in the thread's own
+ * storage (task local storage: no hash lookups, freed with the thread). */
+struct xl_task {
+  struct xl_send_ctx send; /* valid while in_send */
+  __u8 in_send;            /* in a send syscall */
+  __u8 in_recv;            /* in a receive syscall */
+  __u8 on_sock; /* sock_recv_length saw a UDP socket in this receive */
 };
 
 /* The last datagram queued on a traced socket on this CPU: the wake-up it
@@ -103,18 +107,16 @@ struct {
 } TARGET_PORTS SEC(".maps");
 
 struct {
-  __uint(type, BPF_MAP_TYPE_HASH);
-  __uint(max_entries, 4096);
-  __type(key, __u32); /* tid */
-  __type(value, struct xl_send_ctx);
-} SEND_CTX SEC(".maps");
+  __uint(type, BPF_MAP_TYPE_TASK_STORAGE);
+  __uint(map_flags, BPF_F_NO_PREALLOC);
+  __type(key, int);
+  __type(value, struct xl_task);
+} TASK_CTX SEC(".maps");
 
-struct {
-  __uint(type, BPF_MAP_TYPE_HASH);
-  __uint(max_entries, 4096);
-  __type(key, __u32); /* tid */
-  __type(value, struct xl_recv_ctx);
-} RECV_CTX SEC(".maps");
+/* The call state of `task` if it has one (never creates it). */
+static __always_inline struct xl_task *task_ctx(struct task_struct *task) {
+  return bpf_task_storage_get(&TASK_CTX, task, 0, 0);
+}
 
 /* skb -> identity on the TX path, for the points after dev.queue (they may
  * run in another context: qdisc, softirq). A plain preallocated hash with
@@ -458,21 +460,26 @@ int BPF_PROG(on_sys_enter, struct pt_regs *regs, long id) {
   int send = is_send(nr), recv = is_recv(nr);
   if (!send && !recv && nr != NR_BIND)
     return 0;
-  __u64 pid_tgid = bpf_get_current_pid_tgid();
-  __u32 tgid = pid_tgid >> 32, tid = (__u32)pid_tgid;
+  __u32 tgid = bpf_get_current_pid_tgid() >> 32;
   if (!bpf_map_lookup_elem(&TARGET_PIDS, &tgid))
     return 0;
-  if (send) {
-    struct xl_send_ctx sc = {};
-    sc.ts_enter = bpf_ktime_get_ns();
-    if (bpf_map_update_elem(&SEND_CTX, &tid, &sc, BPF_ANY))
-      count_loss(XLAP_POINT_SOCK_SEND_ENTER, XLAP_LOSS_MAP_FULL);
-  } else if (recv) {
-    struct xl_recv_ctx rc = {};
-    if (bpf_map_update_elem(&RECV_CTX, &tid, &rc, BPF_ANY))
-      count_loss(XLAP_POINT_SOCK_RECV_EXIT, XLAP_LOSS_MAP_FULL);
-  } else {
+  if (!send && !recv) {
     register_bound_port(tgid, regs);
+    return 0;
+  }
+  struct xl_task *t = bpf_task_storage_get(
+      &TASK_CTX, bpf_get_current_task_btf(), 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
+  if (!t) {
+    count_loss(send ? XLAP_POINT_SOCK_SEND_ENTER : XLAP_POINT_SOCK_RECV_EXIT,
+               XLAP_LOSS_MAP_FULL);
+    return 0;
+  }
+  t->in_send = send;
+  t->in_recv = recv;
+  t->on_sock = 0;
+  if (send) {
+    t->send.ts_enter = bpf_ktime_get_ns();
+    t->send.seen_skb = 0;
   }
   return 0;
 }
@@ -486,16 +493,20 @@ static __always_inline void forget_woken(__u32 tid) {
 SEC("tp_btf/sys_exit")
 int BPF_PROG(on_sys_exit, struct pt_regs *regs, long ret) {
   __u32 nr = (__u32)regs->orig_ax;
+  int send = is_send(nr);
+  if (!send && !is_recv(nr))
+    return 0;
   /* Only threads of traced processes have call contexts. */
-  __u64 pid_tgid;
-  __u32 tgid, tid;
-  if (is_send(nr)) {
-    pid_tgid = bpf_get_current_pid_tgid();
-    tgid = pid_tgid >> 32;
-    tid = (__u32)pid_tgid;
-    struct xl_send_ctx *sc = bpf_map_lookup_elem(&SEND_CTX, &tid);
-    if (!sc)
+  struct xl_task *t = task_ctx(bpf_get_current_task_btf());
+  if (!t)
+    return 0;
+  __u64 pid_tgid = bpf_get_current_pid_tgid();
+  __u32 tgid = pid_tgid >> 32, tid = (__u32)pid_tgid;
+  if (send) {
+    if (!t->in_send)
       return 0;
+    t->in_send = 0;
+    struct xl_send_ctx *sc = &t->send;
     /* Only a call that put a UDP datagram on a device is a send. */
     if (sc->seen_skb) {
       __u64 now = bpf_ktime_get_ns();
@@ -504,21 +515,15 @@ int BPF_PROG(on_sys_exit, struct pt_regs *regs, long ret) {
       emit(XLAP_POINT_SOCK_SEND_ENTER, sc->ts_enter, &id, tid, 0, 0, 0);
       emit(XLAP_POINT_SOCK_SEND_EXIT, now, &id, tid, 0, 0, 0);
     }
-    bpf_map_delete_elem(&SEND_CTX, &tid);
     return 0;
   }
-  if (!is_recv(nr))
+  if (!t->in_recv)
     return 0;
-  pid_tgid = bpf_get_current_pid_tgid();
-  tgid = pid_tgid >> 32;
-  tid = (__u32)pid_tgid;
-  struct xl_recv_ctx *rc = bpf_map_lookup_elem(&RECV_CTX, &tid);
-  if (!rc)
-    return 0;
+  t->in_recv = 0;
   /* A reader woken while still on its CPU is never switched in for that
    * wake-up: once its receive returns, the wake-up is spent. */
   forget_woken(tid);
-  if (rc->on_sock && ret > 0) {
+  if (t->on_sock && ret > 0) {
     __u64 now = bpf_ktime_get_ns();
     /* The user's argument registers are intact at exit: the buffer is
      * found here, also for a call that was already blocked when tracing
@@ -536,7 +541,6 @@ int BPF_PROG(on_sys_exit, struct pt_regs *regs, long ret) {
     else
       count_loss(XLAP_POINT_SOCK_RECV_EXIT, XLAP_LOSS_PARSE);
   }
-  bpf_map_delete_elem(&RECV_CTX, &tid);
   return 0;
 }
 
@@ -544,20 +548,24 @@ SEC("tp_btf/sock_recv_length")
 int BPF_PROG(on_sock_recv_length, struct sock *sk, int ret, int flags) {
   if (sk->sk_protocol != IPPROTO_UDP_)
     return 0;
-  __u64 pid_tgid = bpf_get_current_pid_tgid();
-  __u32 tid = (__u32)pid_tgid;
-  struct xl_recv_ctx *rc = bpf_map_lookup_elem(&RECV_CTX, &tid);
-  if (rc) {
-    rc->on_sock = 1;
+  struct task_struct *task = bpf_get_current_task_btf();
+  struct xl_task *t = task_ctx(task);
+  if (t && t->in_recv) {
+    t->on_sock = 1;
     return 0;
   }
   /* A receive call of a traced process that began before tracing did. */
-  __u32 tgid = pid_tgid >> 32;
+  __u32 tgid = bpf_get_current_pid_tgid() >> 32;
   if (!bpf_map_lookup_elem(&TARGET_PIDS, &tgid))
     return 0;
-  struct xl_recv_ctx fresh = {.on_sock = 1};
-  if (bpf_map_update_elem(&RECV_CTX, &tid, &fresh, BPF_ANY))
+  t = bpf_task_storage_get(&TASK_CTX, task, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
+  if (!t) {
     count_loss(XLAP_POINT_SOCK_RECV_EXIT, XLAP_LOSS_MAP_FULL);
+    return 0;
+  }
+  t->in_send = 0;
+  t->in_recv = 1;
+  t->on_sock = 1;
   return 0;
 }
 
@@ -568,7 +576,8 @@ int BPF_PROG(on_net_dev_queue, struct sk_buff *skb) {
   __u64 pid_tgid = bpf_get_current_pid_tgid();
   __u32 tid = (__u32)pid_tgid;
   __u64 key = (__u64)skb;
-  struct xl_send_ctx *sc = bpf_map_lookup_elem(&SEND_CTX, &tid);
+  struct xl_task *t = task_ctx(bpf_get_current_task_btf());
+  struct xl_send_ctx *sc = t && t->in_send ? &t->send : 0;
   if (!sc) {
     /* Not a traced send: forget any identity a freed skb at this address
      * had, so later TX points do not stamp this packet as ours. */
@@ -750,7 +759,8 @@ int BPF_PROG(on_sched_waking, struct task_struct *p) {
   /* Only a thread blocked in a receive call is woken by the datagram (not,
    * say, a worker thread its reader wakes through a futex). */
   __u32 tid = p->pid;
-  if (!bpf_map_lookup_elem(&RECV_CTX, &tid))
+  struct xl_task *t = task_ctx(p);
+  if (!t || !t->in_recv)
     return 0;
   last->valid = 0;
   emit(XLAP_POINT_SCHED_WAKEUP, now, &last->id, tid, 0, 0, 0);

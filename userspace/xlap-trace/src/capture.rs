@@ -112,6 +112,8 @@ impl Capture {
             )
         };
         let mut bpf = EbpfLoader::new()
+            // TASK_CTX is task local storage: only the BPF side uses it.
+            .allow_unsupported_maps()
             .override_global("CFG", config_bytes, true)
             .map_max_entries("STAMPS", settings.ringbuf_bytes)
             .load(CAPTURE_OBJECT)
