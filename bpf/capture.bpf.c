@@ -331,9 +331,51 @@ static __always_inline __u16 fold16(const __u32 *words, int n) {
   return (__u16)(x ^ (x >> 16));
 }
 
-/* Bytes of the network header read in one go: an IPv6 header or an IPv4
- * header without options, plus the UDP header. */
-#define NET_HDR_READ 48
+/* Bytes read in one go from the network header: an IPv6 header or an IPv4
+ * header without options, the UDP header, and the first 16 (IPv6) or 36
+ * (IPv4) bytes of the payload, where the protocols we know keep seq and
+ * kind: one probe read per point instead of three. A power of two (index
+ * masks). If the read fails (the packet's buffer ends in an unmapped page),
+ * NET_HDR_MIN bytes are read and the fields are read apart. */
+#define NET_HDR_READ 64
+#define NET_HDR_MIN 48
+
+/* A field of `size` bytes at `at` in the header bytes `h` (all of it
+ * within NET_HDR_READ), in the configured byte order. */
+static __always_inline __u64 field_in(const __u8 *h, __u32 at, __u8 size) {
+  __u64 v = 0;
+#pragma unroll
+  for (int i = 0; i < 8; i++) {
+    if (i >= size)
+      break;
+    __u8 b = h[(at + i) & (NET_HDR_READ - 1)];
+    if (CFG.big_endian)
+      v = (v << 8) | b;
+    else
+      v |= (__u64)b << (8 * i);
+  }
+  return v;
+}
+
+/* Seq and kind from the header bytes already read, the payload starting at
+ * `off` in them with `avail` bytes, `have` bytes read. Returns 0 on
+ * success, -1 when the fields lie beyond the datagram (a parse failure), 1
+ * when they lie beyond what was read (read them apart). */
+static __always_inline int ident_in(const __u8 *h, __u32 off, __u32 have,
+                                    __u64 avail, struct xl_ident *id) {
+  __u32 so = CFG.seq_offset, ss = CFG.seq_size;
+  __u32 ko = CFG.kind_offset, ks = CFG.kind_size;
+  if (ss == 0 || ss > 8 || ks > 8)
+    return 1;
+  if ((__u64)so + ss > avail || (ks && (__u64)ko + ks > avail))
+    return -1;
+  if ((__u64)off + so + ss > have || (ks && (__u64)off + ko + ks > have))
+    return 1;
+  id->seq = field_in(h, off + so, ss);
+  id->kind = ks ? field_in(h, off + ko, ks) : 0;
+  id->flags |= XLAP_FLAG_SEQ_VALID;
+  return 0;
+}
 
 /* Parses the IP/UDP headers of an skb. On success fills the packet's flow
  * (addresses folded to 16 bits, ports), its UDP destination port and, when
@@ -341,7 +383,7 @@ static __always_inline __u16 fold16(const __u32 *words, int n) {
  * -1 not IPv4/IPv6 UDP (or not the first fragment), 0 parsed,
  * 1 UDP but seq/kind unreadable (nonlinear or beyond the datagram).
  * `skb` comes from tp_btf arguments: its fields are plain loads; only the
- * packet bytes need probe reads (one for the headers, one per field). */
+ * packet bytes need probe reads (usually one for headers and fields). */
 static __always_inline int parse_skb(struct sk_buff *skb, struct xl_ident *id,
                                      __u16 *dport) {
   unsigned char *head = skb->head;
@@ -350,12 +392,17 @@ static __always_inline int parse_skb(struct sk_buff *skb, struct xl_ident *id,
   if (!head || nh == (__u16)~0U)
     return -1;
   unsigned char *ip = head + nh;
-  __u8 h[NET_HDR_READ];
-  if (bpf_probe_read_kernel(h, sizeof(h), ip))
-    return -1;
+  __u8 h[NET_HDR_READ] = {};
+  __u32 have = NET_HDR_READ;
+  if (bpf_probe_read_kernel(h, NET_HDR_READ, ip)) {
+    have = NET_HDR_MIN;
+    if (bpf_probe_read_kernel(h, NET_HDR_MIN, ip))
+      return -1;
+  }
   __u32 saddr[4] = {}, daddr[4] = {};
   struct udphdr uh;
   unsigned char *udp;
+  __u32 pay_off = 0; /* payload offset in h, 0: not in h (IP options) */
   int words;
   if ((h[0] >> 4) == 4) {
     struct iphdr *iph = (struct iphdr *)h;
@@ -367,9 +414,10 @@ static __always_inline int parse_skb(struct sk_buff *skb, struct xl_ident *id,
     words = 1;
     __u32 ihl = (h[0] & 0xf) * 4;
     udp = ip + ihl;
-    if (ihl == sizeof(struct iphdr))
+    if (ihl == sizeof(struct iphdr)) {
       __builtin_memcpy(&uh, h + sizeof(struct iphdr), sizeof(uh));
-    else if (bpf_probe_read_kernel(&uh, sizeof(uh), udp)) /* IP options */
+      pay_off = sizeof(struct iphdr) + 8;
+    } else if (bpf_probe_read_kernel(&uh, sizeof(uh), udp)) /* IP options */
       return -1;
   } else if ((h[0] >> 4) == 6) {
     struct ipv6hdr *ip6 = (struct ipv6hdr *)h;
@@ -380,6 +428,7 @@ static __always_inline int parse_skb(struct sk_buff *skb, struct xl_ident *id,
     words = 4;
     udp = ip + sizeof(struct ipv6hdr);
     __builtin_memcpy(&uh, h + sizeof(struct ipv6hdr), sizeof(uh));
+    pay_off = sizeof(struct ipv6hdr) + 8;
   } else {
     return -1;
   }
@@ -398,6 +447,11 @@ static __always_inline int parse_skb(struct sk_buff *skb, struct xl_ident *id,
     return 1;
   __u64 linear = (head + tail) - payload;
   __u64 avail = udp_len - 8 < linear ? udp_len - 8 : linear;
+  if (pay_off) {
+    int r = ident_in(h, pay_off, have, avail, id);
+    if (r <= 0)
+      return r < 0 ? 1 : 0;
+  }
   return read_ident(payload, avail, 0, id) ? 1 : 0;
 }
 
@@ -460,15 +514,20 @@ int BPF_PROG(on_sys_enter, struct pt_regs *regs, long id) {
   int send = is_send(nr), recv = is_recv(nr);
   if (!send && !recv && nr != NR_BIND)
     return 0;
+  /* A thread with call state belongs to a traced process: no need to look
+   * its process up (task storage is cheaper than the hash). */
+  struct task_struct *task = bpf_get_current_task_btf();
+  struct xl_task *t = task_ctx(task);
   __u32 tgid = bpf_get_current_pid_tgid() >> 32;
-  if (!bpf_map_lookup_elem(&TARGET_PIDS, &tgid))
+  if (!t && !bpf_map_lookup_elem(&TARGET_PIDS, &tgid))
     return 0;
   if (!send && !recv) {
     register_bound_port(tgid, regs);
     return 0;
   }
-  struct xl_task *t = bpf_task_storage_get(
-      &TASK_CTX, bpf_get_current_task_btf(), 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
+  if (!t)
+    t = bpf_task_storage_get(&TASK_CTX, task, 0,
+                             BPF_LOCAL_STORAGE_GET_F_CREATE);
   if (!t) {
     count_loss(send ? XLAP_POINT_SOCK_SEND_ENTER : XLAP_POINT_SOCK_RECV_EXIT,
                XLAP_LOSS_MAP_FULL);
