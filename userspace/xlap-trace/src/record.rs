@@ -250,6 +250,10 @@ pub fn run(args: &RecordArgs) -> Result<RunMeta> {
     drop(stats_guard);
     drop(capture);
     drop(semaphores);
+    // Detaching does not wait for a program already running on another
+    // CPU; let it finish (it may still flush a batch) before the last
+    // drains.
+    std::thread::sleep(Duration::from_millis(20));
     while let Some(item) = ring.next() {
         for raw in xlap_stamp::all_from_bytes(&item) {
             let stamp = Stamp::decode(&raw);
