@@ -145,14 +145,30 @@ struct {
   __type(value, struct xl_rx_last);
 } RX_LAST SEC(".maps");
 
-/* The datagram for a traced socket that the receive path on this CPU is
- * carrying up from the driver right now. */
-struct xl_rx_cur {
+/* A datagram for a traced socket that the receive path on this CPU carried
+ * up from the driver. */
+struct xl_rx_slot {
   struct xl_ident id;
   __u64 ts;
+  __u32 gen;      /* bumped before and after a write: odd while writing */
+  __u32 used_gen; /* == gen once sk_data_ready paired the slot */
   __u16 dport;
+  __u8 at_socket_path; /* from receive_skb/gro (not netif_rx: backlog) */
+  __u8 _pad[5];
+};
+
+/* The last RX_SLOTS of them on this CPU, head the newest. */
+#define RX_SLOTS 4
+struct xl_rx_cur {
+  struct xl_rx_slot slot[RX_SLOTS];
+  __u32 head;
 };
 #define RX_CUR_MAX_AGE_NS 1000000
+/* CPUs searched for a datagram another CPU queued (see on_sk_data_ready):
+ * the verifier's time grows fast with it (8: ~0.4 s at load, 64: ~20 s).
+ * On bigger machines a datagram carried up by a CPU beyond these and
+ * queued by another one counts as unmatched. */
+#define RX_MAX_CPUS 8
 
 struct {
   __uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
@@ -738,9 +754,18 @@ static __always_inline void stamp_rx_dev(__u16 point, struct sk_buff *skb) {
   __u32 zero = 0;
   struct xl_rx_cur *cur = bpf_map_lookup_elem(&RX_CUR, &zero);
   if (cur) {
-    cur->id = id;
-    cur->dport = dport;
-    cur->ts = now;
+    __u32 i = (cur->head + 1) & (RX_SLOTS - 1);
+    struct xl_rx_slot *s = &cur->slot[i];
+    volatile __u32 *gen = &s->gen;
+    *gen = *gen + 1;
+    asm volatile("" ::: "memory");
+    s->id = id;
+    s->dport = dport;
+    s->ts = now;
+    s->at_socket_path = point != XLAP_POINT_DEV_NETIF_RX;
+    asm volatile("" ::: "memory");
+    *gen = *gen + 1;
+    cur->head = i;
   }
   emit(point, now, &id, 0, skb->dev->ifindex, skb->queue_mapping,
        skb_hw_ts(skb));
@@ -764,6 +789,60 @@ int BPF_PROG(on_netif_receive_skb, struct sk_buff *skb) {
   return 0;
 }
 
+/* UDP (since 6.18) lets the CPU that finds the socket's producer list
+ * empty move the datagrams other CPUs add meanwhile to the receive queue
+ * and call sk_data_ready for each of them, oldest first: a datagram can
+ * reach its socket on a CPU other than the one that carried it up. Its
+ * identity then waits, unpaired, in that CPU's slots: take the oldest
+ * unpaired one for the port (a seqcount-like generation guards against
+ * reading a slot while its CPU rewrites it). */
+static __always_inline int rx_cur_elsewhere(__u16 port, __u64 now,
+                                            struct xl_ident *out) {
+  __u32 zero = 0, self = bpf_get_smp_processor_id();
+  /* The best slot is kept as numbers, not a pointer: the verifier can then
+   * prune the paths of the search. */
+  __u32 best_cpu = ~0U, best_j = 0, best_gen = 0;
+  __u64 best_ts = ~0ULL;
+  for (__u32 cpu = 0; cpu < RX_MAX_CPUS; cpu++) {
+    if (cpu == self)
+      continue;
+    struct xl_rx_cur *c = bpf_map_lookup_percpu_elem(&RX_CUR, &zero, cpu);
+    if (!c)
+      break;
+    for (__u32 j = 0; j < RX_SLOTS; j++) {
+      struct xl_rx_slot *s = &c->slot[j];
+      volatile __u32 *gen = &s->gen;
+      __u32 g = *gen;
+      if ((g & 1) || s->used_gen == g || s->dport != port || !s->at_socket_path)
+        continue;
+      __u64 ts = s->ts;
+      if (now - ts >= RX_CUR_MAX_AGE_NS || ts >= best_ts)
+        continue;
+      best_cpu = cpu;
+      best_j = j;
+      best_gen = g;
+      best_ts = ts;
+    }
+  }
+  if (best_cpu == ~0U)
+    return 0;
+  struct xl_rx_cur *c = bpf_map_lookup_percpu_elem(&RX_CUR, &zero, best_cpu);
+  if (!c)
+    return 0;
+  struct xl_rx_slot *s = &c->slot[best_j & (RX_SLOTS - 1)];
+  volatile __u32 *gen = &s->gen;
+  if (*gen != best_gen)
+    return 0; /* rewritten meanwhile */
+  asm volatile("" ::: "memory");
+  struct xl_ident id = s->id;
+  asm volatile("" ::: "memory");
+  if (*gen != best_gen)
+    return 0;
+  s->used_gen = best_gen;
+  *out = id;
+  return 1;
+}
+
 SEC("tp_btf/sk_data_ready")
 int BPF_PROG(on_sk_data_ready, const struct sock *sk) {
   __u16 port = sk->__sk_common.skc_num;
@@ -777,16 +856,16 @@ int BPF_PROG(on_sk_data_ready, const struct sock *sk) {
    * another packet on the way. */
   __u32 zero = 0;
   struct xl_rx_cur *cur = bpf_map_lookup_elem(&RX_CUR, &zero);
-  struct xl_ident *found = 0;
-  if (cur && cur->dport == port && now - cur->ts < RX_CUR_MAX_AGE_NS)
-    found = &cur->id;
-  if (!found) {
+  struct xl_rx_slot *s = cur ? &cur->slot[cur->head & (RX_SLOTS - 1)] : 0;
+  struct xl_ident id;
+  if (s && s->dport == port && s->used_gen != s->gen &&
+      now - s->ts < RX_CUR_MAX_AGE_NS) {
+    id = s->id;
+    s->used_gen = s->gen; /* never pair it twice */
+  } else if (!rx_cur_elsewhere(port, now, &id)) {
     count_loss(XLAP_POINT_SOCK_QUEUE, XLAP_LOSS_UNMATCHED);
     return 0;
   }
-  struct xl_ident id = *found;
-  if (cur)
-    cur->dport = 0; /* used: never pair it twice */
   emit(XLAP_POINT_SOCK_QUEUE, now, &id, 0, 0, 0, 0);
   struct xl_rx_last *last = bpf_map_lookup_elem(&RX_LAST, &zero);
   if (last) {
