@@ -152,9 +152,10 @@ struct xl_rx_slot {
   __u64 ts;
   __u32 gen;      /* bumped before and after a write: odd while writing */
   __u32 used_gen; /* == gen once sk_data_ready paired the slot */
+  __u32 read_gen; /* == gen: the reader had it first (see forget_received) */
   __u16 dport;
   __u8 at_socket_path; /* from receive_skb/gro (not netif_rx: backlog) */
-  __u8 _pad[5];
+  __u8 _pad;
 };
 
 /* The last RX_SLOTS of them on this CPU, head the newest. */
@@ -559,6 +560,39 @@ int BPF_PROG(on_sys_enter, struct pt_regs *regs, long id) {
   return 0;
 }
 
+/* The reader has the datagram. UDP signals (sk_data_ready) a batch of
+ * datagrams only after queueing all of them, one call each, so a reader
+ * already awake can take one before its signal: if a CPU still holds it
+ * unpaired, stamp sock.queue now (it was queued before this, its signal has
+ * not come) and mark the slot, so that the late signal is paired with it
+ * without a second stamp. */
+static __always_inline void queued_before_read(const struct xl_ident *rid,
+                                               __u64 now) {
+  __u32 zero = 0;
+  for (__u32 cpu = 0; cpu < RX_MAX_CPUS; cpu++) {
+    struct xl_rx_cur *c = bpf_map_lookup_percpu_elem(&RX_CUR, &zero, cpu);
+    if (!c)
+      break;
+    for (__u32 j = 0; j < RX_SLOTS; j++) {
+      struct xl_rx_slot *s = &c->slot[j];
+      __u32 g = s->gen;
+      if ((g & 1) || s->used_gen == g || s->read_gen == g ||
+          !s->at_socket_path || s->id.seq != rid->seq ||
+          s->id.kind != rid->kind || s->id.pid != rid->pid ||
+          now - s->ts >= RX_CUR_MAX_AGE_NS)
+        continue;
+      asm volatile("" ::: "memory");
+      struct xl_ident id = s->id;
+      asm volatile("" ::: "memory");
+      if (*(volatile __u32 *)&s->gen != g)
+        continue; /* rewritten meanwhile */
+      s->read_gen = g;
+      emit(XLAP_POINT_SOCK_QUEUE, now, &id, 0, 0, 0, 0);
+      return;
+    }
+  }
+}
+
 /* A thread's pending wake-up is spent (it ran, or its receive returned). */
 static __always_inline void forget_woken(__u32 tid) {
   if (WOKEN_PENDING && bpf_map_delete_elem(&WOKEN, &tid) == 0)
@@ -611,9 +645,10 @@ int BPF_PROG(on_sys_exit, struct pt_regs *regs, long ret) {
     id.pid = tgid;
     id.len = nr == NR_RECVMMSG ? 0 : ret;
     id.flags = XLAP_FLAG_FROM_USER;
-    if (buf && read_ident((void *)buf, avail, 1, &id) == 0)
+    if (buf && read_ident((void *)buf, avail, 1, &id) == 0) {
       emit(XLAP_POINT_SOCK_RECV_EXIT, now, &id, tid, 0, 0, 0);
-    else
+      queued_before_read(&id, now);
+    } else
       count_loss(XLAP_POINT_SOCK_RECV_EXIT, XLAP_LOSS_PARSE);
   }
   return 0;
@@ -796,8 +831,8 @@ int BPF_PROG(on_netif_receive_skb, struct sk_buff *skb) {
  * identity then waits, unpaired, in that CPU's slots: take the oldest
  * unpaired one for the port (a seqcount-like generation guards against
  * reading a slot while its CPU rewrites it). */
-static __always_inline int rx_cur_elsewhere(__u16 port, __u64 now,
-                                            struct xl_ident *out) {
+static __always_inline int
+rx_cur_elsewhere(__u16 port, __u64 now, struct xl_ident *out, int *stamped) {
   __u32 zero = 0, self = bpf_get_smp_processor_id();
   /* The best slot is kept as numbers, not a pointer: the verifier can then
    * prune the paths of the search. */
@@ -839,6 +874,7 @@ static __always_inline int rx_cur_elsewhere(__u16 port, __u64 now,
   if (*gen != best_gen)
     return 0;
   s->used_gen = best_gen;
+  *stamped = s->read_gen == best_gen;
   *out = id;
   return 1;
 }
@@ -858,14 +894,18 @@ int BPF_PROG(on_sk_data_ready, const struct sock *sk) {
   struct xl_rx_cur *cur = bpf_map_lookup_elem(&RX_CUR, &zero);
   struct xl_rx_slot *s = cur ? &cur->slot[cur->head & (RX_SLOTS - 1)] : 0;
   struct xl_ident id;
+  int stamped = 0;
   if (s && s->dport == port && s->used_gen != s->gen &&
       now - s->ts < RX_CUR_MAX_AGE_NS) {
     id = s->id;
     s->used_gen = s->gen; /* never pair it twice */
-  } else if (!rx_cur_elsewhere(port, now, &id)) {
+    stamped = s->read_gen == s->gen;
+  } else if (!rx_cur_elsewhere(port, now, &id, &stamped)) {
     count_loss(XLAP_POINT_SOCK_QUEUE, XLAP_LOSS_UNMATCHED);
     return 0;
   }
+  if (stamped)
+    return 0; /* read (and stamped) before this signal came */
   emit(XLAP_POINT_SOCK_QUEUE, now, &id, 0, 0, 0, 0);
   struct xl_rx_last *last = bpf_map_lookup_elem(&RX_LAST, &zero);
   if (last) {
