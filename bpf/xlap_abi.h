@@ -48,7 +48,9 @@ enum xlap_loss {
 #define XLAP_FLAG_FROM_USER 0x2 /* read from the syscall's user buffer */
 #define XLAP_FLAG_HW_TS 0x4     /* hw_ts_ns holds a device timestamp */
 
-/* One stamp: one ring-buffer record. */
+/* One stamp. A ring-buffer record holds one or more of them back to back
+ * (a batch, see struct xlap_batch): its length is a multiple of the stamp
+ * size. */
 struct xlap_stamp {
   __u64 ts_ns;    /* bpf_ktime_get_ns(): CLOCK_MONOTONIC */
   __u64 flow;     /* socket cookie of the traced socket */
@@ -73,11 +75,31 @@ struct xlap_config {
   __u8 seq_size;   /* 1, 2, 4 or 8 */
   __u8 kind_size;  /* 0 (none), 1, 2 or 4 */
   __u8 big_endian; /* byte order of both fields */
-  __u8 _pad;
+  __u8 per_stamp;  /* 1: one ring-buffer record per stamp (no batching) */
   /* Wake the reader only once this many bytes wait in the ring buffer: a
    * wake-up per record costs microseconds (an IPI, a VM exit under KVM);
    * the reader also polls on a short timeout. */
   __u32 wakeup_bytes;
+};
+
+/* Stamps waiting on one CPU to be exported together: one ring-buffer record
+ * (bpf_ringbuf_output of stamps[0..n]) carries up to XLAP_BATCH_STAMPS of
+ * them, which amortises the record's cost (reserve, commit, the reader's
+ * work) over the batch. A batch is exported when it is full, when its oldest
+ * stamp is older than XLAP_BATCH_MAX_AGE_NS at the next stamp, and when the
+ * CPU goes idle; what is left when tracing stops is read from the map by
+ * userspace. `depth` guards against nesting: a program that interrupts (or
+ * preempts) another one in the middle of an append finds depth > 0 and
+ * writes its stamp as a record of its own. If a batch cannot be exported,
+ * each of its stamps is counted as lost at its own point. */
+#define XLAP_BATCH_STAMPS 32
+#define XLAP_BATCH_MAX_AGE_NS 2000000ULL
+
+struct xlap_batch {
+  __u32 n;     /* stamps waiting in stamps[] */
+  __u32 depth; /* programs inside an append on this CPU */
+  __u64 oldest_ns;
+  struct xlap_stamp stamps[XLAP_BATCH_STAMPS];
 };
 
 /* Key of the traced-socket table: a UDP port in a network namespace (ports

@@ -21,6 +21,8 @@ pub struct ExampleOptions {
     pub ipv6: bool,
     pub send_args: Vec<String>,
     pub recv_args: Vec<String>,
+    /// Added to both ports: several pairs side by side on one stage.
+    pub port_offset: u16,
 }
 
 impl Default for ExampleOptions {
@@ -34,6 +36,7 @@ impl Default for ExampleOptions {
             ipv6: false,
             send_args: Vec::new(),
             recv_args: Vec::new(),
+            port_offset: 0,
         }
     }
 }
@@ -67,7 +70,11 @@ impl ProtocolRun {
         let _ = std::fs::remove_file(&start_file);
         let receiver = b
             .command(&program)
-            .args(["recv", "--bind", &sock(b.addr(opts.ipv6), RECEIVER_PORT)])
+            .args([
+                "recv",
+                "--bind",
+                &sock(b.addr(opts.ipv6), RECEIVER_PORT + opts.port_offset),
+            ])
             .args(["--expect", &opts.count.to_string()])
             .arg("--ready-file")
             .arg(&ready)
@@ -79,15 +86,22 @@ impl ProtocolRun {
             .expect("spawn receiver");
         wait_for_file(&ready, 20);
         let mut send = a.command(&program);
-        send.args(["send", "--dest", &sock(b.addr(opts.ipv6), RECEIVER_PORT)])
-            .args(["--bind", &sock(a.addr(opts.ipv6), SENDER_PORT)])
-            .args(["--count", &opts.count.to_string()])
-            .args(["--period-us", &opts.period_us.to_string()])
-            .args(["--drop", &opts.drop.to_string()])
-            .arg("--log")
-            .arg(&sender_log)
-            .args(&opts.send_args)
-            .stdin(Stdio::null());
+        send.args([
+            "send",
+            "--dest",
+            &sock(b.addr(opts.ipv6), RECEIVER_PORT + opts.port_offset),
+        ])
+        .args([
+            "--bind",
+            &sock(a.addr(opts.ipv6), SENDER_PORT + opts.port_offset),
+        ])
+        .args(["--count", &opts.count.to_string()])
+        .args(["--period-us", &opts.period_us.to_string()])
+        .args(["--drop", &opts.drop.to_string()])
+        .arg("--log")
+        .arg(&sender_log)
+        .args(&opts.send_args)
+        .stdin(Stdio::null());
         if opts.gated {
             send.arg("--start-file").arg(&start_file);
         }

@@ -142,7 +142,12 @@ fn every_delivered_packet_has_every_kernel_point_in_causal_order() {
                 .filter_map(|pt| p.get(*pt).map(|t| (*pt, *t)))
                 .collect();
             for w in times.windows(2) {
-                assert!(w[0].1 <= w[1].1, "seq {seq}: {} after {}", w[0].0, w[1].0);
+                assert!(
+                    w[0].1 <= w[1].1,
+                    "seq {seq}: {} after {}: {p:?}",
+                    w[0].0,
+                    w[1].0
+                );
             }
         }
     }

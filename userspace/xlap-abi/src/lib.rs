@@ -8,7 +8,7 @@
 
 include!(concat!(env!("OUT_DIR"), "/abi.rs"));
 
-/// Size of one ring-buffer stamp record.
+/// Size of one stamp; a ring-buffer record holds one or more of them.
 pub const STAMP_SIZE: usize = core::mem::size_of::<xlap_stamp>();
 
 impl xlap_stamp {
@@ -22,5 +22,21 @@ impl xlap_stamp {
         // a plain C struct of integers, valid for any bit pattern;
         // read_unaligned copes with the ring buffer's 8-byte alignment.
         Some(unsafe { core::ptr::read_unaligned(bytes.as_ptr() as *const xlap_stamp) })
+    }
+
+    /// The stamps of one ring-buffer record: a single stamp or a batch of
+    /// them back to back (see `struct xlap_batch`). A trailing partial stamp
+    /// (a layout mismatch, never expected) is ignored.
+    pub fn all_from_bytes(bytes: &[u8]) -> impl Iterator<Item = xlap_stamp> + '_ {
+        bytes
+            .chunks_exact(STAMP_SIZE)
+            .filter_map(xlap_stamp::from_bytes)
+    }
+}
+
+impl xlap_batch {
+    /// The stamps still waiting in a batch read back from the kernel's map.
+    pub fn pending(&self) -> &[xlap_stamp] {
+        &self.stamps[..(self.n as usize).min(self.stamps.len())]
     }
 }

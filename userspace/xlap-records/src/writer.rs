@@ -39,13 +39,16 @@ pub enum WriteError {
     },
 }
 
+type PointName = (String, &'static str, Option<&'static str>);
+
 /// Collects stamps into record batches of the `stamps` schema.
 pub struct StampBatcher {
     run_id: String,
     host: String,
     app_names: Vec<String>,
-    /// point id -> (name, layer, side), filled on first use.
-    names: std::collections::HashMap<u16, (String, &'static str, Option<&'static str>)>,
+    /// Indexed by point id: (name, layer, side), filled on first use (a
+    /// vector, not a hash map: this runs for every stamp).
+    names: Vec<Option<PointName>>,
     run_ids: StringBuilder,
     hosts: StringBuilder,
     points: StringBuilder,
@@ -73,7 +76,7 @@ impl StampBatcher {
             run_id: run_id.to_string(),
             host: host.to_string(),
             app_names,
-            names: std::collections::HashMap::new(),
+            names: Vec::new(),
             run_ids: StringBuilder::new(),
             hosts: StringBuilder::new(),
             points: StringBuilder::new(),
@@ -107,14 +110,16 @@ impl StampBatcher {
     /// rather than dropped.
     pub fn push(&mut self, s: &Stamp) {
         // Names are resolved once per point id, not once per stamp.
+        let idx = s.point as usize;
+        if idx >= self.names.len() {
+            self.names.resize(idx + 1, None);
+        }
         let app_names = &self.app_names;
         let (name, layer, side) =
-            self.names
-                .entry(s.point)
-                .or_insert_with(|| match point_info(s.point, app_names) {
-                    Some((name, layer, side)) => (name, layer.as_str(), side.map(|s| s.as_str())),
-                    None => (format!("unknown.{}", s.point), "unknown", None),
-                });
+            self.names[idx].get_or_insert_with(|| match point_info(s.point, app_names) {
+                Some((name, layer, side)) => (name, layer.as_str(), side.map(|s| s.as_str())),
+                None => (format!("unknown.{}", s.point), "unknown", None),
+            });
         self.run_ids.append_value(&self.run_id);
         self.hosts.append_value(&self.host);
         self.points.append_value(name.as_str());

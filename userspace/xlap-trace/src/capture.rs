@@ -5,7 +5,7 @@ use crate::proto::Layout;
 use anyhow::{Context, Result};
 use aya::maps::{Array, HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf};
 use aya::programs::uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeScope};
-use aya::programs::{BtfTracePoint, RawTracePoint, UProbe};
+use aya::programs::{BtfTracePoint, UProbe};
 use aya::{include_bytes_aligned, Btf, Ebpf, EbpfLoader};
 use xlap_abi::{xlap_loss, xlap_point};
 
@@ -31,11 +31,20 @@ struct Spec(xlap_abi::xlap_usdt_spec);
 // bit pattern is valid and padding is zero-initialised (Default).
 unsafe impl aya::Pod for Spec {}
 
+/// A per-CPU batch of stamps as a map value.
+#[derive(Clone, Copy)]
+#[repr(transparent)]
+pub struct Batch(pub xlap_abi::xlap_batch);
+
+// SAFETY: a plain C struct of integers generated from the ABI header; every
+// bit pattern is valid.
+unsafe impl aya::Pod for Batch {}
+
 /// (program, kind, attach target, required). Optional points are missing on
 /// some kernels or devices; a run records which ones could not attach.
 const PROGRAMS: &[(&str, Kind, &str, bool)] = &[
-    ("on_sys_enter", Kind::RawTp, "sys_enter", true),
-    ("on_sys_exit", Kind::RawTp, "sys_exit", true),
+    ("on_sys_enter", Kind::TpBtf, "sys_enter", true),
+    ("on_sys_exit", Kind::TpBtf, "sys_exit", true),
     (
         "on_sock_recv_length",
         Kind::TpBtf,
@@ -72,7 +81,6 @@ const PROGRAMS: &[(&str, Kind, &str, bool)] = &[
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Kind {
-    RawTp,
     TpBtf,
 }
 
@@ -86,12 +94,15 @@ pub struct Capture {
 pub struct Settings {
     pub layout: Layout,
     pub ringbuf_bytes: u32,
+    /// One ring-buffer record per stamp instead of per-CPU batches.
+    pub per_stamp: bool,
 }
 
 impl Capture {
     pub fn load(settings: &Settings) -> Result<Capture> {
         let mut config = settings.layout.to_abi();
         config.wakeup_bytes = settings.ringbuf_bytes / 8;
+        config.per_stamp = settings.per_stamp as u8;
         // SAFETY: xlap_config is a plain C struct of integers (no padding
         // holes with undefined contents: it is zero-initialised by Default).
         let config_bytes: &[u8] = unsafe {
@@ -101,6 +112,8 @@ impl Capture {
             )
         };
         let mut bpf = EbpfLoader::new()
+            // TASK_CTX is task local storage: only the BPF side uses it.
+            .allow_unsupported_maps()
             .override_global("CFG", config_bytes, true)
             .map_max_entries("STAMPS", settings.ringbuf_bytes)
             .load(CAPTURE_OBJECT)
@@ -225,6 +238,13 @@ impl Capture {
         Ok(RingBuf::try_from(map)?)
     }
 
+    /// The per-CPU stamp batches, to read what is still waiting in them once
+    /// the programs are detached (`drain_batches`).
+    pub fn take_batches(&mut self) -> Result<PerCpuArray<MapData, Batch>> {
+        let map = self.bpf.take_map("BATCH").context("BATCH map")?;
+        Ok(PerCpuArray::try_from(map)?)
+    }
+
     /// Loss counters summed over CPUs: `[point row][reason]`; the last row
     /// counts app points.
     pub fn losses(&self) -> Result<Vec<[u64; xlap_loss::XLAP_LOSS_COUNT as usize]>> {
@@ -264,11 +284,6 @@ fn attach(bpf: &mut Ebpf, btf: &Btf, prog: &str, kind: Kind, target: &str) -> Re
         .program_mut(prog)
         .with_context(|| format!("program {prog} is missing from the object"))?;
     match kind {
-        Kind::RawTp => {
-            let p: &mut RawTracePoint = program.try_into()?;
-            p.load()?;
-            p.attach(target)?;
-        }
         Kind::TpBtf => {
             let p: &mut BtfTracePoint = program.try_into()?;
             p.load(target, btf)?;
@@ -303,4 +318,18 @@ pub fn enable_stats() -> Option<StatsGuard> {
     Some(StatsGuard(unsafe {
         std::os::fd::FromRawFd::from_raw_fd(fd as i32)
     }))
+}
+
+/// The stamps left in the per-CPU batches (call after detaching: nothing
+/// appends any more). An unreadable map is an error: those stamps would be
+/// lost without a count.
+pub fn drain_batches(batches: &PerCpuArray<MapData, Batch>) -> Result<Vec<xlap_abi::xlap_stamp>> {
+    let per_cpu = batches
+        .get(&0, 0)
+        .context("cannot read the stamps left in the per-CPU batches")?;
+    let mut out = Vec::new();
+    for batch in per_cpu.iter() {
+        out.extend_from_slice(batch.0.pending());
+    }
+    Ok(out)
 }

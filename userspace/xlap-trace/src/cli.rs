@@ -238,9 +238,14 @@ pub struct RecordArgs {
     #[arg(long)]
     pub host: Option<String>,
     /// Keep the reader at normal CPU priority (default: SCHED_BATCH, nice
-    /// 19, so the traced processes are perturbed least).
+    /// 19, so the traced processes are perturbed least; raised to normal
+    /// while the reader falls behind the ring buffer).
     #[arg(long)]
     pub full_priority: bool,
+    /// Export one ring-buffer record per stamp instead of per-CPU batches of
+    /// stamps (costlier; for comparison in benchmarks).
+    #[arg(long)]
+    pub per_stamp_records: bool,
     /// Do not turn on the kernel's BPF run-time statistics.
     #[arg(long)]
     pub no_bpf_stats: bool,

@@ -82,6 +82,7 @@ pub fn run(args: &RecordArgs) -> Result<RunMeta> {
     let mut capture = Capture::load(&Settings {
         layout,
         ringbuf_bytes,
+        per_stamp: args.per_stamp_records,
     })?;
     for (point, why) in &capture.unavailable {
         if !args.quiet {
@@ -107,6 +108,7 @@ pub fn run(args: &RecordArgs) -> Result<RunMeta> {
     let mut owners = targets::port_owners(&args.pids);
     capture.sync_ports(&Default::default(), &owners)?;
     let mut ring = capture.take_ring()?;
+    let batches = capture.take_batches()?;
 
     let run_id = format!(
         "{}-{}",
@@ -138,10 +140,9 @@ pub fn run(args: &RecordArgs) -> Result<RunMeta> {
         );
     }
 
-    if !args.full_priority {
-        yield_cpu_to_targets();
-    }
+    let mut priority = (!args.full_priority).then(|| ReaderPriority::background(ringbuf_bytes));
     let started = Instant::now();
+    let cpu_start = thread_cpu_s();
     let mut last_flush = Instant::now();
     let mut last_ports = Instant::now();
     let mut last_progress = Instant::now();
@@ -161,17 +162,30 @@ pub fn run(args: &RecordArgs) -> Result<RunMeta> {
         // the timeout bounds how stale the output files get.
         // SAFETY: one valid pollfd; a signal interrupting poll is fine.
         unsafe { libc::poll(&mut pfd, 1, POLL_MS) };
+        let mut drained = 0usize;
         while let Some(item) = ring.next() {
-            let Some(raw) = xlap_stamp::from_bytes(&item) else {
-                continue;
-            };
-            let stamp = Stamp::decode(&raw);
-            tally.add(&stamp);
-            batcher.push(&stamp);
+            drained += item.len();
+            if drained >= ringbuf_bytes as usize / 4 {
+                // Behind by a quarter of the buffer in this one drain.
+                if let Some(p) = priority.as_mut() {
+                    p.adjust(drained);
+                }
+                drained = 0;
+            }
+            // One record: a stamp or a per-CPU batch of them.
+            for raw in xlap_stamp::all_from_bytes(&item) {
+                let stamp = Stamp::decode(&raw);
+                tally.add(&stamp);
+                batcher.push(&stamp);
+            }
             if batcher.len() >= BATCH_ROWS {
                 stream.write(&batcher.finish())?;
                 last_flush = Instant::now();
             }
+        }
+        if let Some(p) = priority.as_mut() {
+            p.adjust(drained);
+            p.caught_up();
         }
         if !batcher.is_empty() && last_flush.elapsed() >= FLUSH_EVERY {
             stream.write(&batcher.finish())?;
@@ -228,30 +242,42 @@ pub fn run(args: &RecordArgs) -> Result<RunMeta> {
         eprintln!();
     }
 
-    // Detach first, then take what the ring buffer still holds.
+    // Detach first, then take what the ring buffer and the per-CPU batches
+    // still hold.
     let losses = capture.losses()?;
     let unavailable: BTreeMap<String, String> = capture.unavailable.iter().cloned().collect();
     let program_stats = capture.program_stats();
     drop(stats_guard);
     drop(capture);
     drop(semaphores);
+    // Detaching does not wait for a program already running on another
+    // CPU; let it finish (it may still flush a batch) before the last
+    // drains.
+    std::thread::sleep(Duration::from_millis(20));
     while let Some(item) = ring.next() {
-        if let Some(raw) = xlap_stamp::from_bytes(&item) {
+        for raw in xlap_stamp::all_from_bytes(&item) {
             let stamp = Stamp::decode(&raw);
             tally.add(&stamp);
             batcher.push(&stamp);
         }
     }
+    for raw in capture::drain_batches(&batches)? {
+        let stamp = Stamp::decode(&raw);
+        tally.add(&stamp);
+        batcher.push(&stamp);
+    }
+    drop(batches);
     if !batcher.is_empty() {
         stream.write(&batcher.finish())?;
     }
     stream.finish()?;
+    let reader_cpu_s = thread_cpu_s() - cpu_start;
     let clock_end = ClockPair::sample();
     stream_to_parquet(&files.stream, &files.parquet)?;
 
     let mut points: BTreeMap<String, PointStats> = BTreeMap::new();
-    for (id, n) in &tally.per_point {
-        let name = point_info(*id, &usdt_plan.app_names).map_or(format!("unknown.{id}"), |p| p.0);
+    for (id, n) in tally.points() {
+        let name = point_info(id, &usdt_plan.app_names).map_or(format!("unknown.{id}"), |p| p.0);
         points.entry(name).or_default().stamps += n;
     }
     let mut lost = 0;
@@ -298,6 +324,7 @@ pub fn run(args: &RecordArgs) -> Result<RunMeta> {
             "pids": args.pids,
             "layout": layout,
             "ringbuf_bytes": ringbuf_bytes,
+            "per_stamp_records": args.per_stamp_records,
             "duration_s": args.duration,
             "count": args.count,
             "exited": exited.iter().map(|(pid, s)| serde_json::json!({"pid": pid, "after_s": s})).collect::<Vec<_>>(),
@@ -329,6 +356,7 @@ pub fn run(args: &RecordArgs) -> Result<RunMeta> {
         bpf_ns_per_stamp: (bpf_time > 0 && tally.stamps > 0)
             .then(|| bpf_time as f64 / tally.stamps as f64),
         bpf_programs,
+        reader_cpu_s,
         stop_reason,
     };
     let json = serde_json::to_string_pretty(&meta)?;
@@ -366,37 +394,200 @@ impl Drop for Semaphores {
     }
 }
 
-/// Makes the reader a background task (SCHED_BATCH, nice 19): on a busy
-/// machine the traced protocol keeps the CPU and the reader catches up in
-/// its gaps; the ring buffer absorbs the wait, and anything it cannot hold
-/// is counted as lost, never silently dropped.
-fn yield_cpu_to_targets() {
-    let param = libc::sched_param { sched_priority: 0 };
-    // SAFETY: plain syscalls on this process with valid arguments; failure
-    // leaves the default priority, which is harmless.
-    unsafe {
-        libc::sched_setscheduler(0, libc::SCHED_BATCH, &param);
-        libc::setpriority(libc::PRIO_PROCESS, 0, 19);
+/// The reader's CPU priority. It runs as a background task (SCHED_BATCH,
+/// nice 19): on a busy machine the traced protocol keeps the CPU and the
+/// reader catches up in its gaps, the ring buffer absorbing the wait. When
+/// the traced processes leave it no gaps it takes normal priority (nice 0)
+/// until it has kept up for a second, rather than let the buffer overflow:
+/// raised by itself when one drain finds a quarter of the buffer full, or
+/// by a watchdog thread (normal priority, asleep but for a check every
+/// 10 ms) when the reader has not emptied the buffer for 50 ms, which a
+/// starved reader cannot notice itself. Whatever the buffer cannot hold is
+/// counted as lost, never silently dropped.
+struct ReaderPriority {
+    ring_bytes: usize,
+    shared: Arc<PriorityShared>,
+    calm_since: Instant,
+    watchdog: Option<std::thread::JoinHandle<()>>,
+}
+
+struct PriorityShared {
+    tid: libc::pid_t,
+    epoch: Instant,
+    background: AtomicBool,
+    /// Milliseconds since `epoch` when the reader last emptied the buffer.
+    caught_up_ms: std::sync::atomic::AtomicU64,
+    stop: AtomicBool,
+}
+
+impl PriorityShared {
+    fn now_ms(&self) -> u64 {
+        self.epoch.elapsed().as_millis() as u64
     }
 }
 
-/// Running counts of what the ring buffer delivered.
+const WATCHDOG_EVERY: Duration = Duration::from_millis(10);
+const STARVED_AFTER_MS: u64 = 50;
+
+impl ReaderPriority {
+    fn background(ring_bytes: u32) -> ReaderPriority {
+        // SAFETY: gettid has no arguments and cannot fail.
+        let tid = unsafe { libc::syscall(libc::SYS_gettid) } as libc::pid_t;
+        let shared = Arc::new(PriorityShared {
+            tid,
+            epoch: Instant::now(),
+            background: AtomicBool::new(true),
+            caught_up_ms: Default::default(),
+            stop: AtomicBool::new(false),
+        });
+        let watched = shared.clone();
+        let watchdog = std::thread::Builder::new()
+            .name("reader-watchdog".into())
+            .spawn(move || {
+                while !watched.stop.load(Ordering::Relaxed) {
+                    std::thread::sleep(WATCHDOG_EVERY);
+                    let behind = watched.now_ms()
+                        > watched.caught_up_ms.load(Ordering::Relaxed) + STARVED_AFTER_MS;
+                    if behind && watched.background.swap(false, Ordering::Relaxed) {
+                        set_priority(watched.tid, false);
+                    }
+                }
+            })
+            .ok();
+        set_priority(tid, true);
+        ReaderPriority {
+            ring_bytes: ring_bytes as usize,
+            shared,
+            calm_since: Instant::now(),
+            watchdog,
+        }
+    }
+
+    /// The reader found the buffer empty.
+    fn caught_up(&self) {
+        self.shared
+            .caught_up_ms
+            .store(self.shared.now_ms(), Ordering::Relaxed);
+    }
+
+    /// After a drain of `drained` bytes.
+    fn adjust(&mut self, drained: usize) {
+        let background = self.shared.background.load(Ordering::Relaxed);
+        if drained >= self.ring_bytes / 4 {
+            self.calm_since = Instant::now();
+            if self.shared.background.swap(false, Ordering::Relaxed) {
+                set_priority(self.shared.tid, false);
+            }
+        } else if drained >= self.ring_bytes / 16 {
+            self.calm_since = Instant::now();
+        } else if !background && self.calm_since.elapsed() >= Duration::from_secs(1) {
+            self.shared.background.store(true, Ordering::Relaxed);
+            set_priority(self.shared.tid, true);
+            self.calm_since = Instant::now();
+        } else if background {
+            self.calm_since = Instant::now();
+        }
+    }
+}
+
+impl Drop for ReaderPriority {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Ordering::Relaxed);
+        if let Some(w) = self.watchdog.take() {
+            let _ = w.join();
+        }
+    }
+}
+
+/// CPU seconds (user + system) of the calling thread.
+fn thread_cpu_s() -> f64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid timespec for the kernel to fill.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    ts.tv_sec as f64 + ts.tv_nsec as f64 / 1e9
+}
+
+/// Background (SCHED_BATCH, nice 19) or normal priority for thread `tid`.
+fn set_priority(tid: libc::pid_t, background: bool) {
+    let param = libc::sched_param { sched_priority: 0 };
+    let (policy, nice) = if background {
+        (libc::SCHED_BATCH, 19)
+    } else {
+        (libc::SCHED_OTHER, 0)
+    };
+    // SAFETY: plain syscalls on this thread with valid arguments; failure
+    // leaves the previous priority, which is harmless.
+    unsafe {
+        libc::sched_setscheduler(tid, policy, &param);
+        libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, nice);
+    }
+}
+
+/// Running counts of what the ring buffer delivered (for every stamp: kept
+/// cheap).
 #[derive(Default)]
 struct Tally {
-    per_point: BTreeMap<u16, u64>,
+    /// Stamps per point id (kernel and app ids are small).
+    per_point: Vec<u64>,
     /// Distinct (flow, kind, seq) of stamps that know their flow.
-    packets: HashSet<(u64, u8, u64)>,
+    packets: HashSet<(u64, u8, u64), std::hash::BuildHasherDefault<FastHasher>>,
+    /// The packet added last: a batch carries a packet's stamps together.
+    last_packet: Option<(u64, u8, u64)>,
     stamps: u64,
 }
 
 impl Tally {
     fn add(&mut self, stamp: &Stamp) {
-        *self.per_point.entry(stamp.point).or_default() += 1;
+        let idx = stamp.point as usize;
+        if idx >= self.per_point.len() {
+            self.per_point.resize(idx + 1, 0);
+        }
+        self.per_point[idx] += 1;
         if let (Some(seq), true) = (stamp.seq, stamp.flow != 0) {
-            self.packets
-                .insert((stamp.flow, stamp.kind.unwrap_or(0), seq));
+            let key = (stamp.flow, stamp.kind.unwrap_or(0), seq);
+            if self.last_packet != Some(key) {
+                self.packets.insert(key);
+                self.last_packet = Some(key);
+            }
         }
         self.stamps += 1;
+    }
+
+    /// (point id, stamps) of the points seen.
+    fn points(&self) -> impl Iterator<Item = (u16, u64)> + '_ {
+        self.per_point
+            .iter()
+            .enumerate()
+            .filter(|(_, n)| **n > 0)
+            .map(|(id, n)| (id as u16, *n))
+    }
+}
+
+/// A multiplicative hasher for the packet set (its keys are not chosen by
+/// an adversary; SipHash costs more than the rest of a stamp's decoding).
+#[derive(Default)]
+struct FastHasher(u64);
+
+impl std::hash::Hasher for FastHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.write_u64(*b as u64);
+        }
+    }
+
+    fn write_u8(&mut self, v: u8) {
+        self.write_u64(v as u64);
+    }
+
+    fn write_u64(&mut self, v: u64) {
+        self.0 = (self.0.rotate_left(5) ^ v).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
     }
 }
 

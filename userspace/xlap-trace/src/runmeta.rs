@@ -94,6 +94,9 @@ pub struct RunMeta {
     pub bpf_programs: BTreeMap<String, ProgramStats>,
     /// Total BPF run time / stamps written (includes filtered-out calls).
     pub bpf_ns_per_stamp: Option<f64>,
+    /// CPU time (user + system) the reader spent while the run went on:
+    /// draining the ring buffer, decoding, writing the Arrow stream.
+    pub reader_cpu_s: f64,
     pub stop_reason: String,
 }
 
