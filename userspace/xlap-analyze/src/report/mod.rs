@@ -215,16 +215,17 @@ fn scatter(conn: &Connection, stages: &[String], kind: u64) -> Result<String> {
         let ext = |f: fn(f64, f64) -> f64, init: f64, get: fn(&(f64, f64)) -> f64| {
             pts.iter().map(get).fold(init, f)
         };
+        // As in the box plots, the axes start at 0.1 µs at the lowest.
         let mut f = Frame::new(
             320.0,
             280.0,
             56.0,
             Scale::log(
-                us(ext(f64::min, f64::INFINITY, |p| p.0).max(1.0)),
+                us(ext(f64::min, f64::INFINITY, |p| p.0).max(100.0)),
                 us(ext(f64::max, 1.0, |p| p.0)),
             ),
             Scale::log(
-                us(ext(f64::min, f64::INFINITY, |p| p.1).max(1.0)),
+                us(ext(f64::min, f64::INFINITY, |p| p.1).max(100.0)),
                 us(ext(f64::max, 1.0, |p| p.1)),
             ),
         );
@@ -297,7 +298,7 @@ fn profile_plot(t: &Table, stages: &[String]) -> String {
         ));
         let _ = write!(
             legend,
-            r#"<text x="{:.1}" y="{:.1}" fill="{color}" class="row">{}</text>"#,
+            r#"<text x="{:.1}" y="{:.1}" style="fill:{color}" class="row">{}</text>"#,
             f.width - f.right - 260.0,
             f.top + 16.0 + 15.0 * i as f64,
             esc(&stage.replace("__", " → "))
