@@ -8,6 +8,7 @@ pub mod demo;
 pub mod exit;
 pub mod preflight;
 pub mod proto;
+pub mod reader_priority;
 pub mod record;
 pub mod report_cmd;
 pub mod runmeta;
