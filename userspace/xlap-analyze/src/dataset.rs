@@ -103,9 +103,19 @@ fn statements(sql: &str) -> Vec<&str> {
     out
 }
 
+/// How `queries/views.sql`'s shared tables are made.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Shared {
+    /// Computed once on open: the bundled queries all read them.
+    Materialized,
+    /// As views, computed only by a query that reads them (`xlap-trace sql`,
+    /// where most statements need none of them).
+    Lazy,
+}
+
 /// Opens `arg` in `conn` (an in-memory DuckDB), creating the views;
 /// `progress` reports the time of each shared step on stderr.
-pub fn open(conn: &Connection, arg: &Path, progress: bool) -> Result<Dataset> {
+pub fn open(conn: &Connection, arg: &Path, shared: Shared, progress: bool) -> Result<Dataset> {
     if !arg.exists() {
         return Err(input(
             arg,
@@ -177,7 +187,14 @@ pub fn open(conn: &Connection, arg: &Path, progress: bool) -> Result<Dataset> {
         .filter(|s| s.lines().any(|l| code(&l)))
     {
         let t0 = std::time::Instant::now();
-        conn.execute_batch(stmt).map_err(|e| {
+        let stmt = match shared {
+            Shared::Materialized => stmt.to_string(),
+            Shared::Lazy => stmt.replace(
+                "CREATE OR REPLACE TEMP TABLE",
+                "CREATE OR REPLACE TEMP VIEW",
+            ),
+        };
+        conn.execute_batch(&stmt).map_err(|e| {
             input(
                 arg,
                 format!("queries/views.sql failed on this packets table: {e}"),

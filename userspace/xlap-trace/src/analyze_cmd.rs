@@ -43,10 +43,14 @@ fn format_of(f: OutputFormat) -> Format {
 
 /// An in-memory DuckDB with the run's views, within a memory bound (DuckDB
 /// spills beyond it).
-pub fn open(run: &Path, progress: bool) -> Result<(Connection, dataset::Dataset)> {
+pub fn open(
+    run: &Path,
+    shared: dataset::Shared,
+    progress: bool,
+) -> Result<(Connection, dataset::Dataset)> {
     let conn = Connection::open_in_memory()?;
     conn.execute_batch("SET memory_limit = '4GB'; SET preserve_insertion_order = false;")?;
-    let ds = dataset::open(&conn, run, progress).map_err(classify)?;
+    let ds = dataset::open(&conn, run, shared, progress).map_err(classify)?;
     Ok((conn, ds))
 }
 
@@ -183,7 +187,7 @@ pub fn analyze(a: &AnalyzeArgs) -> Result<()> {
         ));
     };
     let queries = selected(&a.query)?;
-    let (conn, _) = open(run, !a.quiet)?;
+    let (conn, _) = open(run, dataset::Shared::Materialized, !a.quiet)?;
     let kind = a
         .kind
         .as_deref()
@@ -237,7 +241,7 @@ fn user_sql(conn: &Connection, sql: &str) -> Result<Table> {
 }
 
 pub fn sql(a: &SqlArgs) -> Result<()> {
-    let (conn, ds) = open(&a.run, false)?;
+    let (conn, ds) = open(&a.run, dataset::Shared::Lazy, false)?;
     let format = format_of(a.format);
     if let Some(sql) = &a.sql {
         let t = user_sql(&conn, sql)?;

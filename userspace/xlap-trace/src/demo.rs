@@ -150,7 +150,11 @@ pub fn run(args: &DemoArgs) -> Result<()> {
         crate::correlate_cmd::correlate(&[record_args.output.as_path()], &packets, None)?;
     crate::correlate_cmd::print(&correlation, &packets);
     let run = record_args.output.display().to_string();
-    let (conn, _) = crate::analyze_cmd::open(&record_args.output, false)?;
+    let (conn, _) = crate::analyze_cmd::open(
+        &record_args.output,
+        xlap_analyze::dataset::Shared::Materialized,
+        false,
+    )?;
     // The data packets: the protocol's most common kind.
     let kind: u64 = conn.query_row(
         "SELECT mode(kind)::UBIGINT FROM packets WHERE e2e_ns IS NOT NULL",

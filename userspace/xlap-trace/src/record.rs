@@ -482,10 +482,11 @@ pub fn correlate_run(args: &RecordArgs) {
 /// The bundled `summary` query over the run just recorded; a run that
 /// cannot have one (one side only) says why instead.
 fn print_analysis_summary(dir: &std::path::Path) {
-    let result = crate::analyze_cmd::open(dir, false).and_then(|(conn, _)| {
-        let q = xlap_analyze::queries::find("summary")?;
-        crate::analyze_cmd::run_queries(&conn, &[q], &[], false)
-    });
+    let result = crate::analyze_cmd::open(dir, xlap_analyze::dataset::Shared::Materialized, false)
+        .and_then(|(conn, _)| {
+            let q = xlap_analyze::queries::find("summary")?;
+            crate::analyze_cmd::run_queries(&conn, &[q], &[], false)
+        });
     match result {
         Ok(results) => {
             println!(

@@ -3,11 +3,12 @@
 use crate::analyze_cmd::{classify, open, resolve_kind};
 use crate::cli::{ExportArgs, ReportArgs};
 use anyhow::{Context, Result};
+use xlap_analyze::dataset::Shared;
 use xlap_analyze::perfetto::{self, ExportOptions};
 use xlap_analyze::report::{self, ReportOptions};
 
 pub fn report(a: &ReportArgs) -> Result<()> {
-    let (conn, ds) = open(&a.run, true)?;
+    let (conn, ds) = open(&a.run, Shared::Materialized, true)?;
     let kind = a
         .kind
         .as_deref()
@@ -33,7 +34,7 @@ pub fn report(a: &ReportArgs) -> Result<()> {
 }
 
 pub fn export(a: &ExportArgs) -> Result<()> {
-    let (conn, _) = open(&a.run, false)?;
+    let (conn, _) = open(&a.run, Shared::Lazy, false)?;
     let kind = a
         .kind
         .as_deref()
