@@ -174,3 +174,62 @@ fn json(t: &Table) -> String {
         .collect();
     serde_json::to_string_pretty(&rows).unwrap_or_default() + "\n"
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn table() -> Table {
+        Table {
+            columns: vec!["stage".into(), "p50_ns".into(), "note".into()],
+            rows: vec![
+                vec![json!("a__b"), json!(1234.56), json!("x, \"y\"")],
+                vec![json!("c|d"), json!(-0.00001), Value::Null],
+            ],
+        }
+    }
+
+    #[test]
+    fn cells_round_for_people_and_never_say_minus_zero() {
+        assert_eq!(cell(&json!(1234.56)), "1234.6");
+        assert_eq!(cell(&json!(0.123456)), "0.1235");
+        assert_eq!(cell(&json!(42)), "42");
+        assert_eq!(cell(&json!(-0.00001)), "0");
+        assert_eq!(cell(&Value::Null), "");
+    }
+
+    #[test]
+    fn csv_quotes_and_keeps_full_precision() {
+        assert_eq!(
+            render(&table(), Format::Csv),
+            "stage,p50_ns,note\na__b,1234.56,\"x, \"\"y\"\"\"\nc|d,-0.00001,\n"
+        );
+    }
+
+    #[test]
+    fn markdown_escapes_pipes_and_right_aligns_numbers() {
+        let md = render(&table(), Format::Markdown);
+        assert!(
+            md.starts_with("| stage | p50_ns | note |\n| --- | ---: | --- |\n"),
+            "{md}"
+        );
+        assert!(md.contains("| c\\|d | 0 |  |"), "{md}");
+    }
+
+    #[test]
+    fn json_is_an_array_of_objects() {
+        let v: Value = serde_json::from_str(&render(&table(), Format::Json)).unwrap();
+        assert_eq!(v[0]["stage"], "a__b");
+        assert_eq!(v[1]["note"], Value::Null);
+    }
+
+    #[test]
+    fn tables_align_numbers_right() {
+        let t = render(&table(), Format::Table);
+        let lines: Vec<&str> = t.lines().collect();
+        assert_eq!(lines[0], "stage  p50_ns  note");
+        assert_eq!(lines[1], "a__b   1234.6  x, \"y\"");
+        assert_eq!(lines[2], "c|d         0");
+    }
+}

@@ -233,3 +233,48 @@ pub fn run(conn: &Connection, query: &Query, params: &[(String, String)]) -> Res
         other => other,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_bundled_query_has_a_complete_header() {
+        for (name, text) in SOURCES {
+            let q = parse(name, text).unwrap_or_else(|e| panic!("{name}: {e}"));
+            assert!(!q.params.is_empty(), "{name} declares no parameters");
+        }
+    }
+
+    #[test]
+    fn a_header_that_names_another_query_or_lacks_a_key_is_refused() {
+        let e = parse(
+            "x",
+            "-- name: y\n-- description: d\n-- reads: r\n-- params: kind = k\nSELECT 1",
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("names it y"), "{e}");
+        let e = parse(
+            "x",
+            "-- name: x\n-- reads: r\n-- params: kind = k\nSELECT 1",
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("-- description:"), "{e}");
+        let q = parse(
+            "x",
+            "-- name: x\n-- description: d\n-- reads: r\n-- params: a = one; b = two\nSELECT 1",
+        )
+        .unwrap();
+        assert_eq!(
+            q.params,
+            vec![("a".into(), "one".into()), ("b".into(), "two".into())]
+        );
+    }
+
+    #[test]
+    fn parameters_become_typed_literals() {
+        assert_eq!(literal("42"), "42");
+        assert_eq!(literal("e2e"), "'e2e'");
+        assert_eq!(literal("it's"), "'it''s'");
+    }
+}

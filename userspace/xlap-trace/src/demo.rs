@@ -161,7 +161,14 @@ pub fn run(args: &DemoArgs) -> Result<()> {
         [],
         |r| r.get(0),
     )?;
-    println!("\n== the analysis of kind {kind} (xlap-trace analyze {run} --kind {kind}) ==");
+    let kind_arg: String = conn
+        .query_row("SELECT name FROM kinds WHERE kind = ?", [kind], |r| {
+            r.get(0)
+        })
+        .unwrap_or_else(|_| kind.to_string());
+    println!(
+        "\n== the analysis of kind {kind_arg} (xlap-trace analyze {run} --kind {kind_arg}) =="
+    );
     let queries = ["summary", "outlier_causes", "correlation"]
         .iter()
         .map(|n| xlap_analyze::queries::find(n))

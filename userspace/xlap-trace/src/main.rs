@@ -66,8 +66,16 @@ fn run(cli: Cli) -> Result<()> {
             }
             println!("app points: app.<marker> for every USDT marker xlap:<marker>");
             println!("protocol presets (--proto):");
-            for (name, _, what) in proto::PRESETS {
+            for (name, layout, what) in proto::PRESETS {
                 println!("  {name:<14} {what}");
+                if !layout.kind_names.is_empty() {
+                    let kinds: Vec<String> = layout
+                        .kind_names
+                        .iter()
+                        .map(|(k, n)| format!("{k} {n}"))
+                        .collect();
+                    println!("  {:<14} kinds: {}", "", kinds.join(", "));
+                }
             }
             Ok(())
         }
