@@ -77,13 +77,17 @@ fn median(v: &mut [f64]) -> f64 {
     v[v.len() / 2]
 }
 
-fn arg<T: std::str::FromStr>(name: &str, default: T) -> T {
+/// The value of `--name VALUE`, `default` when absent; a bad value is an error.
+fn arg<T: std::str::FromStr>(name: &str, default: T) -> Result<T> {
     let args: Vec<String> = std::env::args().collect();
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
+    let Some(i) = args.iter().position(|a| a == name) else {
+        return Ok(default);
+    };
+    let v = args
+        .get(i + 1)
+        .with_context(|| format!("{name} needs a value"))?;
+    v.parse()
+        .map_err(|_| anyhow::anyhow!("{name} {v:?}: not a valid value"))
 }
 
 /// The synthetic run, generated once per size and kept in bench-results/.
@@ -120,9 +124,9 @@ fn dataset(packets: u64) -> Result<PathBuf> {
 
 fn main() -> Result<()> {
     let quick = std::env::args().any(|a| a == "--quick");
-    let packets: u64 = arg("--packets", if quick { 1_000_000 } else { 10_000_000 });
-    let rounds: usize = arg("--rounds", if quick { 1 } else { 3 });
-    let python: String = arg("--python", "python3".to_string());
+    let packets: u64 = arg("--packets", if quick { 1_000_000 } else { 10_000_000 })?;
+    let rounds: usize = arg("--rounds", if quick { 1 } else { 3 })?.max(1);
+    let python: String = arg("--python", "python3".to_string())?;
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../bench/xlap_pandas.py");
     let run = dataset(packets)?;
     let size_mib = std::fs::metadata(run.join("packets.parquet"))?.len() as f64 / 1048576.0;

@@ -49,8 +49,10 @@ pub struct Correlation {
     pub clocks: Vec<Mapping>,
 }
 
-const TX_WIRE: &[&str] = &["dev_start_xmit", "dev_xmit", "dev_queue"];
-const RX_WIRE: &[&str] = &["dev_netif_rx", "dev_gro_receive", "dev_receive_skb"];
+/// Where a packet leaves the sender and reaches the receiver: the first of
+/// these point columns (without `_ns`) a run has.
+pub const TX_WIRE: &[&str] = &["dev_start_xmit", "dev_xmit", "dev_queue"];
+pub const RX_WIRE: &[&str] = &["dev_netif_rx", "dev_gro_receive", "dev_receive_skb"];
 
 fn sql_list(paths: &[&Path]) -> String {
     paths

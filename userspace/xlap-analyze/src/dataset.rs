@@ -59,8 +59,6 @@ pub const VIEWS_SQL: &str = include_str!("../../../queries/views.sql");
 pub struct Dataset {
     /// The argument, for messages.
     pub source: String,
-    /// The packets Parquet file, or None when correlated on the fly.
-    pub packets_file: Option<PathBuf>,
     pub run_files: Vec<PathBuf>,
     pub packets: u64,
     pub delivered: u64,
@@ -234,7 +232,6 @@ pub fn open(conn: &Connection, arg: &Path, shared: Shared, progress: bool) -> Re
     }
     Ok(Dataset {
         source: arg.display().to_string(),
-        packets_file,
         run_files,
         packets: packets as u64,
         delivered: delivered as u64,
@@ -384,16 +381,7 @@ fn load_runs(conn: &Connection, files: &[PathBuf]) -> Result<()> {
          CREATE OR REPLACE TEMP TABLE kinds (kind UBIGINT, name VARCHAR);",
     )?;
     for file in files {
-        let text = std::fs::read_to_string(file).map_err(|e| input(file, e.to_string()))?;
-        let m: serde_json::Value = serde_json::from_str(&text)
-            .map_err(|e| input(file, format!("run.json is not valid JSON: {e}")))?;
-        let version = m["schema_version"].as_str().unwrap_or("?");
-        if version != "1" {
-            return Err(input(
-                file,
-                format!("run.json has schema version {version}; this xlap-trace reads version 1 (use a matching xlap-trace)"),
-            ));
-        }
+        let m = crate::runs::read_meta(file)?;
         let s = |v: &serde_json::Value| v.as_str().unwrap_or_default().to_string();
         let start = m["clock_start"]["monotonic_ns"].as_i64();
         let end = m["clock_end"]["monotonic_ns"].as_i64();
@@ -449,4 +437,14 @@ fn load_runs(conn: &Connection, files: &[PathBuf]) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// The most common kind among delivered packets: what a one-kind view
+/// (the demo, the report) shows by default, like the `summary` query.
+pub fn main_kind(conn: &Connection) -> Result<u64> {
+    Ok(conn.query_row(
+        "SELECT mode(kind)::UBIGINT FROM packets WHERE e2e_ns IS NOT NULL",
+        [],
+        |r| r.get(0),
+    )?)
 }

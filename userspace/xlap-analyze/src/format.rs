@@ -157,8 +157,12 @@ fn csv(t: &Table) -> String {
     out
 }
 
-/// An array of objects, one per row.
 fn json(t: &Table) -> String {
+    serde_json::to_string_pretty(&json_rows(t)).unwrap_or_default() + "\n"
+}
+
+/// An array of objects, one per row.
+pub fn json_rows(t: &Table) -> Value {
     let rows: Vec<Value> = t
         .rows
         .iter()
@@ -172,7 +176,7 @@ fn json(t: &Table) -> String {
             )
         })
         .collect();
-    serde_json::to_string_pretty(&rows).unwrap_or_default() + "\n"
+    Value::Array(rows)
 }
 
 #[cfg(test)]

@@ -8,6 +8,7 @@
 //! sender's wire point to the receiver's. Times are µs from the earliest
 //! stamp exported, with ns precision.
 
+use crate::correlate::{RX_WIRE, TX_WIRE};
 use crate::{AnalyzeError, Result};
 use duckdb::Connection;
 use serde_json::json;
@@ -29,13 +30,6 @@ pub struct Exported {
     pub left_out: u64,
     pub events: u64,
 }
-
-const TX_WIRE: &[&str] = &["dev_start_xmit_ns", "dev_xmit_ns", "dev_queue_ns"];
-const RX_WIRE: &[&str] = &[
-    "dev_netif_rx_ns",
-    "dev_gro_receive_ns",
-    "dev_receive_skb_ns",
-];
 
 pub fn export(conn: &Connection, out: &Path, opts: &ExportOptions) -> Result<Exported> {
     let points: Vec<(String, String)> = {
@@ -123,7 +117,7 @@ pub fn export(conn: &Connection, out: &Path, opts: &ExportOptions) -> Result<Exp
     let col_index = |names: &[&str]| {
         names
             .iter()
-            .find_map(|n| points.iter().position(|(c, _)| c == n))
+            .find_map(|n| points.iter().position(|(c, _)| *c == format!("{n}_ns")))
     };
     let (tx_wire, rx_wire) = (col_index(TX_WIRE), col_index(RX_WIRE));
     for (flow, kind, seq, _, _, stamps) in &packets {

@@ -108,14 +108,6 @@ pub struct Table {
     pub rows: Vec<Vec<serde_json::Value>>,
 }
 
-impl Table {
-    /// The column `name` of every row.
-    pub fn column(&self, name: &str) -> Option<Vec<&serde_json::Value>> {
-        let i = self.columns.iter().position(|c| c == name)?;
-        Some(self.rows.iter().map(|r| &r[i]).collect())
-    }
-}
-
 fn json(v: Value) -> serde_json::Value {
     use serde_json::Value as J;
     match v {
@@ -220,6 +212,17 @@ pub fn set_params(conn: &Connection, query: &Query, params: &[(String, String)])
         conn.execute_batch(&format!("SET VARIABLE {name} = {value};"))?;
     }
     Ok(())
+}
+
+/// Runs a bundled query with those of `params` it takes (a parameter meant
+/// for other queries of a set is left out, not refused).
+pub fn run_taking(conn: &Connection, query: &Query, params: &[(String, String)]) -> Result<Table> {
+    let mine: Vec<(String, String)> = params
+        .iter()
+        .filter(|(n, _)| query.params.iter().any(|(p, _)| p == n))
+        .cloned()
+        .collect();
+    run(conn, query, &mine)
 }
 
 /// Runs a bundled query with its parameters.

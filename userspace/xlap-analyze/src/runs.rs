@@ -29,17 +29,10 @@ impl Run {
             path: shown.clone(),
             what,
         };
-        let meta_path = dir.join("run.json");
-        let text = std::fs::read_to_string(&meta_path)
-            .map_err(|e| err(format!("not an xlap-trace run directory (run.json: {e})")))?;
-        let meta: serde_json::Value = serde_json::from_str(&text)
-            .map_err(|e| err(format!("run.json is not valid JSON: {e}")))?;
-        let version = meta["schema_version"].as_str().unwrap_or("?");
-        if version != "1" {
-            return Err(err(format!(
-                "run.json has schema version {version}; this xlap-trace reads version 1 (use a matching xlap-trace)"
-            )));
-        }
+        let meta = read_meta(&dir.join("run.json")).map_err(|e| match e {
+            AnalyzeError::Input { what, .. } => err(what),
+            other => other,
+        })?;
         if !dir.join("stamps.parquet").exists() {
             return Err(err(
                 "stamps.parquet is missing (the run did not end cleanly: stamps.arrows holds what was recorded)".into(),
@@ -59,4 +52,23 @@ impl Run {
             meta,
         })
     }
+}
+
+/// A run's `run.json`, refused unless it is JSON of the version we read.
+pub fn read_meta(path: &Path) -> Result<serde_json::Value> {
+    let err = |what: String| AnalyzeError::Input {
+        path: path.display().to_string(),
+        what,
+    };
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| err(format!("not an xlap-trace run directory (run.json: {e})")))?;
+    let meta: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| err(format!("run.json is not valid JSON: {e}")))?;
+    let version = meta["schema_version"].as_str().unwrap_or("?");
+    if version != "1" {
+        return Err(err(format!(
+            "run.json has schema version {version}; this xlap-trace reads version 1 (use a matching xlap-trace)"
+        )));
+    }
+    Ok(meta)
 }

@@ -8,7 +8,7 @@ use duckdb::Connection;
 use std::io::{BufRead, IsTerminal, Write};
 use std::path::Path;
 use std::time::Instant;
-use xlap_analyze::format::{render, Format};
+use xlap_analyze::format::{json_rows, render, Format};
 use xlap_analyze::queries::{self, Query, Table};
 use xlap_analyze::{dataset, AnalyzeError};
 
@@ -52,6 +52,18 @@ pub fn open(
     conn.execute_batch("SET memory_limit = '4GB'; SET preserve_insertion_order = false;")?;
     let ds = dataset::open(&conn, run, shared, progress).map_err(classify)?;
     Ok((conn, ds))
+}
+
+/// [`open`], and the kind `--kind` names, if given.
+pub fn open_with_kind(
+    run: &Path,
+    shared: dataset::Shared,
+    progress: bool,
+    kind: Option<&str>,
+) -> Result<(Connection, dataset::Dataset, Option<u64>)> {
+    let (conn, ds) = open(run, shared, progress)?;
+    let kind = kind.map(|k| resolve_kind(&conn, k)).transpose()?;
+    Ok((conn, ds, kind))
 }
 
 /// Parses `NAME=VALUE` parameters.
@@ -112,13 +124,8 @@ pub fn run_queries(
     }
     let mut out = Vec::new();
     for q in queries {
-        let mine: Vec<(String, String)> = params
-            .iter()
-            .filter(|(n, _)| q.params.iter().any(|(p, _)| p == n))
-            .cloned()
-            .collect();
         let t0 = Instant::now();
-        let table = queries::run(conn, q, &mine).map_err(classify)?;
+        let table = queries::run_taking(conn, q, params).map_err(classify)?;
         if progress {
             eprintln!(
                 "xlap-trace: {} ({} rows) in {:.2} s",
@@ -140,11 +147,7 @@ pub fn print_results(results: &[(Query, Table)], format: Format) -> Result<()> {
         Format::Json => {
             let map: serde_json::Map<String, serde_json::Value> = results
                 .iter()
-                .map(|(q, t)| {
-                    let rows: serde_json::Value =
-                        serde_json::from_str(&render(t, Format::Json)).unwrap_or_default();
-                    (q.name.clone(), rows)
-                })
+                .map(|(q, t)| (q.name.clone(), json_rows(t)))
                 .collect();
             writeln!(stdout, "{}", serde_json::to_string_pretty(&map)?)?;
         }
@@ -187,12 +190,12 @@ pub fn analyze(a: &AnalyzeArgs) -> Result<()> {
         ));
     };
     let queries = selected(&a.query)?;
-    let (conn, _) = open(run, dataset::Shared::Materialized, !a.quiet)?;
-    let kind = a
-        .kind
-        .as_deref()
-        .map(|k| resolve_kind(&conn, k))
-        .transpose()?;
+    let (conn, _, kind) = open_with_kind(
+        run,
+        dataset::Shared::Materialized,
+        !a.quiet,
+        a.kind.as_deref(),
+    )?;
     let params = params(kind, &a.param)?;
     let results = run_queries(&conn, &queries, &params, !a.quiet)?;
     print_results(&results, format_of(a.format))

@@ -156,11 +156,7 @@ pub fn run(args: &DemoArgs) -> Result<()> {
         false,
     )?;
     // The data packets: the protocol's most common kind.
-    let kind: u64 = conn.query_row(
-        "SELECT mode(kind)::UBIGINT FROM packets WHERE e2e_ns IS NOT NULL",
-        [],
-        |r| r.get(0),
-    )?;
+    let kind = xlap_analyze::dataset::main_kind(&conn)?;
     let kind_arg: String = conn
         .query_row("SELECT name FROM kinds WHERE kind = ?", [kind], |r| {
             r.get(0)

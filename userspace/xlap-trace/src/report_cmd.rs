@@ -1,6 +1,6 @@
 //! `xlap-trace report` and `export`.
 
-use crate::analyze_cmd::{classify, open, resolve_kind};
+use crate::analyze_cmd::{classify, open_with_kind};
 use crate::cli::{ExportArgs, ReportArgs};
 use anyhow::{Context, Result};
 use xlap_analyze::dataset::Shared;
@@ -8,12 +8,7 @@ use xlap_analyze::perfetto::{self, ExportOptions};
 use xlap_analyze::report::{self, ReportOptions};
 
 pub fn report(a: &ReportArgs) -> Result<()> {
-    let (conn, ds) = open(&a.run, Shared::Materialized, true)?;
-    let kind = a
-        .kind
-        .as_deref()
-        .map(|k| resolve_kind(&conn, k))
-        .transpose()?;
+    let (conn, ds, kind) = open_with_kind(&a.run, Shared::Materialized, true, a.kind.as_deref())?;
     let html = report::build(
         &conn,
         &ReportOptions {
@@ -34,12 +29,7 @@ pub fn report(a: &ReportArgs) -> Result<()> {
 }
 
 pub fn export(a: &ExportArgs) -> Result<()> {
-    let (conn, _) = open(&a.run, Shared::Lazy, false)?;
-    let kind = a
-        .kind
-        .as_deref()
-        .map(|k| resolve_kind(&conn, k))
-        .transpose()?;
+    let (conn, _, kind) = open_with_kind(&a.run, Shared::Lazy, false, a.kind.as_deref())?;
     let done = perfetto::export(
         &conn,
         &a.perfetto,

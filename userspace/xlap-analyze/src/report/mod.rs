@@ -43,13 +43,7 @@ const PALETTE: &[&str] = &[
 ];
 
 fn run(conn: &Connection, name: &str, params: &[(String, String)]) -> Result<Table> {
-    let q = queries::find(name)?;
-    let mine: Vec<(String, String)> = params
-        .iter()
-        .filter(|(n, _)| q.params.iter().any(|(p, _)| p == n))
-        .cloned()
-        .collect();
-    queries::run(conn, &q, &mine)
+    queries::run_taking(conn, &queries::find(name)?, params)
 }
 
 fn num(v: &Value) -> f64 {
@@ -393,11 +387,7 @@ for (const f of document.querySelectorAll('figure.plot')) {
 pub fn build(conn: &Connection, opts: &ReportOptions) -> Result<String> {
     let kind: u64 = match opts.kind {
         Some(k) => k,
-        None => conn.query_row(
-            "SELECT mode(kind)::UBIGINT FROM packets WHERE e2e_ns IS NOT NULL",
-            [],
-            |r| r.get(0),
-        )?,
+        None => crate::dataset::main_kind(conn)?,
     };
     let params = vec![
         ("kind".to_string(), kind.to_string()),
