@@ -3,9 +3,10 @@
 use crate::inject::{Injection, Injections};
 use crate::log::EventLog;
 use crate::receiver::{self, ReceiverConfig};
-use crate::sender::{self, SenderConfig};
+use crate::sender::{self, SenderConfig, MAX_PAYLOAD};
+use crate::udp::Ipv6Ext;
 use crate::Markers;
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand, ValueEnum};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -38,8 +39,10 @@ pub enum Role {
         /// Interval between data packets, microseconds.
         #[arg(long, default_value_t = 100)]
         period_us: u64,
-        /// Payload bytes per data packet (header: 24 bytes).
-        #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u16).range(1..=1400))]
+        /// Payload bytes per data packet (header: 24 bytes), up to 64976
+        /// (65000 - 24). Datagrams above the path MTU are IP-fragmented by
+        /// the kernel; a parity packet is 8 bytes longer than the data.
+        #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u16).range(1..=MAX_PAYLOAD as i64))]
         payload: u16,
         /// Data packets per FEC block (one parity packet each).
         #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u8).range(1..=64))]
@@ -59,6 +62,22 @@ pub enum Role {
         /// Keep reading feedback this long after the last packet, ms.
         #[arg(long, default_value_t = 300)]
         linger_ms: u64,
+        /// Send data packets in bursts of N, back to back, one burst every
+        /// N x --period-us (same mean rate). Default 1, or N of --gso N.
+        #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+        burst: Option<u32>,
+        /// UDP GSO: send up to N consecutive equal-length datagrams of a burst
+        /// in one sendmsg with a UDP_SEGMENT control message (a length change,
+        /// e.g. a parity packet, starts a new send). Implies --burst N unless
+        /// given, so one send leaves every N x --period-us. The log keeps one
+        /// `sent` line per datagram, with gso_batch/gso_segments/gso_size.
+        #[arg(long, value_name = "N", value_parser = clap::value_parser!(u8).range(1..=64))]
+        gso: Option<u8>,
+        /// Put an 8-byte IPv6 extension header (PadN only) before UDP in every
+        /// datagram: hop-by-hop (IPV6_HOPOPTS) or destination options
+        /// (IPV6_DSTOPTS). IPv6 --dest only; needs CAP_NET_RAW.
+        #[arg(long, value_enum, value_name = "KIND")]
+        ipv6_ext: Option<Ipv6Ext>,
         #[command(flatten)]
         common: Common,
     },
@@ -86,6 +105,12 @@ pub enum Role {
         /// Write this file (with the pid) once the socket is bound.
         #[arg(long)]
         ready_file: Option<PathBuf>,
+        /// UDP GRO: let the kernel hand over several datagrams in one recvmsg
+        /// (setsockopt UDP_GRO); they are split at the reported segment size
+        /// and handled one by one as usual. `received` lines then carry
+        /// gro_batch (the recvmsg's index) and gro_segments (its datagrams).
+        #[arg(long)]
+        udp_gro: bool,
         #[command(flatten)]
         common: Common,
     },
@@ -104,12 +129,39 @@ pub struct Common {
 
 pub fn main<M: Markers>() -> ExitCode {
     let cli = Cli::parse();
+    if let Err(message) = cli.check() {
+        Cli::command()
+            .error(clap::error::ErrorKind::ArgumentConflict, message)
+            .exit();
+    }
     match run::<M>(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("xlap-example: {e:#}");
             ExitCode::from(1)
         }
+    }
+}
+
+impl Cli {
+    /// What clap cannot check alone: combinations of arguments.
+    pub fn check(&self) -> Result<(), String> {
+        if let Role::Send {
+            dest,
+            ipv6_ext: Some(ext),
+            ..
+        } = &self.role
+        {
+            if !sender::is_ipv6_destination(*dest) {
+                return Err(format!(
+                    "--ipv6-ext {} needs an IPv6 --dest (IPv4 has no extension headers), got {dest}",
+                    ext.to_possible_value()
+                        .map(|v| v.get_name().to_owned())
+                        .unwrap_or_default()
+                ));
+            }
+        }
+        Ok(())
     }
 }
 
@@ -127,6 +179,9 @@ fn run<M: Markers>(cli: Cli) -> anyhow::Result<()> {
             start_file,
             start_timeout_s,
             linger_ms,
+            burst,
+            gso,
+            ipv6_ext,
             common,
         } => {
             anyhow::ensure!(
@@ -147,6 +202,9 @@ fn run<M: Markers>(cli: Cli) -> anyhow::Result<()> {
                 linger: Duration::from_millis(linger_ms),
                 start_file,
                 start_timeout: Duration::from_secs(start_timeout_s),
+                burst: burst.unwrap_or(gso.map_or(1, u32::from)),
+                gso,
+                ipv6_ext,
             };
             let result = sender::run::<M>(&cfg, &log);
             log.flush()?;
@@ -160,6 +218,7 @@ fn run<M: Markers>(cli: Cli) -> anyhow::Result<()> {
             idle_exit_ms,
             first_packet_timeout_s,
             ready_file,
+            udp_gro,
             common,
         } => {
             let log = EventLog::open(common.log.as_deref())?;
@@ -172,10 +231,95 @@ fn run<M: Markers>(cli: Cli) -> anyhow::Result<()> {
                 first_packet_timeout: Duration::from_secs(first_packet_timeout_s),
                 inject: Injections(common.inject),
                 ready_file,
+                udp_gro,
             };
             let result = receiver::run::<M>(&cfg, &log);
             log.flush()?;
             result
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &str) -> Result<Cli, clap::Error> {
+        Cli::try_parse_from(std::iter::once("xlap-example").chain(args.split_whitespace()))
+    }
+
+    fn send(args: &str) -> Role {
+        parse(&format!("send --dest [::1]:9000 {args}"))
+            .unwrap()
+            .role
+    }
+
+    #[test]
+    fn new_send_options_default_to_off() {
+        let Role::Send {
+            payload,
+            burst,
+            gso,
+            ipv6_ext,
+            ..
+        } = send("")
+        else {
+            panic!("not a send")
+        };
+        assert_eq!((payload, burst, gso, ipv6_ext), (200, None, None, None));
+        let Role::Recv { udp_gro, .. } = parse("recv --bind [::1]:9000").unwrap().role else {
+            panic!("not a recv")
+        };
+        assert!(!udp_gro);
+    }
+
+    #[test]
+    fn send_option_ranges() {
+        assert!(matches!(send("--gso 64"), Role::Send { gso: Some(64), .. }));
+        assert!(parse("send --dest [::1]:9 --gso 0").is_err());
+        assert!(parse("send --dest [::1]:9 --gso 65").is_err());
+        assert!(matches!(
+            send("--burst 16"),
+            Role::Send {
+                burst: Some(16),
+                ..
+            }
+        ));
+        assert!(parse("send --dest [::1]:9 --burst 0").is_err());
+        assert!(matches!(
+            send("--payload 64976"),
+            Role::Send { payload: 64976, .. }
+        ));
+        assert!(parse("send --dest [::1]:9 --payload 64977").is_err());
+        assert!(matches!(
+            send("--ipv6-ext hbh"),
+            Role::Send {
+                ipv6_ext: Some(Ipv6Ext::Hbh),
+                ..
+            }
+        ));
+        assert!(matches!(
+            send("--ipv6-ext dst"),
+            Role::Send {
+                ipv6_ext: Some(Ipv6Ext::Dst),
+                ..
+            }
+        ));
+        assert!(parse("send --dest [::1]:9 --ipv6-ext rthdr").is_err());
+    }
+
+    #[test]
+    fn an_extension_header_needs_an_ipv6_destination() {
+        assert_eq!(
+            parse("send --dest [::1]:9 --ipv6-ext dst").unwrap().check(),
+            Ok(())
+        );
+        for dest in ["127.0.0.1:9", "[::ffff:127.0.0.1]:9"] {
+            let err = parse(&format!("send --dest {dest} --ipv6-ext hbh"))
+                .unwrap()
+                .check()
+                .unwrap_err();
+            assert!(err.contains("--ipv6-ext hbh needs an IPv6 --dest"), "{err}");
         }
     }
 }

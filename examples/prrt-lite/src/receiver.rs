@@ -1,12 +1,17 @@
 //! The receiving end: a receive thread that handles packets, rebuilds losses
 //! from parity and sends feedback, and an application thread that delivers
 //! data in order.
+//!
+//! With `udp_gro` the socket asks the kernel to coalesce datagrams (UDP GRO);
+//! one `recvmsg` may then bring several, which are split at the reported
+//! segment size and handled one by one exactly as single receives are.
 
 use crate::clock::now_ns;
 use crate::fec;
 use crate::inject::{Injections, Stage};
 use crate::log::EventLog;
 use crate::sender::payload_pattern;
+use crate::udp;
 use crate::wire::{Feedback, Header, Kind, FEEDBACK_LEN, HEADER_LEN};
 use crate::Markers;
 use anyhow::{Context, Result};
@@ -30,7 +35,18 @@ pub struct ReceiverConfig {
     pub first_packet_timeout: Duration,
     pub inject: Injections,
     pub ready_file: Option<PathBuf>,
+    /// Enable UDP GRO on the socket and split coalesced receives.
+    pub udp_gro: bool,
 }
+
+/// Room for any single UDP datagram (at most 65 527 bytes of payload).
+const DATAGRAM_BUFFER_BYTES: usize = 65_536;
+
+/// Room for one GRO receive: the kernel coalesces up to 64 segments into at
+/// most the device's gro_max_size (64 KiB unless raised for BIG TCP, which
+/// allows up to 512 KiB). A receive that still does not fit is reported as
+/// truncated (malformed), never split wrongly.
+const GRO_BUFFER_BYTES: usize = 512 << 10;
 
 /// A real-time receiver keeps a burst of a few hundred milliseconds in its
 /// socket rather than dropping it while its thread is descheduled.
@@ -194,6 +210,9 @@ pub fn run<M: Markers>(cfg: &ReceiverConfig, log: &EventLog) -> Result<()> {
         .with_context(|| format!("cannot bind the receiver to {}", cfg.bind))?;
     socket.set_read_timeout(Some(Duration::from_millis(5)))?;
     enlarge_receive_buffer(&socket, RECEIVE_BUFFER_BYTES);
+    if cfg.udp_gro {
+        udp::enable_gro(&socket).context("cannot enable UDP_GRO on the receiver's socket")?;
+    }
     if let Some(ready) = &cfg.ready_file {
         std::fs::write(ready, format!("{}\n", std::process::id()))
             .with_context(|| format!("cannot write ready file {}", ready.display()))?;
@@ -262,7 +281,15 @@ fn receive<M: Markers>(
     let mut counters = Counters::default();
     let mut state: Option<Reassembly> = None;
     let mut peer: Option<SocketAddr> = None;
-    let mut buf = vec![0u8; 65536];
+    let mut buf = vec![
+        0u8;
+        if cfg.udp_gro {
+            GRO_BUFFER_BYTES
+        } else {
+            DATAGRAM_BUFFER_BYTES
+        }
+    ];
+    let mut receives = 0u64;
     let started = now_ns();
     let mut last_packet_ns: Option<u64> = None;
     let mut feedback = FeedbackState::default();
@@ -286,7 +313,15 @@ fn receive<M: Markers>(
         if let (Some(st), Some(to)) = (&mut state, peer) {
             feedback.maybe_send::<M>(socket, to, st, cfg, now, log, &mut counters);
         }
-        let (n, from) = match socket.recv_from(&mut buf) {
+        let received = if cfg.udp_gro {
+            udp::recv_coalesced(socket, &mut buf)
+                .map(|c| (c.len, c.from, c.segment_size, c.truncated))
+        } else {
+            socket
+                .recv_from(&mut buf)
+                .map(|(n, from)| (n, from, None, false))
+        };
+        let (n, from, segment_size, truncated) = match received {
             Ok(r) => r,
             Err(e)
                 if matches!(
@@ -314,77 +349,95 @@ fn receive<M: Markers>(
         };
         let arrival = now_ns();
         last_packet_ns = Some(arrival);
-        let Ok((header, payload)) = Header::decode(&buf[..n]) else {
+        let receive_no = receives;
+        receives += 1;
+        if truncated {
             counters.malformed += 1;
-            log.record(json!({"event": "malformed", "bytes": n}));
+            log.record(json!({"event": "malformed", "bytes": n, "truncated": true, "gro_batch": receive_no}));
             continue;
-        };
-        let kind = header.kind as u8;
-        M::link_receive(header.seq, kind);
-        M::handle_start(header.seq, kind);
-        cfg.inject.apply(Stage::Handle, header.seq);
-        peer = Some(from);
-        log.record(
-            json!({"event": "received", "kind": header.kind, "seq": header.seq, "t_ns": arrival}),
-        );
-        let st = state.get_or_insert_with(|| Reassembly {
-            k: header.k.max(1) as u32,
-            next: 0,
-            pending: BTreeMap::new(),
-            blocks: HashMap::new(),
-            gap_since_ns: None,
-            highest_seq: None,
-        });
-        match header.kind {
-            Kind::Data => {
-                counters.received_data += 1;
-                feedback.note_data(header.send_time_ns, arrival);
-                st.highest_seq = Some(st.highest_seq.map_or(header.seq, |h| h.max(header.seq)));
-                if header.seq < st.next || st.pending.contains_key(&header.seq) {
-                    counters.duplicates += 1;
-                } else {
-                    st.pending.insert(
-                        header.seq,
-                        Ready {
-                            seq: header.seq,
-                            send_time_ns: header.send_time_ns,
-                            recovered: false,
-                        },
-                    );
-                    st.block_mut(header.block)
-                        .data
-                        .insert(header.index, (header.send_time_ns, payload.to_vec()));
+        }
+        let datagrams = udp::split_coalesced(&buf[..n], segment_size);
+        // With --udp-gro every received line says which recvmsg brought it
+        // and how many datagrams that one carried.
+        let gro = cfg.udp_gro.then_some((receive_no, datagrams.len()));
+        let mut done = false;
+        for datagram in datagrams {
+            let Ok((header, payload)) = Header::decode(datagram) else {
+                counters.malformed += 1;
+                let mut event = json!({"event": "malformed", "bytes": datagram.len()});
+                add_gro_fields(&mut event, gro);
+                log.record(event);
+                continue;
+            };
+            let kind = header.kind as u8;
+            M::link_receive(header.seq, kind);
+            M::handle_start(header.seq, kind);
+            cfg.inject.apply(Stage::Handle, header.seq);
+            peer = Some(from);
+            let mut event = json!({"event": "received", "kind": header.kind, "seq": header.seq, "t_ns": arrival});
+            add_gro_fields(&mut event, gro);
+            log.record(event);
+            let st = state.get_or_insert_with(|| Reassembly {
+                k: header.k.max(1) as u32,
+                next: 0,
+                pending: BTreeMap::new(),
+                blocks: HashMap::new(),
+                gap_since_ns: None,
+                highest_seq: None,
+            });
+            match header.kind {
+                Kind::Data => {
+                    counters.received_data += 1;
+                    feedback.note_data(header.send_time_ns, arrival);
+                    st.highest_seq = Some(st.highest_seq.map_or(header.seq, |h| h.max(header.seq)));
+                    if header.seq < st.next || st.pending.contains_key(&header.seq) {
+                        counters.duplicates += 1;
+                    } else {
+                        st.pending.insert(
+                            header.seq,
+                            Ready {
+                                seq: header.seq,
+                                send_time_ns: header.send_time_ns,
+                                recovered: false,
+                            },
+                        );
+                        st.block_mut(header.block)
+                            .data
+                            .insert(header.index, (header.send_time_ns, payload.to_vec()));
+                    }
                 }
+                Kind::Redundancy => {
+                    counters.received_redundancy += 1;
+                    st.block_mut(header.block).parity = Some((header.index, payload.to_vec()));
+                }
+                Kind::Feedback => {}
             }
-            Kind::Redundancy => {
-                counters.received_redundancy += 1;
-                st.block_mut(header.block).parity = Some((header.index, payload.to_vec()));
+            M::decode_start(header.seq, kind);
+            cfg.inject.apply(Stage::Decode, header.seq);
+            if header.kind != Kind::Feedback {
+                st.try_recover(header.block, log, &mut counters);
             }
-            Kind::Feedback => {}
-        }
-        M::decode_start(header.seq, kind);
-        cfg.inject.apply(Stage::Decode, header.seq);
-        if header.kind != Kind::Feedback {
-            st.try_recover(header.block, log, &mut counters);
-        }
-        M::decode_end(header.seq, kind);
-        st.drain(
-            now_ns(),
-            cfg.deadline_ns,
-            None,
-            |r| {
-                let _ = tx.send(r);
-            },
-            |s| {
-                counters.lost += 1;
-                log.record(json!({"event": "lost", "seq": s}));
-            },
-        );
-        M::handle_end(header.seq, kind);
-        if let Some(expect) = cfg.expect {
-            if st.next >= expect {
+            M::decode_end(header.seq, kind);
+            st.drain(
+                now_ns(),
+                cfg.deadline_ns,
+                None,
+                |r| {
+                    let _ = tx.send(r);
+                },
+                |s| {
+                    counters.lost += 1;
+                    log.record(json!({"event": "lost", "seq": s}));
+                },
+            );
+            M::handle_end(header.seq, kind);
+            if cfg.expect.is_some_and(|expect| st.next >= expect) {
+                done = true;
                 break;
             }
+        }
+        if done {
+            break;
         }
     }
 
@@ -410,6 +463,14 @@ fn receive<M: Markers>(
         }
     }
     Ok(counters)
+}
+
+/// Adds `gro_batch` and `gro_segments` to an event (with `--udp-gro`).
+fn add_gro_fields(event: &mut serde_json::Value, gro: Option<(u64, usize)>) {
+    if let Some((batch, segments)) = gro {
+        event["gro_batch"] = batch.into();
+        event["gro_segments"] = segments.into();
+    }
 }
 
 #[derive(Default)]

@@ -1,10 +1,19 @@
 //! The sending end: an application thread that paces and encodes packets, a
 //! transmit thread that sends them, and a thread that reads feedback.
+//!
+//! Pacing: data packets leave in bursts of `burst` (1 by default), one burst
+//! every `burst × period`, the packets of a burst back to back. With
+//! `gso = Some(n)` the transmit thread groups each burst's consecutive
+//! equal-length packets into UDP GSO sends of up to `n` datagrams (see
+//! [`crate::batch`]); a send never spans two bursts, so nothing waits in the
+//! batcher for the next burst.
 
+use crate::batch::GsoBatcher;
 use crate::clock::{now_ns, sleep_until};
 use crate::fec::ParityBuilder;
 use crate::inject::{Injections, Stage};
 use crate::log::EventLog;
+use crate::udp::{self, Ipv6Ext, MAX_SEND_BYTES};
 use crate::wire::{Feedback, Header, Kind, HEADER_LEN};
 use crate::Markers;
 use anyhow::{Context, Result};
@@ -29,6 +38,23 @@ pub struct SenderConfig {
     pub linger: Duration,
     pub start_file: Option<PathBuf>,
     pub start_timeout: Duration,
+    /// Data packets per burst (sent back to back, one burst per
+    /// `burst × period_ns`); 1 paces every packet.
+    pub burst: u32,
+    /// Datagrams per UDP GSO send at most; `None` sends one per syscall.
+    pub gso: Option<u8>,
+    /// A sticky IPv6 extension header on every datagram (IPv6 only).
+    pub ipv6_ext: Option<Ipv6Ext>,
+}
+
+/// The largest `--payload`: a data packet of [`MAX_SEND_BYTES`].
+pub const MAX_PAYLOAD: usize = MAX_SEND_BYTES - HEADER_LEN;
+
+/// When the data packet `seq` is released, relative to the first: bursts of
+/// `burst` packets leave together, one burst every `burst × period_ns`.
+pub fn release_offset_ns(seq: u32, burst: u32, period_ns: u64) -> u64 {
+    let burst = burst.max(1);
+    (seq / burst) as u64 * burst as u64 * period_ns
 }
 
 /// Deterministic payload of a data packet, so the receiver can check rebuilt
@@ -60,19 +86,51 @@ struct Outgoing {
     bytes: Vec<u8>,
 }
 
+impl AsRef<[u8]> for Outgoing {
+    fn as_ref(&self) -> &[u8] {
+        &self.bytes
+    }
+}
+
+/// What the application thread hands the transmit thread.
+enum Submitted {
+    Packet(Outgoing),
+    /// A burst is complete: send what is batched (GSO) now.
+    EndOfBurst,
+}
+
 pub fn run<M: Markers>(cfg: &SenderConfig, log: &EventLog) -> Result<()> {
     let socket = UdpSocket::bind(cfg.bind)
         .with_context(|| format!("cannot bind the sender to {}", cfg.bind))?;
     socket
         .connect(cfg.dest)
         .with_context(|| format!("cannot connect the sender to {}", cfg.dest))?;
+    if let Some(ext) = cfg.ipv6_ext {
+        anyhow::ensure!(
+            is_ipv6_destination(cfg.dest),
+            "--ipv6-ext needs an IPv6 --dest, got {}",
+            cfg.dest
+        );
+        udp::set_ipv6_extension(&socket, ext).with_context(|| {
+            format!(
+                "cannot set {} on the sender's socket (it takes CAP_NET_RAW)",
+                ext.option_name()
+            )
+        })?;
+    }
+    if cfg.gso.is_some() || cfg.burst > 1 || cfg.payload_len > 1400 {
+        // Room for a few bursts of the largest datagrams; a smaller buffer
+        // only makes sends wait.
+        let datagram = HEADER_LEN + 8 + cfg.payload_len;
+        udp::ensure_send_buffer(&socket, (4 * cfg.burst as usize * datagram).max(1 << 20));
+    }
     if let Some(start) = &cfg.start_file {
         wait_for_file(start, cfg.start_timeout)?;
     }
 
     let stop = Arc::new(AtomicBool::new(false));
     let feedbacks = Arc::new(AtomicU64::new(0));
-    let (tx, rx) = mpsc::channel::<Outgoing>();
+    let (tx, rx) = mpsc::channel::<Submitted>();
 
     std::thread::scope(|scope| -> Result<()> {
         let transmit_socket = socket.try_clone()?;
@@ -96,6 +154,15 @@ pub fn run<M: Markers>(cfg: &SenderConfig, log: &EventLog) -> Result<()> {
     })
 }
 
+/// Whether datagrams to `dest` go out over IPv6 (a v4-mapped address is
+/// IPv4 on the wire).
+pub fn is_ipv6_destination(dest: SocketAddr) -> bool {
+    match dest {
+        SocketAddr::V4(_) => false,
+        SocketAddr::V6(a) => a.ip().to_ipv4_mapped().is_none(),
+    }
+}
+
 fn wait_for_file(path: &std::path::Path, timeout: Duration) -> Result<()> {
     let start = std::time::Instant::now();
     while !path.exists() {
@@ -112,13 +179,13 @@ fn wait_for_file(path: &std::path::Path, timeout: Duration) -> Result<()> {
 }
 
 /// The application thread: paces data, encodes, folds parity, submits.
-fn produce<M: Markers>(cfg: &SenderConfig, tx: &mpsc::Sender<Outgoing>) {
+fn produce<M: Markers>(cfg: &SenderConfig, tx: &mpsc::Sender<Submitted>) {
     crate::clock::tighten_timer_slack();
     let mut parity = ParityBuilder::new(cfg.payload_len);
     let mut block = 0u32;
     let start = now_ns() + 1_000_000;
     for seq in 0..cfg.count {
-        sleep_until(start + seq as u64 * cfg.period_ns);
+        sleep_until(start + release_offset_ns(seq, cfg.burst, cfg.period_ns));
         let data = Kind::Data as u8;
         M::send_start(seq, data);
         M::encode_start(seq, data);
@@ -141,21 +208,24 @@ fn produce<M: Markers>(cfg: &SenderConfig, tx: &mpsc::Sender<Outgoing>) {
         M::encode_end(seq, data);
         cfg.inject.apply(Stage::Submit, seq);
         M::submit(seq, data);
-        let _ = tx.send(Outgoing {
+        let _ = tx.send(Submitted::Packet(Outgoing {
             kind: Kind::Data,
             seq,
             bytes,
-        });
+        }));
         if parity.covered() == cfg.k || seq + 1 == cfg.count {
             submit_parity::<M>(cfg, tx, &mut parity, block);
             block += 1;
+        }
+        if (seq + 1).is_multiple_of(cfg.burst.max(1)) {
+            let _ = tx.send(Submitted::EndOfBurst);
         }
     }
 }
 
 fn submit_parity<M: Markers>(
     cfg: &SenderConfig,
-    tx: &mpsc::Sender<Outgoing>,
+    tx: &mpsc::Sender<Submitted>,
     parity: &mut ParityBuilder,
     block: u32,
 ) {
@@ -178,11 +248,11 @@ fn submit_parity<M: Markers>(
     bytes.extend_from_slice(&payload);
     M::encode_end(block, kind);
     M::submit(block, kind);
-    let _ = tx.send(Outgoing {
+    let _ = tx.send(Submitted::Packet(Outgoing {
         kind: Kind::Redundancy,
         seq: block,
         bytes,
-    });
+    }));
 }
 
 struct Transmitted {
@@ -191,11 +261,11 @@ struct Transmitted {
     redundancy: u64,
 }
 
-/// The transmit thread: one send syscall per packet, unless the artificial
-/// channel drops it.
+/// The transmit thread: one send syscall per packet (or per GSO batch with
+/// `--gso`), unless the artificial channel drops it.
 fn transmit<M: Markers>(
     socket: UdpSocket,
-    rx: mpsc::Receiver<Outgoing>,
+    rx: mpsc::Receiver<Submitted>,
     cfg: &SenderConfig,
     log: &EventLog,
 ) -> Result<Transmitted> {
@@ -204,7 +274,20 @@ fn transmit<M: Markers>(
         dropped: 0,
         redundancy: 0,
     };
-    for out in rx {
+    let mut gso = cfg.gso.map(|n| GsoSender {
+        batcher: GsoBatcher::new(n as usize, MAX_SEND_BYTES),
+        sends: 0,
+    });
+    for submitted in rx {
+        let out = match submitted {
+            Submitted::Packet(out) => out,
+            Submitted::EndOfBurst => {
+                if let Some(gso) = &mut gso {
+                    gso.flush::<M>(&socket, log);
+                }
+                continue;
+            }
+        };
         let kind = out.kind as u8;
         if out.kind == Kind::Redundancy {
             stats.redundancy += 1;
@@ -213,6 +296,12 @@ fn transmit<M: Markers>(
         let drop_it = dropped(cfg.seed, out.kind, out.seq, cfg.drop_probability);
         if drop_it {
             stats.dropped += 1;
+        } else if let Some(gso) = &mut gso {
+            stats.sent += 1;
+            for batch in gso.batcher.push(out) {
+                gso.send::<M>(&socket, batch, log);
+            }
+            continue;
         } else {
             M::link_transmit_start(out.seq, kind);
             // A refused datagram (no receiver yet: ECONNREFUSED from an ICMP
@@ -228,7 +317,89 @@ fn transmit<M: Markers>(
             "t_ns": now_ns(), "dropped": drop_it,
         }));
     }
+    if let Some(gso) = &mut gso {
+        gso.flush::<M>(&socket, log);
+    }
     Ok(stats)
+}
+
+/// The transmit thread's UDP GSO state: the batch being filled and the
+/// number of sends so far (a send's index is its `gso_batch`).
+struct GsoSender {
+    batcher: GsoBatcher<Outgoing>,
+    sends: u64,
+}
+
+impl GsoSender {
+    fn flush<M: Markers>(&mut self, socket: &UdpSocket, log: &EventLog) {
+        if let Some(batch) = self.batcher.take() {
+            self.send::<M>(socket, batch, log);
+        }
+    }
+
+    /// One send of equal-length datagrams: a `sendmsg` with `UDP_SEGMENT`
+    /// for two or more, a plain send for one. Every datagram gets its `sent`
+    /// line with the send's index, datagram count and segment size.
+    fn send<M: Markers>(&mut self, socket: &UdpSocket, batch: Vec<Outgoing>, log: &EventLog) {
+        for out in &batch {
+            M::link_transmit_start(out.seq, out.kind as u8);
+        }
+        let segment_size = batch[0].bytes.len();
+        let result = if batch.len() == 1 {
+            socket.send(&batch[0].bytes).map(|_| ())
+        } else {
+            let datagrams: Vec<&[u8]> = batch.iter().map(|o| o.bytes.as_slice()).collect();
+            udp::send_segments(socket, &datagrams, segment_size as u16).map(|_| ())
+        };
+        match result {
+            Err(e) if batch.len() > 1 && e.kind() != std::io::ErrorKind::ConnectionRefused => {
+                // The path cannot take this GSO send (a segment above the
+                // path MTU: EINVAL; no checksum offload: EIO): send the
+                // datagrams one by one, each its own send in the log.
+                log.record(json!({
+                    "event": "gso_fallback", "gso_batch": self.sends,
+                    "gso_segments": batch.len(), "gso_size": segment_size,
+                    "error": e.to_string(),
+                }));
+                self.sends += 1;
+                for out in batch {
+                    let result = socket.send(&out.bytes).map(|_| ());
+                    self.log_sent(std::slice::from_ref(&out), segment_size, result, log);
+                    M::link_transmit_end(out.seq, out.kind as u8);
+                }
+            }
+            result => {
+                for out in &batch {
+                    M::link_transmit_end(out.seq, out.kind as u8);
+                }
+                self.log_sent(&batch, segment_size, result, log);
+            }
+        }
+    }
+
+    fn log_sent(
+        &mut self,
+        batch: &[Outgoing],
+        segment_size: usize,
+        result: std::io::Result<()>,
+        log: &EventLog,
+    ) {
+        let gso_batch = self.sends;
+        self.sends += 1;
+        let t_ns = now_ns();
+        for out in batch {
+            // As without GSO, a refused send is the channel's loss.
+            if let Err(e) = &result {
+                log.record(json!({"event": "send_error", "kind": out.kind, "seq": out.seq, "error": e.to_string(), "gso_batch": gso_batch}));
+            }
+            log.record(json!({
+                "event": "sent", "kind": out.kind, "seq": out.seq,
+                "t_ns": t_ns, "dropped": false,
+                "gso_batch": gso_batch, "gso_segments": batch.len(),
+                "gso_size": segment_size,
+            }));
+        }
+    }
 }
 
 /// Reads feedback until told to stop; the RTT comes from the echoed send time.
@@ -266,6 +437,26 @@ fn read_feedback(socket: UdpSocket, stop: &AtomicBool, count: &AtomicU64, log: &
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn bursts_leave_together_at_the_same_mean_rate() {
+        let at = |burst| {
+            (0..9)
+                .map(|s| release_offset_ns(s, burst, 100))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(at(1), vec![0, 100, 200, 300, 400, 500, 600, 700, 800]);
+        assert_eq!(at(4), vec![0, 0, 0, 0, 400, 400, 400, 400, 800]);
+        assert_eq!(at(0), at(1));
+    }
+
+    #[test]
+    fn only_real_ipv6_destinations_take_extension_headers() {
+        assert!(is_ipv6_destination("[::1]:9".parse().unwrap()));
+        assert!(is_ipv6_destination("[fe80::1%1]:9".parse().unwrap()));
+        assert!(!is_ipv6_destination("127.0.0.1:9".parse().unwrap()));
+        assert!(!is_ipv6_destination("[::ffff:10.0.0.1]:9".parse().unwrap()));
+    }
 
     #[test]
     fn drop_decision_is_reproducible_and_near_the_probability() {
