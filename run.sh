@@ -23,11 +23,12 @@ die() {
 export PATH="$HOME/.cargo/bin:$PATH"
 command -v cargo >/dev/null || die "cargo not found: install Rust (rustup, stable) first" 1
 
-# System packages: the BPF toolchain, USDT headers, network tools, test peers.
+# System packages: the BPF toolchain, USDT headers, network tools (ethtool sets
+# the stage's GRO/NAPI modes), test peers.
 # chromium renders the HTML report in its test; python3-venv hosts the
 # pandas baseline of bench-analysis.
 PACKAGES=(clang llvm libbpf-dev bpftool libclang-dev clang-format systemtap-sdt-dev
-	build-essential pkg-config iproute2 iperf3 chromium python3-venv)
+	build-essential pkg-config iproute2 iperf3 ethtool chromium python3-venv)
 missing=()
 for p in "${PACKAGES[@]}"; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

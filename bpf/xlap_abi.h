@@ -21,9 +21,9 @@ enum xlap_point {
   XLAP_POINT_DEV_START_XMIT = 6,   /* net:net_dev_start_xmit (driver entry) */
   XLAP_POINT_DEV_XMIT = 7,         /* net:net_dev_xmit (driver return) */
   XLAP_POINT_DEV_NETIF_RX = 8,     /* net:netif_rx */
-  XLAP_POINT_DEV_GRO_RECEIVE = 9,  /* net:napi_gro_receive_entry */
+  XLAP_POINT_DEV_GRO_RECEIVE = 9,  /* net:napi_gro_{receive,frags}_entry */
   XLAP_POINT_DEV_RECEIVE_SKB = 10, /* net:netif_receive_skb */
-  XLAP_POINT_SOCK_QUEUE = 11,      /* datagram queued on the socket */
+  XLAP_POINT_SOCK_QUEUE = 11,      /* handed to the socket (cgroup ingress) */
   XLAP_POINT_SCHED_WAKEUP = 12,    /* sched:sched_wakeup of the reader */
   XLAP_POINT_SCHED_SWITCH_IN = 13, /* sched:sched_switch to the reader */
   /* 14: reserved (skb:skb_copy_datagram_iovec does not fire for UDP) */
@@ -34,19 +34,39 @@ enum xlap_point {
   XLAP_POINT_APP_BASE = 256,
 };
 
-/* Why a stamp was not recorded; counted per point, never silent. */
+/* Why a stamp was not recorded; counted per point (per datagram), never
+ * silent. */
 enum xlap_loss {
   XLAP_LOSS_RINGBUF_FULL = 0, /* bpf_ringbuf_reserve failed */
-  XLAP_LOSS_MAP_FULL = 1,     /* skb -> seq map had no room */
-  XLAP_LOSS_PARSE = 2,        /* seq/kind beyond the packet or unreadable */
-  XLAP_LOSS_UNMATCHED = 3,    /* fired for a traced socket, packet unknown */
-  XLAP_LOSS_COUNT = 4,
+  XLAP_LOSS_MAP_FULL = 1,     /* a per-packet or per-thread map had no room */
+  XLAP_LOSS_PARSE = 2,        /* seq/kind beyond the datagram */
+  XLAP_LOSS_UNMATCHED = 3,    /* fired for a traced packet, identity unknown */
+  XLAP_LOSS_GSO = 4,  /* datagram of a GSO/GRO skb beyond XLAP_MAX_SEGS */
+  XLAP_LOSS_FRAG = 5, /* payload not readable (page fragments on a kernel
+                       * without skb dynptrs), or an IP fragment whose first
+                       * fragment was not seen */
+  XLAP_LOSS_COUNT = 6,
 };
 
 /* Stamp flags. */
 #define XLAP_FLAG_SEQ_VALID 0x1 /* seq and kind were read */
 #define XLAP_FLAG_FROM_USER 0x2 /* read from the syscall's user buffer */
 #define XLAP_FLAG_HW_TS 0x4     /* hw_ts_ns holds a device timestamp */
+#define XLAP_FLAG_FRAGMENT 0x8  /* a later IP fragment of the datagram */
+
+/* Datagrams one skb (a GSO or GRO super-packet) or one syscall can carry
+ * that get stamps of their own; the rest are counted as XLAP_LOSS_GSO. The
+ * kernel's own limit is UDP_MAX_SEGMENTS (128 since 6.9, 64 before). */
+#define XLAP_MAX_SEGS 64
+
+/* UDP ports that carry tunnels (VXLAN, Geneve, ...) in xlap_config. */
+#define XLAP_TUNNEL_PORTS 4
+
+/* bpf_dynptr_from_skb is a kfunc, which aya 0.14 cannot relocate: the BPF
+ * side emits the call with this placeholder BTF id, the loader patches in
+ * the running kernel's id (or, where the kfunc is missing, a constant
+ * failure). The full instruction is 85 20 00 00 <imm, little endian>. */
+#define XLAP_KFUNC_DYNPTR_FROM_SKB 0x7eadbeef
 
 /* One stamp. A ring-buffer record holds one or more of them back to back
  * (a batch, see struct xlap_batch): its length is a multiple of the stamp
@@ -80,6 +100,25 @@ struct xlap_config {
    * wake-up per record costs microseconds (an IPI, a VM exit under KVM);
    * the reader also polls on a short timeout. */
   __u32 wakeup_bytes;
+  /* 1: the kernel lets tracing programs read skbs through dynptrs (page
+   * fragments included); 0: only the linear area is read. */
+  __u8 have_dynptr;
+  /* 1: device and qdisc points only fire on the devices in IFACES. */
+  __u8 iface_filter;
+  __u16 tunnel_ports[XLAP_TUNNEL_PORTS]; /* host order, 0 = unused */
+};
+
+/* Value of the traced-socket storage (socket local storage): the socket
+ * belongs to a traced process. */
+struct xlap_sock {
+  __u32 tgid;
+  __u32 _pad;
+};
+
+/* A device the user restricted device and qdisc points to (--iface). */
+struct xlap_iface_key {
+  __u32 netns;   /* inode number of the network namespace */
+  __u32 ifindex; /* device index in that namespace */
 };
 
 /* Stamps waiting on one CPU to be exported together: one ring-buffer record

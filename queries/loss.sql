@@ -30,11 +30,11 @@ FROM (
     ON lost, recovered, duplicated, reordered, retransmitted, gaps, longest_gap INTO NAME measure VALUE value
 )
 UNION ALL
-SELECT 'tracer', host || ' ' || point, reason, value, round(100.0 * value / nullif(stamps + value, 0), 3)
+SELECT 'tracer', host || ' ' || point, replace(reason, 'lost_', ''), value, round(100.0 * value / nullif(stamps + value, 0), 3)
 FROM (
-    UNPIVOT (SELECT host, point, stamps, lost_ringbuf_full AS ringbuf_full, lost_map_full AS map_full,
-                    lost_parse AS parse_failure, lost_unmatched AS unmatched FROM tracer_points)
-    ON ringbuf_full, map_full, parse_failure, unmatched INTO NAME reason VALUE value
+    -- every lost_<reason> column the capture counts
+    UNPIVOT (SELECT host, point, stamps, COLUMNS('^lost_') FROM tracer_points)
+    ON COLUMNS('^lost_') INTO NAME reason VALUE value
 )
 WHERE value > 0
 ORDER BY scope DESC, what, measure;

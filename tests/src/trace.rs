@@ -1,7 +1,9 @@
 //! Running `xlap-trace record` from tests and reading what it wrote.
 
 use crate::bin;
-use arrow_array::{Array, Int64Array, StringArray, UInt32Array, UInt64Array, UInt8Array};
+use arrow_array::{
+    Array, BooleanArray, Int64Array, StringArray, UInt32Array, UInt64Array, UInt8Array,
+};
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
@@ -16,6 +18,9 @@ pub struct Row {
     pub kind: Option<u8>,
     pub flow: u64,
     pub pid: u32,
+    pub ifindex: Option<u32>,
+    /// A later IP fragment's extra stamp.
+    pub fragment: bool,
 }
 
 impl Row {
@@ -37,9 +42,15 @@ impl Recorder {
     /// Starts recording `pids` into `dir` and waits until the probes are
     /// attached.
     pub fn start(pids: &[u32], dir: &Path, extra: &[&str]) -> Recorder {
+        Recorder::start_binary(&bin("xlap-trace"), pids, dir, extra)
+    }
+
+    /// [`Recorder::start`] with another `xlap-trace` binary (the benchmark's
+    /// baseline build).
+    pub fn start_binary(binary: &Path, pids: &[u32], dir: &Path, extra: &[&str]) -> Recorder {
         let ready = dir.with_extension("ready");
         let _ = std::fs::remove_file(&ready);
-        let mut cmd = Command::new(bin("xlap-trace"));
+        let mut cmd = Command::new(binary);
         cmd.arg("record")
             .arg("-o")
             .arg(dir)
@@ -130,6 +141,10 @@ pub fn read_stamps(path: &Path) -> Vec<Row> {
         let flow = flow.as_any().downcast_ref::<UInt64Array>().unwrap();
         let pid = col("pid");
         let pid = pid.as_any().downcast_ref::<UInt32Array>().unwrap();
+        let ifindex = col("ifindex");
+        let ifindex = ifindex.as_any().downcast_ref::<UInt32Array>().unwrap();
+        let fragment = col("fragment");
+        let fragment = fragment.as_any().downcast_ref::<BooleanArray>().unwrap();
         for i in 0..batch.num_rows() {
             rows.push(Row {
                 point: point.value(i).to_string(),
@@ -138,6 +153,8 @@ pub fn read_stamps(path: &Path) -> Vec<Row> {
                 kind: (!kind.is_null(i)).then(|| kind.value(i)),
                 flow: flow.value(i),
                 pid: pid.value(i),
+                ifindex: (!ifindex.is_null(i)).then(|| ifindex.value(i)),
+                fragment: fragment.value(i),
             });
         }
     }

@@ -31,6 +31,7 @@ fn stage_with_tbf_on_sender() -> Stage {
     Stage::build(&StageConfig {
         hosts: 2,
         qdiscs: vec![Some(Qdisc::parse("tbf").unwrap()), None],
+        ..Default::default()
     })
     .expect("stage")
 }

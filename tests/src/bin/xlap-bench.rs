@@ -11,6 +11,10 @@
 //!    (kernel points) and traced with USDT markers, interleaved runs of the
 //!    same workload.
 //!
+//! `--baseline PATH`: also runs every load with another `xlap-trace`
+//! binary (an older build, per-CPU batches), interleaved with this one, so a
+//! change's cost is a ratio measured in the same run.
+//!
 //! Prints Markdown and writes `bench-results/capture.json`.
 
 use anyhow::{Context, Result};
@@ -33,6 +37,7 @@ fn main() -> Result<()> {
         anyhow::bail!("the benchmark loads BPF and builds a stage: {reason}");
     }
     let quick = std::env::args().any(|a| a == "--quick");
+    let baseline = baseline_binary()?;
     let floor = calibrate(Duration::from_secs(if quick { 1 } else { 3 }))?;
     println!("## BPF cost floor on this machine (sched_switch, run-time statistics)\n");
     println!("| program | runs | ns/run |\n|---|---|---|");
@@ -43,6 +48,7 @@ fn main() -> Result<()> {
     let stage = Stage::build(&StageConfig {
         hosts: 2,
         qdiscs: vec![Some(Qdisc::parse("tbf:10gbit:1mb").expect("valid")), None],
+        ..Default::default()
     })?;
     println!("\n## Capture throughput (example protocol, no markers, tbf on the sender; both export modes per load)\n");
     println!("| pairs | period µs | export | packets/s | stamps | stamps/s | lost (ring buffer) | BPF ns/stamp | ns/stamp net of floor | reader CPU ns/stamp |");
@@ -68,8 +74,16 @@ fn main() -> Result<()> {
     let mut best: BTreeMap<(&str, &str), (f64, f64)> = BTreeMap::new();
     for &(pairs, period) in loads {
         let count = (2_000_000 / period).clamp(2_000, 200_000) as u32;
-        for (mode, extra) in EXPORT_MODES {
-            let r = traced_run(&stage, pairs, period, count, false, Some(extra))?;
+        let this = xlap_tests::bin("xlap-trace");
+        let mut modes: Vec<(&str, &str, &std::path::Path)> = EXPORT_MODES
+            .iter()
+            .map(|(mode, extra)| (*mode, *extra, this.as_path()))
+            .collect();
+        if let Some(b) = &baseline {
+            modes.push(("baseline: per-CPU batches", "", b.as_path()));
+        }
+        for (mode, extra, binary) in modes {
+            let r = traced_run_with(&stage, pairs, period, count, false, Some(extra), binary)?;
             let meta = r.meta.as_ref().expect("traced");
             let stamps = meta["stamps"].as_u64().unwrap_or(0);
             let lost = meta["lost"].as_u64().unwrap_or(0);
@@ -256,6 +270,24 @@ const EXPORT_MODES: [(&str, &str); 2] = [
     ("per-CPU batches", ""),
 ];
 
+/// `--baseline PATH`: an `xlap-trace` binary to compare with.
+fn baseline_binary() -> Result<Option<std::path::PathBuf>> {
+    let args: Vec<String> = std::env::args().collect();
+    let Some(i) = args.iter().position(|a| a == "--baseline") else {
+        return Ok(None);
+    };
+    let path = std::path::PathBuf::from(
+        args.get(i + 1)
+            .context("--baseline needs the path of an xlap-trace binary")?,
+    );
+    anyhow::ensure!(
+        path.is_file(),
+        "--baseline {}: no such file (build the baseline's xlap-trace first)",
+        path.display()
+    );
+    Ok(Some(path))
+}
+
 /// `pairs` example sender/receiver pairs at once (ports apart), traced by
 /// one recorder with `extra` options unless `traced` is None.
 fn traced_run(
@@ -265,6 +297,20 @@ fn traced_run(
     count: u32,
     markers: bool,
     traced: Option<&str>,
+) -> Result<RunResult> {
+    let this = xlap_tests::bin("xlap-trace");
+    traced_run_with(stage, pairs, period_us, count, markers, traced, &this)
+}
+
+/// [`traced_run`] recorded by `binary`.
+fn traced_run_with(
+    stage: &Stage,
+    pairs: usize,
+    period_us: u64,
+    count: u32,
+    markers: bool,
+    traced: Option<&str>,
+    binary: &std::path::Path,
 ) -> Result<RunResult> {
     let scratch = Scratch::new(&format!(
         "bench-{pairs}-{period_us}-{markers}-{}",
@@ -304,7 +350,7 @@ fn traced_run(
         if !extra.is_empty() {
             args.push(extra);
         }
-        Recorder::start(&pids, &scratch.path("run"), &args)
+        Recorder::start_binary(binary, &pids, &scratch.path("run"), &args)
     });
     for run in &runs {
         run.start();

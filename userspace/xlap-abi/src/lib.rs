@@ -40,3 +40,38 @@ impl xlap_batch {
         &self.stamps[..(self.n as usize).min(self.stamps.len())]
     }
 }
+
+/// The names of the loss reasons (`enum xlap_loss`), by value: run.json's
+/// per-point `lost_<name>` counters, the `tracer_points` table's columns.
+/// Its length is the C enum's count, so a new reason without a name does
+/// not compile.
+pub const LOSS_REASONS: [&str; xlap_loss::XLAP_LOSS_COUNT as usize] = [
+    "ringbuf_full",
+    "map_full",
+    "parse",
+    "unmatched",
+    "gso",
+    "frag",
+];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn loss_names_follow_the_c_enum() {
+        use xlap_loss::*;
+        let named = [
+            (XLAP_LOSS_RINGBUF_FULL, "ringbuf_full"),
+            (XLAP_LOSS_MAP_FULL, "map_full"),
+            (XLAP_LOSS_PARSE, "parse"),
+            (XLAP_LOSS_UNMATCHED, "unmatched"),
+            (XLAP_LOSS_GSO, "gso"),
+            (XLAP_LOSS_FRAG, "frag"),
+        ];
+        assert_eq!(named.len(), LOSS_REASONS.len());
+        for (value, name) in named {
+            assert_eq!(LOSS_REASONS[value as usize], name);
+        }
+    }
+}

@@ -11,7 +11,8 @@
 //!    packet's flow. An app point seen on both sides gets a `_tx`/`_rx`
 //!    suffix.
 //! 5. One row per (flow, kind, seq): a column per point (`<point>_ns`, dots
-//!    as underscores, on the reference clock), X-LAP's durations, a column
+//!    as underscores, on the reference clock; a device point of a stacked
+//!    or tunnel device above the one on the wire: `<point>_upper_ns`), X-LAP's durations, a column
 //!    per stage between points of one side consecutive in their typical
 //!    order (`<a>__<b>_ns`; the crossing is `channel_ns`), flags:
 //!    `lost` (sent, nothing received), `recovered` (delivered by the receiver
@@ -54,6 +55,27 @@ pub struct Correlation {
 pub const TX_WIRE: &[&str] = &["dev_start_xmit", "dev_xmit", "dev_queue"];
 pub const RX_WIRE: &[&str] = &["dev_netif_rx", "dev_gro_receive", "dev_receive_skb"];
 
+/// Points that fire per device: on a stacked or tunnel device once per
+/// device. The device that puts the packet on the wire (the last one queued
+/// on when sending, the first one received on) keeps the plain column, the
+/// others fill `<point>_upper_ns`.
+pub const TX_DEVICE_POINTS: &[&str] = &[
+    "dev.queue",
+    "qdisc.enqueue",
+    "qdisc.dequeue",
+    "dev.start_xmit",
+    "dev.xmit",
+];
+pub const RX_DEVICE_POINTS: &[&str] = &["dev.netif_rx", "dev.gro_receive", "dev.receive_skb"];
+
+fn sql_points(points: &[&str]) -> String {
+    points
+        .iter()
+        .map(|p| format!("'{p}'"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 fn sql_list(paths: &[&Path]) -> String {
     paths
         .iter()
@@ -95,13 +117,25 @@ pub fn correlate(
         })
         .collect::<Vec<_>>()
         .join(", ");
+    // Later IP fragments are extra stamps of their datagram (runs from
+    // before the column existed have none).
+    let has_fragment: bool = conn.query_row(
+        "SELECT count(*) > 0 FROM (DESCRIBE stamps) WHERE column_name = 'fragment'",
+        [],
+        |r| r.get(0),
+    )?;
+    let whole = if has_fragment {
+        "AND NOT s.fragment"
+    } else {
+        ""
+    };
     conn.execute_batch(&format!(
         "CREATE OR REPLACE TEMP TABLE run_domain (run_id VARCHAR, domain VARCHAR, span HUGEINT);
          INSERT INTO run_domain VALUES {domains_values};
          -- 1. domains and flows
          CREATE OR REPLACE TEMP TABLE s0 AS
-           SELECT s.run_id, s.host, s.point, s.side, s.ts_ns, s.seq::HUGEINT AS seq, s.kind, s.flow, s.pid, d.domain, d.span
-           FROM stamps s JOIN run_domain d USING (run_id) WHERE s.seq IS NOT NULL;
+           SELECT s.run_id, s.host, s.point, s.side, s.ts_ns, s.seq::HUGEINT AS seq, s.kind, s.flow, s.pid, s.ifindex, d.domain, d.span
+           FROM stamps s JOIN run_domain d USING (run_id) WHERE s.seq IS NOT NULL {whole};
          CREATE OR REPLACE TEMP TABLE kflow AS
            SELECT run_id, pid, kind, seq, flow, min(ts_ns) AS t FROM s0 WHERE flow <> 0 GROUP BY ALL;
          -- a packet that never crossed the wire here (rebuilt from parity,
@@ -184,9 +218,19 @@ pub fn correlate(
            FROM s3 JOIN ends e USING (flow);
          CREATE OR REPLACE TEMP TABLE both_sides AS
            SELECT point FROM s4 WHERE side IS NULL AND end_side IS NOT NULL GROUP BY point HAVING count(DISTINCT end_side) > 1;
+         CREATE OR REPLACE TEMP TABLE wire_dev AS
+           SELECT flow, kind, useq,
+                  arg_max(ifindex, t) FILTER (WHERE point = 'dev.queue') AS tx_if,
+                  arg_min(ifindex, t) FILTER (WHERE point IN ({rx_dev})) AS rx_if
+           FROM s4 WHERE end_side IS NOT NULL GROUP BY ALL;
          CREATE OR REPLACE TEMP TABLE s5 AS
-           SELECT *, replace(point, '.', '_') || CASE WHEN point IN (SELECT point FROM both_sides) THEN '_' || end_side ELSE '' END || '_ns' AS col
-           FROM s4 WHERE end_side IS NOT NULL;"
+           SELECT s4.*, replace(point, '.', '_')
+                  || CASE WHEN (point IN ({tx_dev}) AND ifindex <> w.tx_if) OR (point IN ({rx_dev}) AND ifindex <> w.rx_if)
+                          THEN '_upper' ELSE '' END
+                  || CASE WHEN point IN (SELECT point FROM both_sides) THEN '_' || end_side ELSE '' END || '_ns' AS col
+           FROM s4 JOIN wire_dev w USING (flow, kind, useq) WHERE end_side IS NOT NULL;",
+        tx_dev = sql_points(TX_DEVICE_POINTS),
+        rx_dev = sql_points(RX_DEVICE_POINTS),
     ))?;
     let unplaced: i64 = conn.query_row(
         "SELECT (SELECT count(*) FROM stamps WHERE seq IS NOT NULL) - (SELECT count(*) FROM s5)",

@@ -376,10 +376,25 @@ fn load_runs(conn: &Connection, files: &[PathBuf]) -> Result<()> {
         "CREATE OR REPLACE TEMP TABLE runs (run_id VARCHAR, host VARCHAR, kernel VARCHAR, boot_id VARCHAR,
            start_realtime_ns BIGINT, duration_s DOUBLE, packets UBIGINT, stamps UBIGINT,
            bpf_ns_per_stamp DOUBLE, stop_reason VARCHAR, file VARCHAR);
-         CREATE OR REPLACE TEMP TABLE tracer_points (run_id VARCHAR, host VARCHAR, point VARCHAR, stamps UBIGINT,
-           lost_ringbuf_full UBIGINT, lost_map_full UBIGINT, lost_parse UBIGINT, lost_unmatched UBIGINT);
          CREATE OR REPLACE TEMP TABLE kinds (kind UBIGINT, name VARCHAR);",
     )?;
+    // One loss column per reason the capture counts (xlap_abi::LOSS_REASONS).
+    let loss_columns: Vec<String> = xlap_abi::LOSS_REASONS
+        .iter()
+        .map(|r| format!("lost_{r}"))
+        .collect();
+    conn.execute_batch(&format!(
+        "CREATE OR REPLACE TEMP TABLE tracer_points (run_id VARCHAR, host VARCHAR, point VARCHAR, stamps UBIGINT, {});",
+        loss_columns
+            .iter()
+            .map(|c| format!("{c} UBIGINT"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    ))?;
+    let insert_point = format!(
+        "INSERT INTO tracer_points VALUES (?, ?, ?, ?{})",
+        ", ?".repeat(loss_columns.len())
+    );
     for file in files {
         let m = crate::runs::read_meta(file)?;
         let s = |v: &serde_json::Value| v.as_str().unwrap_or_default().to_string();
@@ -420,18 +435,19 @@ fn load_runs(conn: &Connection, files: &[PathBuf]) -> Result<()> {
         }
         if let Some(points) = m["points"].as_object() {
             for (name, c) in points {
+                let mut values: Vec<Box<dyn duckdb::ToSql>> = vec![
+                    Box::new(s(&m["run_id"])),
+                    Box::new(s(&m["host"])),
+                    Box::new(name.clone()),
+                    Box::new(c["stamps"].as_u64()),
+                ];
+                // A run from before a reason existed counts none of it.
+                for column in &loss_columns {
+                    values.push(Box::new(c[column].as_u64().unwrap_or(0)));
+                }
                 conn.execute(
-                    "INSERT INTO tracer_points VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                    duckdb::params![
-                        s(&m["run_id"]),
-                        s(&m["host"]),
-                        name,
-                        c["stamps"].as_u64(),
-                        c["lost_ringbuf_full"].as_u64(),
-                        c["lost_map_full"].as_u64(),
-                        c["lost_parse"].as_u64(),
-                        c["lost_unmatched"].as_u64(),
-                    ],
+                    &insert_point,
+                    duckdb::params_from_iter(values.iter().map(|v| v.as_ref())),
                 )?;
             }
         }

@@ -1,6 +1,8 @@
 //! A decoded stamp: one point passed by one packet.
 
-use xlap_abi::{xlap_stamp, XLAP_FLAG_FROM_USER, XLAP_FLAG_HW_TS, XLAP_FLAG_SEQ_VALID};
+use xlap_abi::{
+    xlap_stamp, XLAP_FLAG_FRAGMENT, XLAP_FLAG_FROM_USER, XLAP_FLAG_HW_TS, XLAP_FLAG_SEQ_VALID,
+};
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Stamp {
@@ -21,6 +23,9 @@ pub struct Stamp {
     pub hw_ts_ns: Option<u64>,
     /// Seq and kind came from the syscall's user buffer, not from an skb.
     pub from_user: bool,
+    /// A later IP fragment of the datagram (an extra stamp at a device
+    /// point; the datagram's own stamp is its first fragment's).
+    pub fragment: bool,
 }
 
 impl Stamp {
@@ -41,6 +46,7 @@ impl Stamp {
             queue: (raw.ifindex != 0).then_some(raw.queue),
             hw_ts_ns: (flags & XLAP_FLAG_HW_TS != 0).then_some(raw.hw_ts_ns),
             from_user: flags & XLAP_FLAG_FROM_USER != 0,
+            fragment: flags & XLAP_FLAG_FRAGMENT != 0,
         }
     }
 }

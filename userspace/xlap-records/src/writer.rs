@@ -66,6 +66,7 @@ pub struct StampBatcher {
     queues: UInt16Builder,
     hw_ts: Int64Builder,
     from_user: BooleanBuilder,
+    fragment: BooleanBuilder,
     rows: usize,
 }
 
@@ -94,6 +95,7 @@ impl StampBatcher {
             queues: UInt16Builder::new(),
             hw_ts: Int64Builder::new(),
             from_user: BooleanBuilder::new(),
+            fragment: BooleanBuilder::new(),
             rows: 0,
         }
     }
@@ -137,6 +139,7 @@ impl StampBatcher {
         self.queues.append_option(s.queue);
         self.hw_ts.append_option(s.hw_ts_ns.map(|v| v as i64));
         self.from_user.append_value(s.from_user);
+        self.fragment.append_value(s.fragment);
         self.rows += 1;
     }
 
@@ -160,6 +163,7 @@ impl StampBatcher {
             Arc::new(self.queues.finish()),
             Arc::new(self.hw_ts.finish()),
             Arc::new(self.from_user.finish()),
+            Arc::new(self.fragment.finish()),
         ];
         self.rows = 0;
         RecordBatch::try_new(schema::stamps(), columns).expect("builders match the stamps schema")

@@ -3,13 +3,20 @@
 use crate::exit::{failure, Code};
 use crate::proto::Layout;
 use anyhow::{Context, Result};
+use aya::maps::SkStorage;
 use aya::maps::{Array, HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf};
+use aya::programs::links::CgroupAttachMode;
 use aya::programs::uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeScope};
-use aya::programs::{BtfTracePoint, UProbe};
+use aya::programs::{BtfTracePoint, CgroupSkb, CgroupSkbAttachType, CgroupSock, UProbe};
 use aya::{include_bytes_aligned, Btf, Ebpf, EbpfLoader};
 use xlap_abi::{xlap_loss, xlap_point};
 
 static CAPTURE_OBJECT: &[u8] = include_bytes_aligned!(concat!(env!("OUT_DIR"), "/capture.bpf.o"));
+
+/// The capture object as built (kfunc placeholders not yet resolved).
+pub fn capture_object() -> &'static [u8] {
+    CAPTURE_OBJECT
+}
 /// Cost-floor programs for the benchmark (`bpf/calibrate.bpf.c`).
 pub static CALIBRATE_OBJECT: &[u8] =
     include_bytes_aligned!(concat!(env!("OUT_DIR"), "/calibrate.bpf.o"));
@@ -21,6 +28,22 @@ struct PortKey(xlap_abi::xlap_port_key);
 
 // SAFETY: plain C struct of integers, padding zeroed (Default).
 unsafe impl aya::Pod for PortKey {}
+
+/// A traced socket's storage value.
+#[derive(Clone, Copy)]
+#[repr(transparent)]
+struct SockMark(xlap_abi::xlap_sock);
+
+// SAFETY: plain C struct of integers, padding zeroed (Default).
+unsafe impl aya::Pod for SockMark {}
+
+/// A --iface device as a map key.
+#[derive(Clone, Copy)]
+#[repr(transparent)]
+struct IfaceKey(xlap_abi::xlap_iface_key);
+
+// SAFETY: plain C struct of integers.
+unsafe impl aya::Pod for IfaceKey {}
 
 /// A USDT spec as a map value.
 #[derive(Clone, Copy)]
@@ -74,7 +97,14 @@ const PROGRAMS: &[(&str, Kind, &str, bool)] = &[
         "netif_receive_skb",
         false,
     ),
-    ("on_sk_data_ready", Kind::TpBtf, "sk_data_ready", false),
+    (
+        "on_napi_gro_frags_entry",
+        Kind::TpBtf,
+        "napi_gro_frags_entry",
+        false,
+    ),
+    ("on_kfree_skb", Kind::TpBtf, "kfree_skb", false),
+    ("on_consume_skb", Kind::TpBtf, "consume_skb", false),
     ("on_sched_waking", Kind::TpBtf, "sched_waking", false),
     ("on_sched_switch", Kind::TpBtf, "sched_switch", false),
 ];
@@ -89,6 +119,8 @@ pub struct Capture {
     pub bpf: Ebpf,
     /// Points whose tracepoint could not be attached, with the reason.
     pub unavailable: Vec<(String, String)>,
+    /// Whether skb bytes in page fragments are readable (else why not).
+    pub dynptr: Result<(), String>,
 }
 
 pub struct Settings {
@@ -96,13 +128,39 @@ pub struct Settings {
     pub ringbuf_bytes: u32,
     /// One ring-buffer record per stamp instead of per-CPU batches.
     pub per_stamp: bool,
+    /// UDP ports whose payload is an Ethernet frame (VXLAN-like tunnels):
+    /// datagrams inside are keyed by the inner datagram (Geneve's 6081 is
+    /// always known).
+    pub tunnel_ports: Vec<u16>,
+    /// Device and qdisc points only on the devices set with `set_ifaces`.
+    pub iface_filter: bool,
 }
+
+/// VXLAN's IANA port and the Linux kernel's historic default.
+pub const DEFAULT_TUNNEL_PORTS: [u16; 2] = [4789, 8472];
 
 impl Capture {
     pub fn load(settings: &Settings) -> Result<Capture> {
         let mut config = settings.layout.to_abi();
         config.wakeup_bytes = settings.ringbuf_bytes / 8;
         config.per_stamp = settings.per_stamp as u8;
+        config.iface_filter = settings.iface_filter as u8;
+        if settings.tunnel_ports.len() > config.tunnel_ports.len() {
+            return Err(failure(
+                Code::Usage,
+                format!(
+                    "at most {} tunnel ports (VXLAN's 4789 and 8472 count among them)",
+                    config.tunnel_ports.len()
+                ),
+            ));
+        }
+        for (slot, port) in config.tunnel_ports.iter_mut().zip(&settings.tunnel_ports) {
+            *slot = *port;
+        }
+        let btf = Btf::from_sys_fs()
+            .map_err(|e| failure(Code::Kernel, format!("cannot read the kernel BTF: {e}")))?;
+        let (object, dynptr) = crate::kfunc::resolve_dynptr(CAPTURE_OBJECT, &btf);
+        config.have_dynptr = dynptr.is_ok() as u8;
         // SAFETY: xlap_config is a plain C struct of integers (no padding
         // holes with undefined contents: it is zero-initialised by Default).
         let config_bytes: &[u8] = unsafe {
@@ -116,7 +174,7 @@ impl Capture {
             .allow_unsupported_maps()
             .override_global("CFG", config_bytes, true)
             .map_max_entries("STAMPS", settings.ringbuf_bytes)
-            .load(CAPTURE_OBJECT)
+            .load(object.bytes())
             .map_err(|e| {
                 let text = e.to_string();
                 if text.contains("EPERM") || text.contains("Operation not permitted") {
@@ -128,8 +186,6 @@ impl Capture {
                     anyhow::Error::new(e).context("loading the capture BPF object failed")
                 }
             })?;
-        let btf = Btf::from_sys_fs()
-            .map_err(|e| failure(Code::Kernel, format!("cannot read the kernel BTF: {e}")))?;
         let mut unavailable = Vec::new();
         for (prog, kind, target, required) in PROGRAMS {
             let result = attach(&mut bpf, &btf, prog, *kind, target);
@@ -143,7 +199,53 @@ impl Capture {
                 unavailable.push((target.to_string(), format!("{e:#}")));
             }
         }
-        Ok(Capture { bpf, unavailable })
+        let dynptr = dynptr.map(|_| ());
+        attach_socket_hooks(&mut bpf, dynptr.is_ok(), &mut unavailable)?;
+        Ok(Capture {
+            bpf,
+            unavailable,
+            dynptr,
+        })
+    }
+
+    /// Marks sockets the traced processes already held as traced (new ones
+    /// are marked by the BPF side as they are created). Returns the sockets
+    /// that could not be marked, with the reason.
+    pub fn mark_sockets(
+        &mut self,
+        sockets: &[crate::sockets::SocketRef],
+    ) -> Result<Vec<(crate::sockets::SocketRef, String)>> {
+        let mut map: SkStorage<&mut MapData, SockMark> =
+            SkStorage::try_from(self.bpf.map_mut("SOCKS").context("SOCKS map")?)?;
+        let mut failed = Vec::new();
+        for s in sockets {
+            let mark = SockMark(xlap_abi::xlap_sock {
+                tgid: s.pid,
+                ..Default::default()
+            });
+            let result = crate::sockets::duplicate(s.pid, s.fd)
+                .map_err(|e| format!("cannot duplicate it (pidfd_getfd): {e}"))
+                .and_then(|fd| {
+                    map.insert(&std::os::fd::AsRawFd::as_raw_fd(&fd), mark, 0)
+                        .map_err(|e| format!("cannot mark it: {e}"))
+                });
+            if let Err(e) = result {
+                failed.push((*s, e));
+            }
+        }
+        Ok(failed)
+    }
+
+    /// The devices (network namespace inode, ifindex) device and qdisc
+    /// points are restricted to (with `Settings::iface_filter`).
+    pub fn set_ifaces(&mut self, devices: &[(u32, u32)]) -> Result<()> {
+        let mut map: BpfHashMap<&mut MapData, IfaceKey, u8> =
+            BpfHashMap::try_from(self.bpf.map_mut("IFACES").context("IFACES map")?)?;
+        for &(netns, ifindex) in devices {
+            map.insert(IfaceKey(xlap_abi::xlap_iface_key { netns, ifindex }), 1, 0)
+                .context("cannot add an --iface device")?;
+        }
+        Ok(())
     }
 
     /// Attaches the planned USDT sites; a site that fails to attach is an
@@ -277,6 +379,65 @@ impl Capture {
             })
             .collect()
     }
+}
+
+/// The socket hooks, at the cgroup2 root: socket creation (follows the
+/// traced processes' new sockets) and socket ingress (the sock.queue point,
+/// which reads the datagram through a dynptr: not on kernels without).
+fn attach_socket_hooks(
+    bpf: &mut Ebpf,
+    dynptr: bool,
+    unavailable: &mut Vec<(String, String)>,
+) -> Result<()> {
+    // Attach mode `Single`: aya attaches through a BPF link (Linux >= 5.7),
+    // which coexists with every other program on the cgroup anyway, and
+    // passes the mode on as link flags, where the kernel refuses
+    // BPF_F_ALLOW_MULTI with EINVAL.
+    let root = crate::cgroup::open_root().map_err(|e| {
+        failure(
+            Code::Kernel,
+            format!("cannot attach the socket hooks: {e:#}"),
+        )
+    })?;
+    let create: &mut CgroupSock = bpf
+        .program_mut("on_sock_create")
+        .context("program on_sock_create is missing from the object")?
+        .try_into()?;
+    create.load()?;
+    create
+        .attach(&root, CgroupAttachMode::Single)
+        .map_err(|e| {
+            failure(
+                Code::Kernel,
+                format!(
+                    "cannot attach to cgroup sock_create: {:#}",
+                    anyhow::Error::from(e)
+                ),
+            )
+        })?;
+    if !dynptr {
+        unavailable.push((
+            "cgroup_skb/ingress".to_string(),
+            "the kernel cannot read skbs through dynptrs here (Linux >= 6.12 needed)".to_string(),
+        ));
+        return Ok(());
+    }
+    let ingress: &mut CgroupSkb = bpf
+        .program_mut("on_sock_ingress")
+        .context("program on_sock_ingress is missing from the object")?
+        .try_into()?;
+    ingress.load()?;
+    if let Err(e) = ingress.attach(
+        &root,
+        CgroupSkbAttachType::Ingress,
+        CgroupAttachMode::Single,
+    ) {
+        unavailable.push((
+            "cgroup_skb/ingress".to_string(),
+            format!("{:#}", anyhow::Error::from(e)),
+        ));
+    }
+    Ok(())
 }
 
 fn attach(bpf: &mut Ebpf, btf: &Btf, prog: &str, kind: Kind, target: &str) -> Result<()> {

@@ -252,6 +252,15 @@ pub struct RecordArgs {
     /// Print only the summary.
     #[arg(short, long)]
     pub quiet: bool,
+    /// Device and qdisc points only on this device (repeatable), looked up
+    /// in each traced process's network namespace; default: every device.
+    #[arg(long = "iface", value_name = "NAME")]
+    pub ifaces: Vec<String>,
+    /// A UDP port carrying a VXLAN-like tunnel (Ethernet frames after an
+    /// 8-byte header), besides VXLAN's 4789 and 8472 (Geneve's 6081 is
+    /// always known): its datagrams are keyed by the datagram inside.
+    #[arg(long = "tunnel-port", value_name = "PORT")]
+    pub tunnel_ports: Vec<u16>,
     /// Do not build the packets table at the end of the run.
     #[arg(long)]
     pub no_correlate: bool,
@@ -313,6 +322,14 @@ pub enum StageCommand {
         /// SPEC tbf[:RATE[:BURST[:LATENCY]]], htb[:RATE] or pfifo. Repeatable.
         #[arg(long, value_name = "HOST=SPEC")]
         qdisc: Vec<String>,
+        /// The link between the hosts: veth, veth-gro (NAPI + GRO), tap (a
+        /// NIC-style receive through napi_gro_frags), macvlan (a stacked
+        /// device) or vxlan (a tunnel). Two hosts only, except veth.
+        #[arg(long, default_value = "veth", value_parser = xlap_stage::Link::parse)]
+        link: xlap_stage::Link,
+        /// MTU of the hosts' links (default: the device's own).
+        #[arg(long, value_parser = clap::value_parser!(u32).range(1280..=65535))]
+        mtu: Option<u32>,
     },
     /// Remove stages left behind by processes that no longer exist.
     Sweep {

@@ -52,6 +52,7 @@ pub fn run(args: &DemoArgs) -> Result<()> {
     let stage = Stage::build(&StageConfig {
         hosts: 2,
         qdiscs: vec![Some(Qdisc::parse("tbf").expect("valid")), None],
+        ..Default::default()
     })
     .map_err(|e| match e {
         xlap_stage::StageError::NotRoot => failure(Code::Privileges, e.to_string()),

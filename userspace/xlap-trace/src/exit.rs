@@ -9,6 +9,7 @@
 //! | 4 | the kernel lacks something needed (BTF, a tracepoint) |
 //! | 5 | a target process does not exist |
 //! | 6 | a bad input file or run directory (not a run or packets table, wrong schema version, no packets, one end only) |
+//! | 7 | nothing to key: the targets held only TCP sockets and never opened a UDP socket during the run (its files are still written) |
 
 use std::fmt;
 
@@ -20,6 +21,7 @@ pub enum Code {
     Kernel = 4,
     NoSuchProcess = 5,
     BadInput = 6,
+    NotUdp = 7,
 }
 
 /// An error with its exit code; anywhere in an `anyhow` chain.

@@ -2,15 +2,19 @@
 
 pub mod analyze_cmd;
 pub mod capture;
+pub mod cgroup;
 pub mod cli;
 pub mod correlate_cmd;
 pub mod demo;
 pub mod exit;
+pub mod ifaces;
+pub mod kfunc;
 pub mod preflight;
 pub mod proto;
 pub mod reader_priority;
 pub mod record;
 pub mod report_cmd;
 pub mod runmeta;
+pub mod sockets;
 pub mod targets;
 pub mod usdt;

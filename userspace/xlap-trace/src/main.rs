@@ -131,7 +131,12 @@ fn stage(c: StageCommand) -> Result<()> {
         other => anyhow::Error::new(other),
     };
     match c {
-        StageCommand::Up { hosts, qdisc } => {
+        StageCommand::Up {
+            hosts,
+            qdisc,
+            link,
+            mtu,
+        } => {
             let qdiscs = cli::parse_qdisc_args(&qdisc, hosts as usize)?;
             let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
             for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
@@ -140,6 +145,8 @@ fn stage(c: StageCommand) -> Result<()> {
             let stage = xlap_stage::Stage::build(&xlap_stage::StageConfig {
                 hosts: hosts as usize,
                 qdiscs,
+                link,
+                mtu,
             })
             .map_err(stage_err)?;
             for h in &stage.hosts {

@@ -80,14 +80,35 @@ pub fn run(args: &RecordArgs) -> Result<RunMeta> {
     }
 
     let stats_guard = (!args.no_bpf_stats).then(capture::enable_stats).flatten();
+    let tcp_only = check_protocols(&args.pids, args.quiet);
+    let mut tunnel_ports = capture::DEFAULT_TUNNEL_PORTS.to_vec();
+    for port in &args.tunnel_ports {
+        if !tunnel_ports.contains(port) {
+            tunnel_ports.push(*port);
+        }
+    }
     let mut capture = Capture::load(&Settings {
         layout,
         ringbuf_bytes,
         per_stamp: args.per_stamp_records,
+        tunnel_ports,
+        iface_filter: !args.ifaces.is_empty(),
     })?;
+    if !args.ifaces.is_empty() {
+        let devices = crate::ifaces::resolve(&args.pids, &args.ifaces)?;
+        capture.set_ifaces(&devices)?;
+    }
+    if let Err(why) = &capture.dynptr {
+        if !args.quiet {
+            eprintln!("xlap-trace: note: datagrams in page fragments (GSO, GRO, NIC drivers) are counted as 'frag' losses, not stamped: {why}");
+        }
+    }
     for (point, why) in &capture.unavailable {
         if !args.quiet {
-            eprintln!("xlap-trace: note: {point} not traced here ({why})");
+            eprintln!(
+                "xlap-trace: note: {point} not traced here ({}; run.json has the whole reason)",
+                brief_reason(why)
+            );
         }
     }
     let usdt_plan = if args.no_usdt {
@@ -106,6 +127,15 @@ pub fn run(args: &RecordArgs) -> Result<RunMeta> {
     capture.attach_usdt(&usdt_plan)?;
     let semaphores = Semaphores::raise(&usdt_plan)?;
     capture.set_targets(&args.pids)?;
+    let mut marked = HashSet::new();
+    let mut udp_pids = HashSet::new();
+    mark_new_sockets(
+        &mut capture,
+        &args.pids,
+        &mut marked,
+        &mut udp_pids,
+        args.quiet,
+    )?;
     let mut owners = targets::port_owners(&args.pids);
     capture.sync_ports(&Default::default(), &owners)?;
     let mut ring = capture.take_ring()?;
@@ -231,6 +261,13 @@ pub fn run(args: &RecordArgs) -> Result<RunMeta> {
             if exited.len() == args.pids.len() {
                 break "targets exited".to_string();
             }
+            mark_new_sockets(
+                &mut capture,
+                &args.pids,
+                &mut marked,
+                &mut udp_pids,
+                args.quiet,
+            )?;
             let now = targets::port_owners(&args.pids);
             if now != owners {
                 capture.sync_ports(&owners, &now)?;
@@ -291,12 +328,11 @@ pub fn run(args: &RecordArgs) -> Result<RunMeta> {
         } else {
             point_info(row as u16, &[]).map_or(format!("unknown.{row}"), |p| p.0)
         };
-        let entry = points.entry(name).or_default();
-        entry.lost_ringbuf_full += counts[xlap_loss::XLAP_LOSS_RINGBUF_FULL as usize];
-        entry.lost_map_full += counts[xlap_loss::XLAP_LOSS_MAP_FULL as usize];
-        entry.lost_parse += counts[xlap_loss::XLAP_LOSS_PARSE as usize];
-        entry.lost_unmatched += counts[xlap_loss::XLAP_LOSS_UNMATCHED as usize];
+        points.entry(name).or_default().add_losses(counts);
         lost += counts.iter().sum::<u64>();
+    }
+    for p in points.values_mut() {
+        p.add_losses(&[0; xlap_loss::XLAP_LOSS_COUNT as usize]); // every reason listed
     }
     let bpf_programs: BTreeMap<String, ProgramStats> = program_stats
         .into_iter()
@@ -366,6 +402,7 @@ pub fn run(args: &RecordArgs) -> Result<RunMeta> {
     if lost > 0 && !args.quiet {
         eprintln!("xlap-trace: warning: {lost} stamps were lost (see the loss columns below and run.json)");
     }
+    refuse_tcp_only(&tcp_only, &udp_pids, meta.packets)?;
     Ok(meta)
 }
 
@@ -504,21 +541,114 @@ fn print_analysis_summary(dir: &std::path::Path) {
     }
 }
 
+/// xlap-trace keys datagrams: a target with TCP sockets and no UDP socket
+/// has nothing to trace (refused, naming the sockets); TCP next to UDP is
+/// ignored, with a note.
+/// Targets that hold only TCP sockets at attach, with those sockets named
+/// (e.g. iperf3's server before a test, with its control connection): they
+/// may open UDP sockets later, so the run goes on, but a run in which they
+/// never do ends with [`Code::NotUdp`] instead of an empty success.
+fn check_protocols(pids: &[u32], quiet: bool) -> Vec<(u32, String)> {
+    let mut tcp_only = Vec::new();
+    for &pid in pids {
+        let tcp = crate::sockets::tcp_sockets(pid);
+        if tcp.is_empty() {
+            continue;
+        }
+        let names = tcp
+            .iter()
+            .map(|s| format!("{} port {}", s.protocol, s.local_port))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let only = crate::sockets::udp_sockets(pid).is_empty();
+        if !quiet {
+            if only {
+                eprintln!("xlap-trace: note: pid {pid} holds only TCP sockets so far ({names}); xlap-trace traces UDP datagrams, from the UDP sockets it opens");
+            } else {
+                eprintln!("xlap-trace: note: pid {pid} also holds TCP sockets ({names}); their traffic is not traced");
+            }
+        }
+        if only {
+            tcp_only.push((pid, format!("pid {pid} ({}): {names}", targets::comm(pid))));
+        }
+    }
+    tcp_only
+}
+
+/// The end of a run whose TCP-only targets never opened a UDP socket and
+/// which stamped nothing: an error naming the sockets, not an empty run.
+fn refuse_tcp_only(
+    tcp_only: &[(u32, String)],
+    udp_pids: &HashSet<u32>,
+    packets: u64,
+) -> Result<()> {
+    let never: Vec<&str> = tcp_only
+        .iter()
+        .filter(|(pid, _)| !udp_pids.contains(pid))
+        .map(|(_, names)| names.as_str())
+        .collect();
+    if packets > 0 || never.is_empty() || never.len() < tcp_only.len() {
+        return Ok(());
+    }
+    Err(failure(
+        Code::NotUdp,
+        format!(
+            "the targets used only TCP ({}): xlap-trace traces UDP datagrams by their sequence numbers, so there was nothing to trace (the run's files are written)",
+            never.join("; ")
+        ),
+    ))
+}
+
+/// Marks the targets' UDP sockets not marked yet as traced (sockets created
+/// after attaching are marked by the BPF side).
+fn mark_new_sockets(
+    capture: &mut Capture,
+    pids: &[u32],
+    marked: &mut HashSet<u64>,
+    udp_pids: &mut HashSet<u32>,
+    quiet: bool,
+) -> Result<()> {
+    let new: Vec<_> = pids
+        .iter()
+        .flat_map(|&pid| crate::sockets::udp_sockets(pid))
+        .filter(|s| !marked.contains(&s.inode))
+        .collect();
+    if new.is_empty() {
+        return Ok(());
+    }
+    let failed = capture.mark_sockets(&new)?;
+    for s in &new {
+        marked.insert(s.inode);
+        udp_pids.insert(s.pid);
+    }
+    for (s, why) in failed {
+        if !quiet {
+            eprintln!(
+                "xlap-trace: warning: socket fd {} of pid {}: {why}; its sock.queue stamps are missing",
+                s.fd, s.pid
+            );
+        }
+    }
+    Ok(())
+}
+
 /// The end-of-run summary: stamps and losses per point.
 pub fn print_summary(meta: &RunMeta, dir: &std::path::Path) {
     println!(
         "run {} on {} ({}), stopped by {}",
         meta.run_id, meta.host, meta.kernel, meta.stop_reason
     );
-    println!(
-        "{:<18} {:>10} {:>10} {:>10} {:>10} {:>10}",
-        "point", "stamps", "ringbuf", "map_full", "parse", "unmatched"
-    );
+    let mut header = format!("{:<18} {:>10}", "point", "stamps");
+    for reason in xlap_abi::LOSS_REASONS {
+        header += &format!(" {reason:>12}");
+    }
+    println!("{header}");
     for (name, p) in &meta.points {
-        println!(
-            "{:<18} {:>10} {:>10} {:>10} {:>10} {:>10}",
-            name, p.stamps, p.lost_ringbuf_full, p.lost_map_full, p.lost_parse, p.lost_unmatched
-        );
+        let mut line = format!("{:<18} {:>10}", name, p.stamps);
+        for reason in xlap_abi::LOSS_REASONS {
+            line += &format!(" {:>12}", p.lost(reason));
+        }
+        println!("{line}");
     }
     println!(
         "packets: {}  stamps: {}  lost: {}",
@@ -531,4 +661,43 @@ pub fn print_summary(meta: &RunMeta, dir: &std::path::Path) {
         "wrote {}/{{stamps.parquet, stamps.arrows, run.json}}",
         dir.display()
     );
+}
+
+/// A one-line form of a program's load or attach error: a verifier failure
+/// carries the whole verifier log (thousands of lines), of which the first
+/// line and the verifier's own last words say what happened.
+fn brief_reason(why: &str) -> String {
+    let mut lines = why.lines().map(str::trim).filter(|l| !l.is_empty());
+    let first = lines.next().unwrap_or_default().to_string();
+    let rest: Vec<&str> = lines.collect();
+    let mut tail: Vec<&str> = rest
+        .iter()
+        .rev()
+        .filter(|l| !l.starts_with("verification time") && !l.starts_with("stack depth"))
+        .take(2)
+        .copied()
+        .collect();
+    tail.reverse();
+    if tail.is_empty() {
+        first
+    } else {
+        format!("{first} ... {}", tail.join(" / "))
+    }
+}
+
+#[cfg(test)]
+mod brief_reason_tests {
+    use super::brief_reason;
+
+    #[test]
+    fn a_verifier_log_shrinks_to_its_first_and_last_lines() {
+        let log = "load failed. Verifier output: 0: R1=ctx()\n1: (79) r9 = *(u64 *)(r1 +0)\n\
+                   R5 unbounded memory access\nprocessed 867 insns (limit 1000000)\n\
+                   verification time 30 usec\nstack depth 8\n";
+        assert_eq!(
+            brief_reason(log),
+            "load failed. Verifier output: 0: R1=ctx() ... R5 unbounded memory access / processed 867 insns (limit 1000000)"
+        );
+        assert_eq!(brief_reason("no such tracepoint"), "no such tracepoint");
+    }
 }

@@ -47,13 +47,28 @@ impl ClockPair {
     }
 }
 
+/// Stamps of one point and the stamps it could not record, per reason
+/// (`lost_<reason>`, reasons in `xlap_abi::LOSS_REASONS`).
 #[derive(Debug, Default, Serialize)]
 pub struct PointStats {
     pub stamps: u64,
-    pub lost_ringbuf_full: u64,
-    pub lost_map_full: u64,
-    pub lost_parse: u64,
-    pub lost_unmatched: u64,
+    #[serde(flatten)]
+    pub lost: BTreeMap<String, u64>,
+}
+
+impl PointStats {
+    pub fn add_losses(&mut self, counts: &[u64]) {
+        for (name, n) in xlap_abi::LOSS_REASONS.iter().zip(counts) {
+            *self.lost.entry(format!("lost_{name}")).or_default() += n;
+        }
+    }
+
+    pub fn lost(&self, reason: &str) -> u64 {
+        self.lost
+            .get(&format!("lost_{reason}"))
+            .copied()
+            .unwrap_or(0)
+    }
 }
 
 #[derive(Debug, Serialize)]

@@ -17,29 +17,12 @@ fn socket_inodes(pid: u32) -> HashSet<u64> {
         .collect()
 }
 
-/// Parses /proc/net/udp{,6}: (local port, inode) of every socket.
-fn udp_table(path: &Path) -> Vec<(u16, u64)> {
-    let Ok(text) = std::fs::read_to_string(path) else {
-        return Vec::new();
-    };
-    text.lines()
-        .skip(1)
-        .filter_map(|line| {
-            let cols: Vec<&str> = line.split_whitespace().collect();
-            let local = cols.get(1)?;
-            let port = u16::from_str_radix(local.rsplit(':').next()?, 16).ok()?;
-            let inode = cols.get(9)?.parse().ok()?;
-            Some((port, inode))
-        })
-        .collect()
-}
-
 /// Local UDP ports of the sockets `pid` holds open.
 pub fn udp_ports(pid: u32) -> Vec<u16> {
     let inodes = socket_inodes(pid);
     let mut ports: Vec<u16> = ["udp", "udp6"]
         .iter()
-        .flat_map(|t| udp_table(Path::new(&format!("/proc/{pid}/net/{t}"))))
+        .flat_map(|t| crate::sockets::proc_net_table(Path::new(&format!("/proc/{pid}/net/{t}"))))
         .filter(|(_, inode)| inodes.contains(inode))
         .map(|(port, _)| port)
         .collect();

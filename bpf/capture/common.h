@@ -1,0 +1,299 @@
+/* common.h: what every hook family of the capture shares: the settings,
+ * the maps that carry identity between points, and the stamp path (per-CPU
+ * batches into one ring buffer, losses counted per point). */
+#ifndef XLAP_CAPTURE_COMMON_H
+#define XLAP_CAPTURE_COMMON_H
+
+#include "vmlinux.h"
+#include <bpf/bpf_core_read.h>
+#include <bpf/bpf_endian.h>
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_tracing.h>
+
+#include "xlap_abi.h"
+
+/* Set by userspace before load. */
+const volatile struct xlap_config CFG = {};
+
+#define AF_INET_ 2
+#define AF_INET6_ 10
+#define IPPROTO_UDP_ 17
+#define LOSS_ROWS (XLAP_POINT_KERNEL_COUNT + 1) /* last row: app points */
+
+/* Identity of one datagram. */
+struct xl_ident {
+  __u64 seq;
+  __u64 flow;
+  __u32 pid;
+  __u32 len;
+  __u8 kind;
+  __u8 flags; /* XLAP_FLAG_* of the stamp */
+  __u8 _pad[6];
+};
+
+/* The seq and kind of every datagram of a multi-datagram skb (GSO/GRO) or
+ * syscall, datagram 0 first. */
+struct xl_segs {
+  __u64 seq[XLAP_MAX_SEGS];
+  __u8 kind[XLAP_MAX_SEGS];
+};
+
+struct {
+  __uint(type, BPF_MAP_TYPE_RINGBUF);
+  __uint(max_entries, 1 << 22); /* overridden by userspace */
+} STAMPS SEC(".maps");
+
+struct {
+  __uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+  __uint(max_entries, 1);
+  __type(key, __u32);
+  __type(value, struct xlap_batch);
+} BATCH SEC(".maps");
+
+struct {
+  __uint(type, BPF_MAP_TYPE_HASH);
+  __uint(max_entries, 1024);
+  __type(key, __u32); /* tgid */
+  __type(value, __u32);
+} TARGET_PIDS SEC(".maps");
+
+/* UDP ports of traced sockets per network namespace: the receive path's
+ * device points run before the socket is known and decide by port. */
+struct {
+  __uint(type, BPF_MAP_TYPE_HASH);
+  __uint(max_entries, 4096);
+  __type(key, struct xlap_port_key);
+  __type(value, __u32); /* owning tgid */
+} TARGET_PORTS SEC(".maps");
+
+/* The traced sockets themselves: socket local storage, set by userspace for
+ * the sockets a target already has and by sockets.h for those it creates.
+ * Every point that knows its socket decides by it, not by port. */
+struct {
+  __uint(type, BPF_MAP_TYPE_SK_STORAGE);
+  __uint(map_flags, BPF_F_NO_PREALLOC);
+  __type(key, int);
+  __type(value, struct xlap_sock);
+} SOCKS SEC(".maps");
+
+/* Devices device and qdisc points are restricted to (CFG.iface_filter). */
+struct {
+  __uint(type, BPF_MAP_TYPE_HASH);
+  __uint(max_entries, 256);
+  __type(key, struct xlap_iface_key);
+  __type(value, __u8);
+} IFACES SEC(".maps");
+
+struct {
+  __uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+  __uint(max_entries, LOSS_ROWS *XLAP_LOSS_COUNT);
+  __type(key, __u32);
+  __type(value, __u64);
+} LOSSES SEC(".maps");
+
+static __always_inline void count_losses(__u32 point, __u32 reason, __u64 n) {
+  __u32 row = point < XLAP_POINT_KERNEL_COUNT ? point : XLAP_POINT_KERNEL_COUNT;
+  __u32 idx = row * XLAP_LOSS_COUNT + reason;
+  __u64 *v = bpf_map_lookup_elem(&LOSSES, &idx);
+  if (v)
+    *v += n;
+}
+
+static __always_inline void count_loss(__u32 point, __u32 reason) {
+  count_losses(point, reason, 1);
+}
+
+/* The traced-socket record of `sk`, if it is a socket of a traced process. */
+static __always_inline struct xlap_sock *traced_sock(struct sock *sk) {
+  if (!sk)
+    return 0;
+  return bpf_sk_storage_get(&SOCKS, sk, 0, 0);
+}
+
+/* Whether device and qdisc points may fire on `dev` (--iface). */
+static __always_inline int iface_allowed(struct net_device *dev) {
+  if (!CFG.iface_filter)
+    return 1;
+  if (!dev)
+    return 0;
+  struct xlap_iface_key k = {.netns = dev->nd_net.net->ns.inum,
+                             .ifindex = dev->ifindex};
+  return bpf_map_lookup_elem(&IFACES, &k) != 0;
+}
+
+/* ---- the stamp path --------------------------------------------------- */
+
+static __always_inline __u64 wakeup_flag(void) {
+  __u64 waiting = bpf_ringbuf_query(&STAMPS, BPF_RB_AVAIL_DATA);
+  return waiting >= CFG.wakeup_bytes ? BPF_RB_FORCE_WAKEUP : BPF_RB_NO_WAKEUP;
+}
+
+static __always_inline void fill(struct xlap_stamp *s, __u16 point, __u64 ts,
+                                 const struct xl_ident *id, __u32 tid,
+                                 __u32 ifindex, __u16 queue, __u64 hw_ts) {
+  s->ts_ns = ts;
+  s->flow = id->flow;
+  s->seq = id->seq;
+  s->hw_ts_ns = hw_ts;
+  s->pid = id->pid;
+  s->tid = tid;
+  s->len = id->len;
+  s->ifindex = ifindex;
+  s->point = point;
+  s->cpu = bpf_get_smp_processor_id();
+  s->queue = queue;
+  s->kind = id->kind;
+  s->flags = id->flags | (hw_ts ? XLAP_FLAG_HW_TS : 0);
+}
+
+/* Exports the stamps waiting in a batch as one record; if the ring buffer
+ * has no room, every one of them is counted lost at its point. Only called
+ * with b->depth held (or with interrupts off and depth 0). */
+static __always_inline void flush(struct xlap_batch *b) {
+  __u32 n = b->n;
+  if (n == 0 || n > XLAP_BATCH_STAMPS) {
+    b->n = 0;
+    return;
+  }
+  if (bpf_ringbuf_output(&STAMPS, b->stamps, n * sizeof(struct xlap_stamp),
+                         wakeup_flag())) {
+    for (__u32 i = 0; i < XLAP_BATCH_STAMPS; i++) {
+      if (i >= n)
+        break;
+      count_loss(b->stamps[i].point, XLAP_LOSS_RINGBUF_FULL);
+    }
+  }
+  b->n = 0;
+}
+
+/* Nesting guard of the per-CPU batch: programs on one CPU nest strictly
+ * (an interrupt, or a preemption of a uprobe program, runs to completion
+ * before the interrupted program goes on), so a plain increment that is
+ * undone before returning is enough; only the outermost append uses the
+ * batch. */
+static __always_inline __u32 batch_enter(struct xlap_batch *b) {
+  volatile __u32 *d = &b->depth;
+  __u32 old = *d;
+  *d = old + 1;
+  asm volatile("" ::: "memory");
+  return old;
+}
+
+static __always_inline void batch_leave(struct xlap_batch *b) {
+  volatile __u32 *d = &b->depth;
+  asm volatile("" ::: "memory");
+  *d = *d - 1;
+}
+
+/* Where a stamp of several datagrams was taken: everything but the
+ * datagrams' own seq and kind. */
+struct xl_at {
+  __u64 ts;
+  __u64 hw_ts;
+  __u32 tid;
+  __u32 ifindex;
+  __u16 point;
+  __u16 queue;
+};
+
+/* Returns v, as a value the verifier knows nothing about. The paths
+ * through the packet parser end with many different known ranges of the
+ * offsets it found; passed through here, they meet again in one state
+ * before the per-datagram loops, instead of each path walking every loop
+ * on its own (which exceeds the verifier's budget). */
+__attribute__((noinline)) __u32 xl_opaque(__u32 v) {
+  asm volatile("" : "+r"(v)); /* nor does the compiler: the call stays */
+  return v;
+}
+
+/* Appends one stamp. A global function: the verifier checks it once, not
+ * at each of the places (and loop iterations) that stamp. */
+__attribute__((noinline)) int xl_emit(const struct xl_at *at,
+                                      const struct xl_ident *id) {
+  if (!at || !id)
+    return 0;
+  __u64 ts = at->ts;
+  if (!CFG.per_stamp) {
+    __u32 zero = 0;
+    struct xlap_batch *b = bpf_map_lookup_elem(&BATCH, &zero);
+    if (b) {
+      if (batch_enter(b) == 0) {
+        __u32 n = b->n;
+        if (n >= XLAP_BATCH_STAMPS) { /* never: full batches leave at once */
+          flush(b);
+          n = 0;
+        }
+        if (n == 0)
+          b->oldest_ns = ts;
+        fill(&b->stamps[n & (XLAP_BATCH_STAMPS - 1)], at->point, ts, id,
+             at->tid, at->ifindex, at->queue, at->hw_ts);
+        b->n = n + 1;
+        if (n + 1 >= XLAP_BATCH_STAMPS ||
+            (__s64)(ts - b->oldest_ns) > (__s64)XLAP_BATCH_MAX_AGE_NS)
+          flush(b);
+        batch_leave(b);
+        return 0;
+      }
+      batch_leave(b); /* nested: a record of its own */
+    }
+  }
+  struct xlap_stamp *s = bpf_ringbuf_reserve(&STAMPS, sizeof(*s), 0);
+  if (!s) {
+    count_loss(at->point, XLAP_LOSS_RINGBUF_FULL);
+    return 0;
+  }
+  fill(s, at->point, ts, id, at->tid, at->ifindex, at->queue, at->hw_ts);
+  bpf_ringbuf_submit(s, wakeup_flag());
+  return 0;
+}
+
+static __always_inline void emit(__u16 point, __u64 ts,
+                                 const struct xl_ident *id, __u32 tid,
+                                 __u32 ifindex, __u16 queue, __u64 hw_ts) {
+  struct xl_at at = {.ts = ts,
+                     .hw_ts = hw_ts,
+                     .tid = tid,
+                     .ifindex = ifindex,
+                     .point = point,
+                     .queue = queue};
+  xl_emit(&at, id);
+}
+
+struct xl_emit_loop {
+  const struct xl_at *at;
+  const struct xl_segs *segs;
+  struct xl_ident id;
+  __u32 n;
+};
+
+static long emit_seg(__u32 idx, void *ctx) {
+  struct xl_emit_loop *c = ctx;
+  __u32 i = idx + 1;
+  if (i >= c->n || i >= XLAP_MAX_SEGS)
+    return 1;
+  /* The comparison may bound a copy of i the compiler does not index
+   * with: hide i from the optimiser, then bound it by a mask
+   * (XLAP_MAX_SEGS is a power of two) the verifier sees. */
+  asm volatile("" : "+r"(i));
+  i &= XLAP_MAX_SEGS - 1;
+  c->id.seq = c->segs->seq[i];
+  c->id.kind = c->segs->kind[i];
+  xl_emit(c->at, &c->id);
+  return 0;
+}
+
+/* One stamp per datagram: datagram 0 is `first`; datagrams 1..n-1 take
+ * their seq and kind from `segs` (all of the same flow and process).
+ * bpf_loop (Linux >= 5.17): the verifier checks the body once instead of
+ * once per iteration and state, which kept load times in seconds. */
+static __always_inline void emit_all(const struct xl_at *at,
+                                     const struct xl_ident *first,
+                                     const struct xl_segs *segs, __u32 n) {
+  xl_emit(at, first);
+  if (n <= 1 || !segs)
+    return;
+  struct xl_emit_loop c = {.at = at, .segs = segs, .id = *first, .n = n};
+  bpf_loop(XLAP_MAX_SEGS - 1, emit_seg, &c, 0);
+}
+
+#endif

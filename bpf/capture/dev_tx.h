@@ -1,0 +1,280 @@
+/* dev_tx.h: the device transmit points (net_dev_queue, net_dev_start_xmit,
+ * net_dev_xmit) and the skb -> identity map that carries a datagram's
+ * identity from the socket down to the device that puts it on the wire.
+ *
+ * Identity is taken once, at the first device the skb is queued on; a
+ * stacked device (macvlan, VLAN, a tunnel) queues the same skb on its lower
+ * device, which only deepens the entry, so the lower device's qdisc and
+ * transmit points stamp the same datagram. The entry ends when the last
+ * device has transmitted it (or the skb is dropped). */
+#ifndef XLAP_CAPTURE_DEV_TX_H
+#define XLAP_CAPTURE_DEV_TX_H
+
+#include "common.h"
+#include "packet.h"
+#include "task.h"
+
+#define NETDEV_TX_BUSY_ 0x10
+/* Devices one skb may be stacked through before we stop counting. */
+#define TX_DEPTH_MAX 8
+
+struct xl_tx {
+  struct xl_ident id; /* datagram 0 */
+  __u64 sk;           /* skb->sk when queued */
+  __u16 nseg;         /* datagrams with stamps (GSO: several, in SKB_SEGS) */
+  __u16 beyond;       /* datagrams over XLAP_MAX_SEGS: counted per point */
+  __u8 depth;         /* devices it is queued on and not yet sent by */
+  __u8 _pad[3];
+};
+
+/* A plain preallocated hash with explicit deletes (at the last transmit, on
+ * a drop, or when the address shows up for a foreign packet): an LRU update
+ * costs several times more. The RX path needs no map: its points re-read
+ * the headers. */
+struct {
+  __uint(type, BPF_MAP_TYPE_HASH);
+  __uint(max_entries, 65536);
+  __type(key, __u64); /* struct sk_buff * */
+  __type(value, struct xl_tx);
+} SKB_TX SEC(".maps");
+
+/* The datagrams of GSO skbs in SKB_TX. */
+struct {
+  __uint(type, BPF_MAP_TYPE_HASH);
+  __uint(max_entries, 4096);
+  __type(key, __u64); /* struct sk_buff * */
+  __type(value, struct xl_segs);
+} SKB_SEGS SEC(".maps");
+
+/* GSO entries alive (an upper bound): consume_skb, which fires for every
+ * freed skb of the machine, only looks further while it is non-zero. */
+__u64 GSO_PENDING = 0;
+
+static __always_inline void tx_forget(__u64 key, const struct xl_tx *e) {
+  if (e->nseg > 1 && bpf_map_delete_elem(&SKB_SEGS, &key) == 0)
+    __sync_fetch_and_add(&GSO_PENDING, -1);
+  bpf_map_delete_elem(&SKB_TX, &key);
+}
+
+/* One stamp per datagram of a known skb. */
+static __always_inline void stamp_tx(__u16 point, __u64 key,
+                                     const struct xl_tx *e, __u32 ifindex,
+                                     __u16 queue) {
+  struct xl_at at = {.point = point,
+                     .ts = bpf_ktime_get_ns(),
+                     .tid = (__u32)bpf_get_current_pid_tgid(),
+                     .ifindex = ifindex,
+                     .queue = queue};
+  struct xl_segs *segs = 0;
+  __u32 n = 1;
+  if (e->nseg > 1) {
+    segs = bpf_map_lookup_elem(&SKB_SEGS, &key);
+    if (segs)
+      n = e->nseg;
+    else
+      count_losses(point, XLAP_LOSS_MAP_FULL, e->nseg - 1);
+  }
+  emit_all(&at, &e->id, segs, n);
+  if (e->beyond)
+    count_losses(point, XLAP_LOSS_GSO, e->beyond);
+}
+
+/* Appends the datagrams of an skb to the send call's list. */
+static __always_inline void send_append(struct xl_send_ctx *sc,
+                                        const struct xl_ident *id,
+                                        const struct xl_segs *segs, __u32 n,
+                                        __u32 beyond) {
+  sc->beyond += beyond;
+  for (__u32 i = 0; i < XLAP_MAX_SEGS; i++) {
+    if (i >= n)
+      break;
+    __u32 at = sc->n;
+    if (at >= XLAP_MAX_SEGS) {
+      sc->beyond += n - i;
+      break;
+    }
+    __u64 seq = i == 0 || !segs ? id->seq : segs->seq[i];
+    __u8 kind = i == 0 || !segs ? id->kind : segs->kind[i];
+    if (at == 0)
+      sc->id = *id;
+    sc->n = at + 1;
+    at &= XLAP_MAX_SEGS - 1;
+    asm volatile("" : "+r"(at)); /* index the masked value */
+    sc->segs.seq[at] = seq;
+    sc->segs.kind[at] = kind;
+  }
+  if (sc->n)
+    sc->id.seq = sc->segs.seq[0], sc->id.kind = sc->segs.kind[0];
+}
+
+/* Takes the identity of an skb of a traced process at its first device. */
+static __always_inline void tx_first_queue(struct sk_buff *skb, __u64 key,
+                                           __u32 tgid, struct xl_send_ctx *sc,
+                                           __u16 point) {
+  struct xl_rd r;
+  struct xl_dgram d = {};
+  int ret = parse_tx(skb, &r, &d);
+  if (ret == XL_FOREIGN)
+    return;
+  struct xl_ident id = {.pid = tgid};
+  if (ret == XL_LATER_FRAGMENT) {
+    /* A later fragment carries no UDP header: it belongs to the datagram
+     * this send call fragmented just before (not counted: not a datagram). */
+    if (!sc || !sc->n)
+      return;
+    id = sc->id;
+    __u32 last = (sc->n - 1) & (XLAP_MAX_SEGS - 1);
+    id.seq = sc->segs.seq[last];
+    id.kind = sc->segs.kind[last];
+    id.flags |= XLAP_FLAG_FRAGMENT;
+    struct xl_tx e = {.id = id, .sk = (__u64)skb->sk, .nseg = 1, .depth = 1};
+    if (bpf_map_update_elem(&SKB_TX, &key, &e, BPF_ANY) == 0 &&
+        iface_allowed(skb->dev))
+      stamp_tx(point, key, &e, skb->dev->ifindex, skb->queue_mapping);
+    return;
+  }
+  if (ret != XL_OK) {
+    count_loss(point, ret == XL_UNREADABLE ? XLAP_LOSS_FRAG : XLAP_LOSS_PARSE);
+    return;
+  }
+  struct xl_segs *segs;
+  __u32 loss = XLAP_LOSS_PARSE, beyond = 0;
+  __u32 got =
+      read_datagrams(skb_gso_size(skb), &r, &d, &id, &segs, &loss, &beyond);
+  if (!got) {
+    count_losses(point, loss, 1 + beyond);
+    return;
+  }
+  struct xl_tx e = {.id = id,
+                    .sk = (__u64)skb->sk,
+                    .nseg = got,
+                    .beyond = beyond,
+                    .depth = 1};
+  if (got > 1 && segs) {
+    if (bpf_map_update_elem(&SKB_SEGS, &key, segs, BPF_ANY) == 0)
+      __sync_fetch_and_add(&GSO_PENDING, 1);
+    else
+      e.nseg = 1, e.beyond += got - 1;
+  }
+  if (bpf_map_update_elem(&SKB_TX, &key, &e, BPF_ANY))
+    count_losses(point, XLAP_LOSS_MAP_FULL, got + beyond);
+  if (sc)
+    send_append(sc, &id, segs, e.nseg, e.beyond);
+  if (iface_allowed(skb->dev)) {
+    struct xl_at at = {.point = point,
+                       .ts = bpf_ktime_get_ns(),
+                       .tid = (__u32)bpf_get_current_pid_tgid(),
+                       .ifindex = skb->dev->ifindex,
+                       .queue = skb->queue_mapping};
+    emit_all(&at, &id, segs, e.nseg);
+    if (e.beyond)
+      count_losses(point, loss, e.beyond);
+  }
+}
+
+/* Whether the skb comes from a traced process: sent in one of its send
+ * calls, or from one of its sockets (sent later, from softirq). */
+static __always_inline __u32 tx_owner(struct sk_buff *skb,
+                                      struct xl_send_ctx **sc) {
+  struct xl_task *t = task_ctx(bpf_get_current_task_btf());
+  *sc = 0;
+  if (t && t->in_send) {
+    *sc = &t->send;
+    return bpf_get_current_pid_tgid() >> 32;
+  }
+  struct xlap_sock *s = traced_sock(skb->sk);
+  return s ? s->tgid : 0;
+}
+
+SEC("tp_btf/net_dev_queue")
+int BPF_PROG(on_net_dev_queue, struct sk_buff *skb) {
+  __u64 key = (__u64)skb;
+  struct xl_tx *e = bpf_map_lookup_elem(&SKB_TX, &key);
+  if (e && e->depth && e->sk == (__u64)skb->sk) {
+    /* Queued again while an upper device has not finished with it: the
+     * lower device of a stacked or tunnel device. */
+    if (e->depth < TX_DEPTH_MAX)
+      e->depth++;
+    if (iface_allowed(skb->dev))
+      stamp_tx(XLAP_POINT_DEV_QUEUE, key, e, skb->dev->ifindex,
+               skb->queue_mapping);
+    return 0;
+  }
+  if (e)
+    tx_forget(key, e); /* a freed skb's address, reused */
+  struct xl_send_ctx *sc;
+  __u32 tgid = tx_owner(skb, &sc);
+  if (tgid)
+    tx_first_queue(skb, key, tgid, sc, XLAP_POINT_DEV_QUEUE);
+  return 0;
+}
+
+SEC("tp_btf/net_dev_start_xmit")
+int BPF_PROG(on_net_dev_start_xmit, struct sk_buff *skb,
+             struct net_device *dev) {
+  __u64 key = (__u64)skb;
+  struct xl_tx *e = bpf_map_lookup_elem(&SKB_TX, &key);
+  if (e) {
+    if (iface_allowed(dev))
+      stamp_tx(XLAP_POINT_DEV_START_XMIT, key, e, dev->ifindex,
+               skb->queue_mapping);
+    return 0;
+  }
+  /* An skb the stack made after the queue point: a segment of a GSO skb
+   * the device cannot send whole (segmented in software on the way from
+   * the qdisc to the driver). Its own headers say which datagram it is. */
+  if (!skb->sk)
+    return 0;
+  struct xl_send_ctx *sc;
+  __u32 tgid = tx_owner(skb, &sc);
+  if (tgid)
+    tx_first_queue(skb, key, tgid, 0, XLAP_POINT_DEV_START_XMIT);
+  return 0;
+}
+
+SEC("tp_btf/net_dev_xmit")
+int BPF_PROG(on_net_dev_xmit, struct sk_buff *skb, int rc,
+             struct net_device *dev, unsigned int skb_len) {
+  /* Only the map is consulted: the driver may have freed or forwarded the
+   * skb already, so its contents are not read here. */
+  __u64 key = (__u64)skb;
+  struct xl_tx *e = bpf_map_lookup_elem(&SKB_TX, &key);
+  if (!e)
+    return 0;
+  if (rc == NETDEV_TX_BUSY_)
+    return 0; /* requeued: it comes back through the qdisc */
+  /* rc 0: sent. Otherwise dropped or congested on a lower device (an
+   * upper device returns its lower queue's verdict): no stamp. */
+  if (rc == 0 && iface_allowed(dev))
+    stamp_tx(XLAP_POINT_DEV_XMIT, key, e, dev->ifindex, 0);
+  if (e->depth > 1)
+    e->depth--;
+  else
+    tx_forget(key, e); /* the skb may be freed and its address reused */
+  return 0;
+}
+
+/* A dropped skb: its identity must not pass to the next skb at its
+ * address. */
+SEC("tp_btf/kfree_skb")
+int BPF_PROG(on_kfree_skb, struct sk_buff *skb) {
+  __u64 key = (__u64)skb;
+  struct xl_tx *e = bpf_map_lookup_elem(&SKB_TX, &key);
+  if (e)
+    tx_forget(key, e);
+  return 0;
+}
+
+/* A GSO skb freed after software segmentation (its segments went on). */
+SEC("tp_btf/consume_skb")
+int BPF_PROG(on_consume_skb, struct sk_buff *skb) {
+  if (!GSO_PENDING)
+    return 0;
+  __u64 key = (__u64)skb;
+  struct xl_tx *e = bpf_map_lookup_elem(&SKB_TX, &key);
+  if (e && e->nseg > 1)
+    tx_forget(key, e);
+  return 0;
+}
+
+#endif

@@ -1,0 +1,443 @@
+/* packet.h: finding a datagram in an skb wherever the stack left it.
+ *
+ * Offsets here are relative to skb->data, the only anchor every point
+ * agrees on: on TX skb->data is the MAC header and the network header
+ * offset is set; on RX a driver's fresh skb has skb->data at the network
+ * header (eth_type_trans, or napi_frags_skb for napi_gro_frags, pulled the
+ * MAC header) while network_header is not set yet, and the headers may lie
+ * in page fragments with an empty linear area.
+ *
+ * Bytes are read through a dynptr over the whole skb (linear area and page
+ * fragments, kfunc bpf_dynptr_from_skb, allowed in tracing programs since
+ * Linux 6.12); on older kernels only the linear area is readable and a
+ * datagram whose fields lie in the fragments is counted as XLAP_LOSS_FRAG.
+ */
+#ifndef XLAP_CAPTURE_PACKET_H
+#define XLAP_CAPTURE_PACKET_H
+
+#include "common.h"
+
+#define ETH_HLEN_ 14
+#define ETH_P_IP_ 0x0800
+#define ETH_P_IPV6_ 0x86DD
+#define ETH_P_8021Q_ 0x8100
+#define ETH_P_8021AD_ 0x88A8
+#define ETH_P_TEB_ 0x6558 /* transparent Ethernet bridging (Geneve) */
+#define GENEVE_PORT_ 6081
+#define NEXTHDR_HOP_ 0
+#define NEXTHDR_ROUTING_ 43
+#define NEXTHDR_FRAGMENT_ 44
+#define NEXTHDR_AUTH_ 51
+#define NEXTHDR_DEST_ 60
+/* IPv6 extension headers walked before giving up (counted as parse loss). */
+#define IPV6_EXT_MAX 6
+
+/* A read-only view of an skb's bytes. */
+struct xl_rd {
+  struct bpf_dynptr dp;
+  unsigned char *data; /* skb->data, for the linear fallback */
+  __u32 linear;        /* bytes in the linear area from data */
+  __u32 len;           /* skb->len: bytes from data to the end */
+};
+
+/* bpf_dynptr_from_skb(skb, 0, dp): a kfunc call with a placeholder BTF id
+ * that the loader replaces (xlap_abi.h, XLAP_KFUNC_DYNPTR_FROM_SKB). */
+static __always_inline int dynptr_from_skb(struct sk_buff *skb,
+                                           struct bpf_dynptr *dp) {
+  int ret;
+  asm volatile("r1 = %[skb]\n"
+               "r2 = 0\n"
+               "r3 = %[dp]\n"
+               ".byte 0x85, 0x20, 0x00, 0x00\n"
+               ".long 0x7eadbeef\n"
+               "%[ret] = r0\n"
+               : [ret] "=r"(ret)
+               : [skb] "r"(skb), [dp] "r"(dp)
+               : "r0", "r1", "r2", "r3", "r4", "r5", "memory");
+  return ret;
+}
+
+static __always_inline void rd_init(struct xl_rd *r, struct sk_buff *skb) {
+  r->data = skb->data;
+  r->len = skb->len;
+  r->linear = skb->len - skb->data_len;
+  /* Which way bytes are read is the loader's constant, not a run-time
+   * choice: one read path keeps the verifier's work linear in the loops. A
+   * dynptr the kernel refuses reads nothing. */
+  if (CFG.have_dynptr && dynptr_from_skb(skb, &r->dp))
+    r->len = 0;
+}
+
+/* The same view of a socket-filter context (cgroup_skb): skb->data is the
+ * network header there. Without dynptrs nothing is readable (the point is
+ * then not attached). */
+static __always_inline void rd_init_ctx(struct xl_rd *r,
+                                        struct __sk_buff *ctx) {
+  r->data = 0;
+  r->len = ctx->len;
+  r->linear = 0;
+  if (CFG.have_dynptr && dynptr_from_skb((struct sk_buff *)ctx, &r->dp))
+    r->len = 0;
+}
+
+/* Reads n bytes at off. Returns 0, -1 beyond the packet, -2 in page
+ * fragments we cannot read (no dynptr). */
+static __always_inline int rd_read(struct xl_rd *r, __u32 off, void *buf,
+                                   __u32 n) {
+  if ((__u64)off + n > r->len)
+    return -1;
+  if (CFG.have_dynptr)
+    return bpf_dynptr_read(buf, n, &r->dp, off, 0) ? -1 : 0;
+  if ((__u64)off + n > r->linear)
+    return -2;
+  return bpf_probe_read_kernel(buf, n, r->data + off) ? -1 : 0;
+}
+
+/* A field of `size` (1..8) bytes at off, in the configured byte order. */
+static __always_inline int rd_field(struct xl_rd *r, __u32 off, __u8 size,
+                                    __u64 *out) {
+  __u8 b[8] = {};
+  if (size == 0 || size > 8)
+    return -1;
+  int err = rd_read(r, off, b, size & 0xf);
+  if (err)
+    return err;
+  __u64 v = 0;
+#pragma unroll
+  for (int i = 0; i < 8; i++) {
+    if (i >= size)
+      break;
+    if (CFG.big_endian)
+      v = (v << 8) | b[i];
+    else
+      v |= (__u64)b[i] << (8 * i);
+  }
+  *out = v;
+  return 0;
+}
+
+/* What parsing found. */
+struct xl_dgram {
+  __u64 flow;     /* addresses folded to 16 bits each, ports */
+  __u32 pay;      /* offset of the UDP payload */
+  __u32 pay_len;  /* payload bytes of the first datagram, whole datagram */
+  __u32 pay_all;  /* payload bytes in the skb (GSO/GRO: every segment) */
+  __u32 frag_key; /* IP id (v4) or fragment id (v6) of a fragment */
+  __u16 dport;
+  __u8 frag;   /* 0 whole, 1 first fragment, 2 later fragment */
+  __u8 tunnel; /* keyed by the datagram inside a UDP tunnel */
+};
+
+enum {
+  XL_FOREIGN = -1, /* not UDP over IP */
+  XL_OK = 0,
+  XL_LATER_FRAGMENT = 1, /* an IP fragment without the UDP header */
+  XL_TRUNCATED = 2,      /* headers cut short: counted as a parse loss */
+  XL_UNREADABLE = 3,     /* headers in fragments we cannot read */
+};
+
+static __always_inline __u16 fold16(const __u32 *words, int n) {
+  __u32 x = 0;
+#pragma unroll
+  for (int i = 0; i < 4; i++)
+    if (i < n)
+      x ^= words[i];
+  return (__u16)(x ^ (x >> 16));
+}
+
+static __always_inline int rd_status(int err) {
+  return err == -2 ? XL_UNREADABLE : XL_TRUNCATED;
+}
+
+/* Parses the IP header at l3 and the UDP header after it. */
+static __always_inline int parse_ip(struct xl_rd *r, __u32 l3,
+                                    struct xl_dgram *d) {
+  __u8 h[40];
+  __u32 saddr[4] = {}, daddr[4] = {};
+  int words, err;
+  __u32 l4;
+  if ((err = rd_read(r, l3, h, 20)))
+    return err == -1 ? XL_FOREIGN : XL_UNREADABLE;
+  if ((h[0] >> 4) == 4) {
+    struct iphdr *iph = (struct iphdr *)h;
+    __u16 frag = bpf_ntohs(iph->frag_off);
+    if (iph->protocol != IPPROTO_UDP_)
+      return XL_FOREIGN;
+    saddr[0] = iph->saddr;
+    daddr[0] = iph->daddr;
+    words = 1;
+    d->frag_key = ((__u32)bpf_ntohs(iph->id) << 16) ^ iph->saddr ^ iph->daddr;
+    if (frag & 0x1fff) {
+      d->frag = 2;
+      return XL_LATER_FRAGMENT;
+    }
+    d->frag = (frag & 0x2000) ? 1 : 0; /* more fragments follow */
+    l4 = l3 + (h[0] & 0xf) * 4;
+  } else if ((h[0] >> 4) == 6) {
+    if ((err = rd_read(r, l3, h, 40)))
+      return rd_status(err);
+    struct ipv6hdr *ip6 = (struct ipv6hdr *)h;
+    __builtin_memcpy(saddr, &ip6->saddr, 16);
+    __builtin_memcpy(daddr, &ip6->daddr, 16);
+    words = 4;
+    __u8 next = ip6->nexthdr;
+    l4 = l3 + 40;
+    /* Extension headers, bounded: hop-by-hop, routing (SRv6), destination
+     * options, fragment, authentication. */
+    for (int i = 0; i < IPV6_EXT_MAX; i++) {
+      if (next == IPPROTO_UDP_)
+        break;
+      __u8 e[8];
+      if (next != NEXTHDR_HOP_ && next != NEXTHDR_ROUTING_ &&
+          next != NEXTHDR_DEST_ && next != NEXTHDR_FRAGMENT_ &&
+          next != NEXTHDR_AUTH_)
+        return XL_FOREIGN;
+      if ((err = rd_read(r, l4, e, 8)))
+        return rd_status(err);
+      __u32 hlen = ((__u32)e[1] + 1) * 8;
+      if (next == NEXTHDR_AUTH_)
+        hlen = ((__u32)e[1] + 2) * 4;
+      if (next == NEXTHDR_FRAGMENT_) {
+        __u16 off = ((__u16)e[2] << 8 | e[3]);
+        d->frag_key =
+            ((__u32)e[4] << 24 | (__u32)e[5] << 16 | (__u32)e[6] << 8 | e[7]) ^
+            saddr[3] ^ daddr[3];
+        if (off & 0xfff8) {
+          d->frag = 2;
+          return XL_LATER_FRAGMENT;
+        }
+        d->frag = off & 1;
+        hlen = 8;
+      }
+      next = e[0];
+      /* One state per iteration, whatever the header types so far (see
+       * xl_opaque). */
+      l4 = xl_opaque(l4 + hlen);
+    }
+    if (next != IPPROTO_UDP_)
+      return XL_TRUNCATED; /* more extension headers than we walk */
+  } else {
+    return XL_FOREIGN;
+  }
+  struct udphdr uh;
+  if ((err = rd_read(r, l4, &uh, sizeof(uh))))
+    return rd_status(err);
+  __u16 sport = bpf_ntohs(uh.source);
+  d->dport = bpf_ntohs(uh.dest);
+  d->flow = ((__u64)fold16(saddr, words) << 48) |
+            ((__u64)fold16(daddr, words) << 32) | ((__u64)sport << 16) |
+            d->dport;
+  d->pay = l4 + 8;
+  __u32 udp_len = bpf_ntohs(uh.len);
+  d->pay_len = udp_len >= 8 ? udp_len - 8 : 0;
+  d->pay_all = r->len > d->pay ? r->len - d->pay : 0;
+  return XL_OK;
+}
+
+/* Whether UDP port `port` carries a tunnel whose payload is an Ethernet
+ * frame (VXLAN: 4789 and Linux's old 8472, --tunnel-port) or Geneve. */
+static __always_inline int tunnel_port(__u16 port) {
+  if (port == GENEVE_PORT_)
+    return 1;
+#pragma unroll
+  for (int i = 0; i < XLAP_TUNNEL_PORTS; i++)
+    if (CFG.tunnel_ports[i] && CFG.tunnel_ports[i] == port)
+      return 1;
+  return 0;
+}
+
+/* Offset of the IP header in an Ethernet frame at `eth` (one or two VLAN
+ * tags skipped), or 0 if it carries no IP. */
+static __always_inline __u32 ip_in_frame(struct xl_rd *r, __u32 eth) {
+  __u32 off = eth + 12;
+#pragma unroll
+  for (int i = 0; i < 3; i++) {
+    __u8 t[2];
+    if (rd_read(r, off, t, 2))
+      return 0;
+    __u16 type = (__u16)t[0] << 8 | t[1];
+    if (type == ETH_P_IP_ || type == ETH_P_IPV6_)
+      return off + 2;
+    if (type != ETH_P_8021Q_ && type != ETH_P_8021AD_)
+      return 0;
+    off += 4;
+  }
+  return 0;
+}
+
+/* Parses the datagram whose IP header is at l3; a UDP tunnel's inner
+ * datagram replaces the outer one (one level). */
+static __always_inline int parse_at(struct xl_rd *r, __u32 l3,
+                                    struct xl_dgram *d) {
+  int ret = parse_ip(r, l3, d);
+  if (ret != XL_OK || !tunnel_port(d->dport))
+    return ret;
+  __u32 inner = 0;
+  if (d->dport == GENEVE_PORT_) {
+    __u8 g[4];
+    if (rd_read(r, d->pay, g, 4))
+      return XL_TRUNCATED;
+    __u32 hl = 8 + (g[0] & 0x3f) * 4;
+    __u16 proto = (__u16)g[2] << 8 | g[3];
+    if (proto == ETH_P_TEB_)
+      inner = ip_in_frame(r, d->pay + hl);
+    else if (proto == ETH_P_IP_ || proto == ETH_P_IPV6_)
+      inner = d->pay + hl;
+  } else {
+    inner = ip_in_frame(r, d->pay + 8); /* VXLAN header: 8 bytes */
+  }
+  if (!inner)
+    return XL_FOREIGN; /* a tunnel packet without IP inside */
+  struct xl_dgram in = {};
+  ret = parse_ip(r, inner, &in);
+  if (ret == XL_OK || ret == XL_LATER_FRAGMENT) {
+    in.tunnel = 1;
+    *d = in;
+  }
+  return ret;
+}
+
+/* The skb's datagram at the network header (TX points: the stack set
+ * it). */
+static __always_inline int parse_tx(struct sk_buff *skb, struct xl_rd *r,
+                                    struct xl_dgram *d) {
+  rd_init(r, skb);
+  __u16 nh = skb->network_header;
+  if (nh == (__u16)~0U)
+    return XL_FOREIGN;
+  long l3 = (long)(skb->head + nh) - (long)skb->data;
+  if (l3 < 0 || l3 > 256)
+    return XL_FOREIGN;
+  return parse_at(r, (__u32)l3, d);
+}
+
+/* The skb's datagram on the receive path: at skb->data (the driver pulled
+ * the MAC header). */
+static __always_inline int parse_rx(struct sk_buff *skb, struct xl_rd *r,
+                                    struct xl_dgram *d) {
+  rd_init(r, skb);
+  __u16 proto = bpf_ntohs(skb->protocol);
+  if (proto != ETH_P_IP_ && proto != ETH_P_IPV6_)
+    return XL_FOREIGN;
+  return parse_at(r, 0, d);
+}
+
+/* Reads the seq and kind of the datagram whose payload (of pay_len bytes)
+ * starts at `pay`. Returns 0, XL_TRUNCATED or XL_UNREADABLE. */
+static __always_inline int read_ident_at(struct xl_rd *r, __u32 pay,
+                                         __u32 pay_len, __u64 *seq,
+                                         __u64 *kind) {
+  __u32 so = CFG.seq_offset, ss = CFG.seq_size;
+  __u32 ko = CFG.kind_offset, ks = CFG.kind_size;
+  int err;
+  if ((__u64)so + ss > pay_len || (ks && (__u64)ko + ks > pay_len))
+    return XL_TRUNCATED;
+  if ((err = rd_field(r, pay + so, ss, seq)))
+    return rd_status(err);
+  *kind = 0;
+  if (ks && (err = rd_field(r, pay + ko, ks, kind)))
+    return rd_status(err);
+  return 0;
+}
+
+/* GSO size and segment count of the skb (0: not a GSO/GRO skb). */
+static __always_inline __u32 skb_gso_size(struct sk_buff *skb) {
+  struct skb_shared_info *sh = (struct skb_shared_info *)(skb->head + skb->end);
+  return BPF_CORE_READ(sh, gso_size);
+}
+
+static __always_inline __u64 skb_hw_ts(struct sk_buff *skb) {
+  struct skb_shared_info *sh = (struct skb_shared_info *)(skb->head + skb->end);
+  return (__u64)BPF_CORE_READ(sh, hwtstamps.hwtstamp);
+}
+
+/* Scratch space for the datagrams of one GSO/GRO skb (too big for the
+ * stack). */
+struct {
+  __uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+  __uint(max_entries, 1);
+  __type(key, __u32);
+  __type(value, struct xl_segs);
+} SEG_SCRATCH SEC(".maps");
+
+struct xl_seg_loop {
+  struct xl_rd *r;
+  struct xl_segs *s;
+  __u32 pay, gso, pay_all, n, got;
+};
+
+/* Datagram idx+1 of a GSO/GRO skb (a bpf_loop body, see emit_all). */
+static long read_seg(__u32 idx, void *ctx) {
+  struct xl_seg_loop *c = ctx;
+  __u32 i = idx + 1;
+  if (i >= c->n || i >= XLAP_MAX_SEGS)
+    return 1;
+  /* The comparison may bound a copy of i the compiler does not index
+   * with: hide i from the optimiser, then bound it by a mask
+   * (XLAP_MAX_SEGS is a power of two) the verifier sees. */
+  asm volatile("" : "+r"(i));
+  i &= XLAP_MAX_SEGS - 1;
+  __u32 this_len = i == c->n - 1 ? c->pay_all - i * c->gso : c->gso;
+  __u64 seq, kind;
+  if (read_ident_at(c->r, c->pay + i * c->gso, this_len, &seq, &kind))
+    return 1; /* the rest is counted by the caller */
+  c->s->seq[i] = seq;
+  c->s->kind[i] = kind;
+  c->got = i + 1;
+  return 0;
+}
+
+/* The datagrams of a parsed skb: identity of datagram 0 into `id`, every
+ * datagram's seq/kind into `segs` (when more than one). Returns the number
+ * of datagrams stamped (0 on failure: `*loss` set to the loss reason), and
+ * `*beyond` the datagrams over XLAP_MAX_SEGS. */
+static __always_inline __u32 read_datagrams(__u32 gso, struct xl_rd *r,
+                                            const struct xl_dgram *d,
+                                            struct xl_ident *id,
+                                            struct xl_segs **segs, __u32 *loss,
+                                            __u32 *beyond) {
+  __u64 seq, kind;
+  __u32 pay = xl_opaque(d->pay), pay_all = xl_opaque(d->pay_all);
+  gso = xl_opaque(gso);
+  __u32 n = 1, seg_len = xl_opaque(d->pay_len);
+  *beyond = 0;
+  *segs = 0;
+  if (gso && pay_all > gso) {
+    n = (pay_all + gso - 1) / gso;
+    seg_len = gso;
+  }
+  id->flow = d->flow;
+  id->len = n > 1 ? seg_len : d->pay_len;
+  int err = read_ident_at(r, pay, seg_len, &seq, &kind);
+  if (err) {
+    *loss = err == XL_UNREADABLE ? XLAP_LOSS_FRAG : XLAP_LOSS_PARSE;
+    *beyond = n > 1 ? n - 1 : 0;
+    return 0;
+  }
+  id->seq = seq;
+  id->kind = kind;
+  id->flags |= XLAP_FLAG_SEQ_VALID;
+  if (n == 1)
+    return 1;
+  __u32 zero = 0;
+  struct xl_segs *s = bpf_map_lookup_elem(&SEG_SCRATCH, &zero);
+  if (!s) {
+    *loss = XLAP_LOSS_MAP_FULL;
+    *beyond = n - 1;
+    return 1;
+  }
+  s->seq[0] = seq;
+  s->kind[0] = kind;
+  struct xl_seg_loop c = {
+      .r = r, .s = s, .pay = pay, .gso = gso, .pay_all = pay_all, .n = n};
+  c.got = 1;
+  bpf_loop(XLAP_MAX_SEGS - 1, read_seg, &c, 0);
+  /* Every exit of the loop continues in one state (see xl_opaque). */
+  __u32 got = xl_opaque(c.got);
+  *loss = got < n && n <= XLAP_MAX_SEGS ? XLAP_LOSS_PARSE : XLAP_LOSS_GSO;
+  *beyond = n - got;
+  *segs = s;
+  return got;
+}
+
+#endif

@@ -1,0 +1,72 @@
+/* sched.h: the reader's wake-up (sched_waking) and its switch-in
+ * (sched_switch) after a datagram reached its socket (sock_rx.h sets
+ * RX_LAST); sched_switch to idle also exports the CPU's batch. */
+#ifndef XLAP_CAPTURE_SCHED_H
+#define XLAP_CAPTURE_SCHED_H
+
+#include "common.h"
+#include "task.h"
+
+/* A waking within this window after a datagram reached a traced socket on
+ * the same CPU is the wake-up of the reader by that datagram (the socket's
+ * sk_data_ready wakes it synchronously, a few microseconds later). */
+#define WAKE_WINDOW_NS 20000
+
+SEC("tp_btf/sched_waking")
+int BPF_PROG(on_sched_waking, struct task_struct *p) {
+  __u32 zero = 0;
+  struct xl_rx_last *last = bpf_map_lookup_elem(&RX_LAST, &zero);
+  if (!last || !last->valid)
+    return 0;
+  __u64 now = bpf_ktime_get_ns();
+  if (now - last->ts > WAKE_WINDOW_NS) {
+    last->valid = 0;
+    return 0;
+  }
+  if ((__u32)p->tgid != last->id.pid)
+    return 0;
+  /* Only a thread blocked in a receive call is woken by the datagram (not,
+   * say, a worker thread its reader wakes through a futex). */
+  __u32 tid = p->pid;
+  struct xl_task *t = task_ctx(p);
+  if (!t || !t->in_recv)
+    return 0;
+  last->valid = 0;
+  emit(XLAP_POINT_SCHED_WAKEUP, now, &last->id, tid, 0, 0, 0);
+  if (bpf_map_update_elem(&WOKEN, &tid, &last->id, BPF_NOEXIST) == 0)
+    __sync_fetch_and_add(&WOKEN_PENDING, 1);
+  else if (bpf_map_update_elem(&WOKEN, &tid, &last->id, BPF_EXIST))
+    count_loss(XLAP_POINT_SCHED_SWITCH_IN, XLAP_LOSS_MAP_FULL);
+  return 0;
+}
+
+SEC("tp_btf/sched_switch")
+int BPF_PROG(on_sched_switch, bool preempt, struct task_struct *prev,
+             struct task_struct *next) {
+  __u32 tid = next->pid;
+  if (tid == 0) {
+    /* This CPU goes idle: export what waits in its batch, so stamps never
+     * wait long for the reader. Interrupts are off here: no program can
+     * nest, and depth is only non-zero under a preempted uprobe append. */
+    __u32 zero = 0;
+    struct xlap_batch *b = bpf_map_lookup_elem(&BATCH, &zero);
+    if (b && b->n) {
+      if (batch_enter(b) == 0)
+        flush(b);
+      batch_leave(b);
+    }
+    return 0;
+  }
+  if (!WOKEN_PENDING)
+    return 0;
+  struct xl_ident *id = bpf_map_lookup_elem(&WOKEN, &tid);
+  if (!id)
+    return 0;
+  struct xl_ident copy = *id;
+  if (bpf_map_delete_elem(&WOKEN, &tid) == 0)
+    __sync_fetch_and_add(&WOKEN_PENDING, -1);
+  emit(XLAP_POINT_SCHED_SWITCH_IN, bpf_ktime_get_ns(), &copy, tid, 0, 0, 0);
+  return 0;
+}
+
+#endif

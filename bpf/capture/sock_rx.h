@@ -1,0 +1,66 @@
+/* sock_rx.h: the datagram handed to a traced socket (sock.queue).
+ *
+ * A cgroup socket filter (cgroup_skb/ingress, attached at the cgroup2 root)
+ * runs in the socket's receive path with the skb itself, just before it
+ * is queued: the identity is read from the datagram, never paired from an
+ * earlier point, so GRO batches, list receive and a datagram queued by
+ * another CPU keep their own seq. A UDP GRO socket receives a GRO
+ * super-packet: one stamp per datagram. */
+#ifndef XLAP_CAPTURE_SOCK_RX_H
+#define XLAP_CAPTURE_SOCK_RX_H
+
+#include "common.h"
+#include "packet.h"
+#include "task.h"
+
+SEC("cgroup_skb/ingress")
+int on_sock_ingress(struct __sk_buff *ctx) {
+  struct bpf_sock *sk = ctx->sk;
+  if (!sk)
+    return 1;
+  sk = bpf_sk_fullsock(sk);
+  if (!sk || sk->protocol != IPPROTO_UDP_)
+    return 1;
+  struct xlap_sock *ts = bpf_sk_storage_get(&SOCKS, sk, 0, 0);
+  if (!ts)
+    return 1;
+  __u64 now = bpf_ktime_get_ns();
+  struct xl_rd r;
+  struct xl_dgram d = {};
+  rd_init_ctx(&r, ctx);
+  int ret = parse_ip(&r, 0, &d);
+  if (ret == XL_FOREIGN)
+    return 1;
+  if (ret != XL_OK) {
+    count_loss(XLAP_POINT_SOCK_QUEUE,
+               ret == XL_UNREADABLE ? XLAP_LOSS_FRAG : XLAP_LOSS_PARSE);
+    return 1;
+  }
+  struct xl_ident id = {.pid = ts->tgid};
+  struct xl_segs *segs;
+  __u32 loss = XLAP_LOSS_PARSE, beyond = 0;
+  __u32 got = read_datagrams(ctx->gso_size, &r, &d, &id, &segs, &loss, &beyond);
+  if (beyond)
+    count_losses(XLAP_POINT_SOCK_QUEUE, loss, beyond);
+  if (!got) {
+    count_loss(XLAP_POINT_SOCK_QUEUE, loss);
+    return 1;
+  }
+  struct xl_at at = {.point = XLAP_POINT_SOCK_QUEUE, .ts = now};
+  emit_all(&at, &id, segs, got);
+  /* The reader's wake-up follows for the last of them. */
+  __u32 zero = 0;
+  struct xl_rx_last *last = bpf_map_lookup_elem(&RX_LAST, &zero);
+  if (last) {
+    last->id = id;
+    if (got > 1 && segs) {
+      last->id.seq = segs->seq[(got - 1) & (XLAP_MAX_SEGS - 1)];
+      last->id.kind = segs->kind[(got - 1) & (XLAP_MAX_SEGS - 1)];
+    }
+    last->ts = now;
+    last->valid = 1;
+  }
+  return 1;
+}
+
+#endif

@@ -1,0 +1,299 @@
+/* syscall.h: the application/socket boundary: send and receive syscalls of
+ * the traced processes (tp_btf on sys_enter/sys_exit) and the receive-side
+ * socket hint (sock_recv_length). */
+#ifndef XLAP_CAPTURE_SYSCALL_H
+#define XLAP_CAPTURE_SYSCALL_H
+
+#include "common.h"
+#include "task.h"
+
+/* Syscall numbers (x86-64). */
+#define NR_READ 0
+#define NR_WRITE 1
+#define NR_SENDTO 44
+#define NR_RECVFROM 45
+#define NR_SENDMSG 46
+#define NR_RECVMSG 47
+#define NR_RECVMMSG 299
+#define NR_SENDMMSG 307
+#define NR_BIND 49
+#define SOL_UDP_ 17
+#define UDP_GRO_ 104
+/* Control messages looked at for UDP_GRO in one recvmsg. */
+#define CMSG_MAX 4
+
+/* Reads a field of 1..8 bytes from user memory in the configured order. */
+static __always_inline int user_field(const void *src, __u8 size, __u64 *out) {
+  __u8 b[8] = {};
+  if (size == 0 || size > 8 || bpf_probe_read_user(b, size & 0xf, src))
+    return -1;
+  __u64 v = 0;
+#pragma unroll
+  for (int i = 0; i < 8; i++) {
+    if (i >= size)
+      break;
+    if (CFG.big_endian)
+      v = (v << 8) | b[i];
+    else
+      v |= (__u64)b[i] << (8 * i);
+  }
+  *out = v;
+  return 0;
+}
+
+/* Seq and kind of the datagram of `avail` bytes at user address `buf`. */
+static __always_inline int user_ident(__u64 buf, __u64 avail, __u64 *seq,
+                                      __u64 *kind) {
+  if ((__u64)CFG.seq_offset + CFG.seq_size > avail ||
+      (CFG.kind_size && (__u64)CFG.kind_offset + CFG.kind_size > avail))
+    return -1;
+  if (user_field((void *)buf + CFG.seq_offset, CFG.seq_size, seq))
+    return -1;
+  *kind = 0;
+  if (CFG.kind_size &&
+      user_field((void *)buf + CFG.kind_offset, CFG.kind_size, kind))
+    return -1;
+  return 0;
+}
+
+/* The user buffer of the first datagram of a send/recv call. */
+static __always_inline __u64 user_buf(__u32 nr, struct pt_regs *regs,
+                                      struct user_msghdr *msg) {
+  __u64 a1 = BPF_CORE_READ(regs, si);
+  if (nr == NR_SENDTO || nr == NR_RECVFROM || nr == NR_WRITE || nr == NR_READ)
+    return a1;
+  /* msghdr (sendmsg/recvmsg) or mmsghdr[0] (msg_hdr first): iov[0].base */
+  struct iovec iov;
+  if (bpf_probe_read_user(msg, sizeof(*msg), (void *)a1))
+    return 0;
+  if (!msg->msg_iov || bpf_probe_read_user(&iov, sizeof(iov), msg->msg_iov))
+    return 0;
+  return (__u64)iov.iov_base;
+}
+
+/* The segment size of a UDP GRO receive (the UDP_GRO control message the
+ * kernel wrote into msg), 0 if none. */
+static __always_inline __u32 udp_gro_size(const struct user_msghdr *msg) {
+  __u64 at = (__u64)msg->msg_control;
+  __u64 end = at + msg->msg_controllen; /* the length the kernel used */
+  if (!at)
+    return 0;
+  for (int i = 0; i < CMSG_MAX; i++) {
+    struct cmsghdr c;
+    if (at + sizeof(c) > end || bpf_probe_read_user(&c, sizeof(c), (void *)at))
+      return 0;
+    if (c.cmsg_level == SOL_UDP_ && c.cmsg_type == UDP_GRO_) {
+      int size = 0;
+      if (bpf_probe_read_user(&size, sizeof(size), (void *)at + sizeof(c)))
+        return 0;
+      return size > 0 ? size : 0;
+    }
+    if (c.cmsg_len < sizeof(c))
+      return 0;
+    at += (c.cmsg_len + 7) & ~7ULL;
+  }
+  return 0;
+}
+
+/* A traced process binding a socket to a port: traced from its first
+ * datagram on, before userspace's /proc scan (every 200 ms) would see it.
+ * Binding to port 0 (ephemeral) leaves it to that scan. */
+static __always_inline void register_bound_port(__u32 tgid,
+                                                struct pt_regs *regs) {
+  const void *addr = (const void *)BPF_CORE_READ(regs, si);
+  __u16 family = 0, port = 0;
+  if (bpf_probe_read_user(&family, sizeof(family), addr) ||
+      (family != AF_INET_ && family != AF_INET6_) ||
+      bpf_probe_read_user(&port, sizeof(port), addr + 2) || port == 0)
+    return;
+  struct task_struct *task = (struct task_struct *)bpf_get_current_task();
+  struct xlap_port_key key = {.netns =
+                                  BPF_CORE_READ(task, nsproxy, net_ns, ns.inum),
+                              .port = bpf_ntohs(port)};
+  bpf_map_update_elem(&TARGET_PORTS, &key, &tgid, BPF_ANY);
+}
+
+static __always_inline int is_send(__u32 nr) {
+  return nr == NR_SENDTO || nr == NR_SENDMSG || nr == NR_SENDMMSG ||
+         nr == NR_WRITE;
+}
+
+static __always_inline int is_recv(__u32 nr) {
+  return nr == NR_RECVFROM || nr == NR_RECVMSG || nr == NR_RECVMMSG ||
+         nr == NR_READ;
+}
+
+/* tp_btf (not raw_tp) on the syscall tracepoints: the syscall number and
+ * the saved user registers are plain loads, and the number is tested before
+ * any map lookup, so the other syscalls of the machine cost almost nothing. */
+SEC("tp_btf/sys_enter")
+int BPF_PROG(on_sys_enter, struct pt_regs *regs, long id) {
+  __u32 nr = (__u32)id;
+  int send = is_send(nr), recv = is_recv(nr);
+  if (!send && !recv && nr != NR_BIND)
+    return 0;
+  /* A thread with call state belongs to a traced process: no need to look
+   * its process up (task storage is cheaper than the hash). */
+  struct task_struct *task = bpf_get_current_task_btf();
+  struct xl_task *t = task_ctx(task);
+  __u32 tgid = bpf_get_current_pid_tgid() >> 32;
+  if (!t && !bpf_map_lookup_elem(&TARGET_PIDS, &tgid))
+    return 0;
+  if (!send && !recv) {
+    register_bound_port(tgid, regs);
+    return 0;
+  }
+  if (!t)
+    t = bpf_task_storage_get(&TASK_CTX, task, 0,
+                             BPF_LOCAL_STORAGE_GET_F_CREATE);
+  if (!t) {
+    count_loss(send ? XLAP_POINT_SOCK_SEND_ENTER : XLAP_POINT_SOCK_RECV_EXIT,
+               XLAP_LOSS_MAP_FULL);
+    return 0;
+  }
+  t->in_send = send;
+  t->in_recv = recv;
+  t->on_sock = 0;
+  if (send) {
+    t->send.ts_enter = bpf_ktime_get_ns();
+    t->send.n = 0;
+    t->send.beyond = 0;
+  }
+  return 0;
+}
+
+/* The send points of every datagram the call put on a device. */
+static __always_inline void stamp_send(struct xl_send_ctx *sc, __u32 tgid,
+                                       __u32 tid) {
+  struct xl_at at = {.tid = tid};
+  struct xl_ident id = sc->id;
+  id.pid = tgid;
+  at.point = XLAP_POINT_SOCK_SEND_ENTER;
+  at.ts = sc->ts_enter;
+  emit_all(&at, &id, &sc->segs, sc->n);
+  at.point = XLAP_POINT_SOCK_SEND_EXIT;
+  at.ts = bpf_ktime_get_ns();
+  emit_all(&at, &id, &sc->segs, sc->n);
+  if (sc->beyond) {
+    count_losses(XLAP_POINT_SOCK_SEND_ENTER, XLAP_LOSS_GSO, sc->beyond);
+    count_losses(XLAP_POINT_SOCK_SEND_EXIT, XLAP_LOSS_GSO, sc->beyond);
+  }
+}
+
+/* The receive point of every datagram a receive call returned: one, or
+ * several of gso bytes each (a UDP GRO socket). */
+static __always_inline void stamp_recv(__u64 buf, __u64 len, __u32 gso,
+                                       __u32 tgid, __u32 tid) {
+  struct xl_at at = {
+      .tid = tid, .point = XLAP_POINT_SOCK_RECV_EXIT, .ts = bpf_ktime_get_ns()};
+  struct xl_ident id = {.pid = tgid, .flags = XLAP_FLAG_FROM_USER};
+  __u64 seq, kind;
+  __u32 n = gso && len > gso ? (len + gso - 1) / gso : 1;
+  __u32 seg = n > 1 ? gso : len;
+  id.len = seg;
+  if (user_ident(buf, seg, &seq, &kind)) {
+    count_losses(XLAP_POINT_SOCK_RECV_EXIT, XLAP_LOSS_PARSE, n);
+    return;
+  }
+  id.seq = seq;
+  id.kind = kind;
+  id.flags |= XLAP_FLAG_SEQ_VALID;
+  emit(at.point, at.ts, &id, tid, 0, 0, 0);
+  for (__u32 i = 1; i < XLAP_MAX_SEGS; i++) {
+    if (i >= n)
+      break;
+    __u64 this_len = i == n - 1 ? len - (__u64)i * gso : gso;
+    if (user_ident(buf + (__u64)i * gso, this_len, &seq, &kind)) {
+      count_loss(at.point, XLAP_LOSS_PARSE);
+      continue;
+    }
+    id.seq = seq;
+    id.kind = kind;
+    id.len = this_len;
+    emit(at.point, at.ts, &id, tid, 0, 0, 0);
+  }
+  if (n > XLAP_MAX_SEGS)
+    count_losses(at.point, XLAP_LOSS_GSO, n - XLAP_MAX_SEGS);
+}
+
+SEC("tp_btf/sys_exit")
+int BPF_PROG(on_sys_exit, struct pt_regs *regs, long ret) {
+  __u32 nr = (__u32)regs->orig_ax;
+  int send = is_send(nr);
+  if (!send && !is_recv(nr))
+    return 0;
+  /* Only threads of traced processes have call contexts. */
+  struct xl_task *t = task_ctx(bpf_get_current_task_btf());
+  if (!t)
+    return 0;
+  __u64 pid_tgid = bpf_get_current_pid_tgid();
+  __u32 tgid = pid_tgid >> 32, tid = (__u32)pid_tgid;
+  if (send) {
+    if (!t->in_send)
+      return 0;
+    t->in_send = 0;
+    /* Only a call that put a UDP datagram on a device is a send. */
+    if (t->send.n)
+      stamp_send(&t->send, tgid, tid);
+    return 0;
+  }
+  if (!t->in_recv)
+    return 0;
+  t->in_recv = 0;
+  /* A reader woken while still on its CPU is never switched in for that
+   * wake-up: once its receive returns, the wake-up is spent. */
+  forget_woken(tid);
+  if (!t->on_sock || ret <= 0)
+    return 0;
+  /* The user's argument registers are intact at exit: the buffer is found
+   * here, also for a call that was already blocked when tracing started (no
+   * entry context; sock_recv_length made one). */
+  struct user_msghdr msg = {};
+  __u64 buf = regs->si;
+  __u32 gso = 0;
+  if (nr == NR_RECVMSG || nr == NR_RECVMMSG) {
+    buf = user_buf(nr, regs, &msg);
+    if (nr == NR_RECVMSG)
+      gso = udp_gro_size(&msg);
+  }
+  __u64 len = (__u64)ret;
+  if (nr == NR_RECVMMSG) { /* the first message's length, mmsghdr.msg_len */
+    __u32 mlen = 0;
+    bpf_probe_read_user(&mlen, sizeof(mlen),
+                        (void *)regs->si + sizeof(struct user_msghdr));
+    len = mlen;
+  }
+  if (!buf) {
+    count_loss(XLAP_POINT_SOCK_RECV_EXIT, XLAP_LOSS_PARSE);
+    return 0;
+  }
+  stamp_recv(buf, len, gso, tgid, tid);
+  return 0;
+}
+
+SEC("tp_btf/sock_recv_length")
+int BPF_PROG(on_sock_recv_length, struct sock *sk, int ret, int flags) {
+  if (sk->sk_protocol != IPPROTO_UDP_)
+    return 0;
+  struct task_struct *task = bpf_get_current_task_btf();
+  struct xl_task *t = task_ctx(task);
+  if (t && t->in_recv) {
+    t->on_sock = 1;
+    return 0;
+  }
+  /* A receive call of a traced process that began before tracing did. */
+  __u32 tgid = bpf_get_current_pid_tgid() >> 32;
+  if (!bpf_map_lookup_elem(&TARGET_PIDS, &tgid))
+    return 0;
+  t = bpf_task_storage_get(&TASK_CTX, task, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
+  if (!t) {
+    count_loss(XLAP_POINT_SOCK_RECV_EXIT, XLAP_LOSS_MAP_FULL);
+    return 0;
+  }
+  t->in_send = 0;
+  t->in_recv = 1;
+  t->on_sock = 1;
+  return 0;
+}
+
+#endif

@@ -1,0 +1,71 @@
+/* task.h: per-thread call state of the traced processes, and the hand-off
+ * from the socket-queue point to the reader's wake-up. */
+#ifndef XLAP_CAPTURE_TASK_H
+#define XLAP_CAPTURE_TASK_H
+
+#include "common.h"
+
+/* A send syscall of a traced process, until it returns: the datagrams it
+ * put on a device (several: GSO, sendmmsg, fragments). */
+struct xl_send_ctx {
+  __u64 ts_enter;
+  struct xl_ident id; /* datagram 0 */
+  struct xl_segs segs;
+  __u32 n;      /* datagrams recorded in segs */
+  __u32 beyond; /* datagrams over XLAP_MAX_SEGS (counted as gso losses) */
+};
+
+/* The call state of a thread of a traced process, in the thread's own
+ * storage (task local storage: no hash lookups, freed with the thread). */
+struct xl_task {
+  struct xl_send_ctx send; /* valid while in_send */
+  __u8 in_send;            /* in a send syscall */
+  __u8 in_recv;            /* in a receive syscall */
+  __u8 on_sock; /* sock_recv_length saw a UDP socket in this receive */
+};
+
+struct {
+  __uint(type, BPF_MAP_TYPE_TASK_STORAGE);
+  __uint(map_flags, BPF_F_NO_PREALLOC);
+  __type(key, int);
+  __type(value, struct xl_task);
+} TASK_CTX SEC(".maps");
+
+/* The call state of `task` if it has one (never creates it). */
+static __always_inline struct xl_task *task_ctx(struct task_struct *task) {
+  return bpf_task_storage_get(&TASK_CTX, task, 0, 0);
+}
+
+/* The last datagram handed to a traced socket on this CPU: the wake-up it
+ * triggers follows within the same softirq. */
+struct xl_rx_last {
+  struct xl_ident id;
+  __u64 ts;
+  __u8 valid;
+};
+
+struct {
+  __uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+  __uint(max_entries, 1);
+  __type(key, __u32);
+  __type(value, struct xl_rx_last);
+} RX_LAST SEC(".maps");
+
+/* Entries in WOKEN (an upper bound): while it is 0, sched_switch, the most
+ * frequent of our events, needs no hash lookup. */
+__u64 WOKEN_PENDING = 0;
+
+struct {
+  __uint(type, BPF_MAP_TYPE_HASH);
+  __uint(max_entries, 4096);
+  __type(key, __u32); /* tid woken for a datagram */
+  __type(value, struct xl_ident);
+} WOKEN SEC(".maps");
+
+/* A thread's pending wake-up is spent (it ran, or its receive returned). */
+static __always_inline void forget_woken(__u32 tid) {
+  if (WOKEN_PENDING && bpf_map_delete_elem(&WOKEN, &tid) == 0)
+    __sync_fetch_and_add(&WOKEN_PENDING, -1);
+}
+
+#endif

@@ -1,0 +1,156 @@
+//! The sockets a traced process already holds when tracing starts: found in
+//! /proc, duplicated into our process (pidfd_getfd) so that the BPF side's
+//! socket storage can be set for them. Sockets created later are marked by
+//! the BPF side itself (cgroup/sock_create).
+
+use std::collections::HashSet;
+use std::io;
+use std::os::fd::{FromRawFd, OwnedFd};
+use std::path::Path;
+
+/// A socket of a traced process: its fd there and its inode.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct SocketRef {
+    pub pid: u32,
+    pub fd: i32,
+    pub inode: u64,
+}
+
+/// A socket of a protocol we do not trace, to name it to the user.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ForeignSocket {
+    pub pid: u32,
+    pub protocol: &'static str,
+    pub local_port: u16,
+}
+
+/// (fd, socket inode) of every socket fd of `pid`.
+fn socket_fds(pid: u32) -> Vec<(i32, u64)> {
+    let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return Vec::new();
+    };
+    dir.filter_map(|e| {
+        let e = e.ok()?;
+        let fd: i32 = e.file_name().to_str()?.parse().ok()?;
+        let link = std::fs::read_link(e.path()).ok()?;
+        let s = link.to_string_lossy().into_owned();
+        let inode = s
+            .strip_prefix("socket:[")?
+            .strip_suffix(']')?
+            .parse()
+            .ok()?;
+        Some((fd, inode))
+    })
+    .collect()
+}
+
+/// (local port, inode) of the sockets in a /proc/PID/net table.
+pub fn proc_net_table(path: &Path) -> Vec<(u16, u64)> {
+    let Ok(text) = std::fs::read_to_string(path) else {
+        return Vec::new();
+    };
+    text.lines()
+        .skip(1)
+        .filter_map(|line| {
+            let cols: Vec<&str> = line.split_whitespace().collect();
+            let local = cols.get(1)?;
+            let port = u16::from_str_radix(local.rsplit(':').next()?, 16).ok()?;
+            let inode = cols.get(9)?.parse().ok()?;
+            Some((port, inode))
+        })
+        .collect()
+}
+
+fn inodes_of(pid: u32, tables: &[&str]) -> Vec<(u16, u64)> {
+    tables
+        .iter()
+        .flat_map(|t| proc_net_table(Path::new(&format!("/proc/{pid}/net/{t}"))))
+        .collect()
+}
+
+/// The UDP sockets `pid` holds.
+pub fn udp_sockets(pid: u32) -> Vec<SocketRef> {
+    let udp: HashSet<u64> = inodes_of(pid, &["udp", "udp6"])
+        .into_iter()
+        .map(|(_, inode)| inode)
+        .collect();
+    socket_fds(pid)
+        .into_iter()
+        .filter(|(_, inode)| udp.contains(inode))
+        .map(|(fd, inode)| SocketRef { pid, fd, inode })
+        .collect()
+}
+
+/// The TCP sockets `pid` holds (xlap-trace keys datagrams, not streams).
+pub fn tcp_sockets(pid: u32) -> Vec<ForeignSocket> {
+    let held: HashSet<u64> = socket_fds(pid).into_iter().map(|(_, i)| i).collect();
+    let mut out: Vec<ForeignSocket> = inodes_of(pid, &["tcp", "tcp6"])
+        .into_iter()
+        .filter(|(_, inode)| held.contains(inode))
+        .map(|(local_port, _)| ForeignSocket {
+            pid,
+            protocol: "tcp",
+            local_port,
+        })
+        .collect();
+    out.dedup();
+    out
+}
+
+/// A duplicate, in our process, of file descriptor `fd` of process `pid`
+/// (pidfd_getfd: Linux 5.6, needs ptrace access to the process).
+pub fn duplicate(pid: u32, fd: i32) -> io::Result<OwnedFd> {
+    // SAFETY: plain syscalls with integer arguments; the returned fds are
+    // new and owned here.
+    unsafe {
+        let pidfd = libc::syscall(libc::SYS_pidfd_open, pid as libc::c_int, 0);
+        if pidfd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let pidfd = OwnedFd::from_raw_fd(pidfd as i32);
+        let dup = libc::syscall(
+            libc::SYS_pidfd_getfd,
+            std::os::fd::AsRawFd::as_raw_fd(&pidfd),
+            fd,
+            0,
+        );
+        if dup < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(OwnedFd::from_raw_fd(dup as i32))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::fd::AsRawFd;
+
+    #[test]
+    fn finds_and_duplicates_this_process_udp_socket() {
+        let sock = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let me = std::process::id();
+        let found = udp_sockets(me);
+        let ours = found
+            .iter()
+            .find(|s| s.fd == sock.as_raw_fd())
+            .expect("our UDP socket");
+        let dup = duplicate(me, ours.fd).expect("pidfd_getfd on ourselves");
+        // The duplicate is the same socket: same local address.
+        let same = std::net::UdpSocket::from(dup);
+        assert_eq!(same.local_addr().unwrap(), sock.local_addr().unwrap());
+    }
+
+    #[test]
+    fn names_this_process_tcp_listener() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        let tcp = tcp_sockets(std::process::id());
+        assert!(tcp
+            .iter()
+            .any(|s| s.local_port == port && s.protocol == "tcp"));
+        assert!(udp_sockets(std::process::id())
+            .iter()
+            .all(|s| s.fd != l.as_raw_fd()));
+    }
+}
