@@ -53,8 +53,9 @@ static __always_inline void stamp_rx_dev(__u16 point, struct sk_buff *skb) {
   struct xl_ident id = {.pid = *owner};
   struct xl_segs *segs;
   __u32 loss = XLAP_LOSS_PARSE, beyond = 0;
-  __u32 gso = skb_gso_size(skb);
-  __u32 got = read_datagrams(gso, &r, &d, &id, &segs, &loss, &beyond);
+  struct xl_shinfo sh;
+  skb_shinfo_read(skb, &sh);
+  __u32 got = read_datagrams(sh.gso_size, &r, &d, &id, &segs, &loss, &beyond);
   if (beyond)
     count_losses(point, loss, beyond);
   if (!got) {
@@ -63,7 +64,7 @@ static __always_inline void stamp_rx_dev(__u16 point, struct sk_buff *skb) {
   }
   struct xl_at at = {.point = point,
                      .ts = now,
-                     .hw_ts = skb_hw_ts(skb),
+                     .hw_ts = sh.hw_ts,
                      .ifindex = dev->ifindex,
                      .queue = skb->queue_mapping};
   emit_all(&at, &id, segs, got);

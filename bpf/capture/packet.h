@@ -7,10 +7,14 @@
  * MAC header) while network_header is not set yet, and the headers may lie
  * in page fragments with an empty linear area.
  *
- * Bytes are read through a dynptr over the whole skb (linear area and page
- * fragments, kfunc bpf_dynptr_from_skb, allowed in tracing programs since
- * Linux 6.12); on older kernels only the linear area is readable and a
- * datagram whose fields lie in the fragments is counted as XLAP_LOSS_FRAG.
+ * Parsing starts with one read of XL_CACHE bytes at the network header
+ * (IP and UDP headers and the payload's first bytes); the fields are then
+ * taken from that copy, since every helper call costs about as much as the
+ * parsing itself. Reads in the linear area are probe reads; a non-linear
+ * skb also gets a dynptr over its page fragments (kfunc
+ * bpf_dynptr_from_skb, allowed in tracing programs since Linux 6.12). On
+ * older kernels only the linear area is readable and a datagram whose
+ * fields lie in the fragments is counted as XLAP_LOSS_FRAG.
  */
 #ifndef XLAP_CAPTURE_PACKET_H
 #define XLAP_CAPTURE_PACKET_H
@@ -32,12 +36,24 @@
 /* IPv6 extension headers walked before giving up (counted as parse loss). */
 #define IPV6_EXT_MAX 6
 
+/* Bytes read at once where parsing starts: IPv6 + UDP headers and 16
+ * payload bytes, IPv4 + UDP and 36. One read instead of one per header and
+ * field (each a helper call) keeps the common path as cheap as it was
+ * before fragments and extension headers were handled. */
+#define XL_CACHE 64
+
 /* A read-only view of an skb's bytes. */
 struct xl_rd {
   struct bpf_dynptr dp;
+  /* dp is set up (a non-linear skb). A whole stack slot of its own, so the
+   * verifier knows its value and which reads may use dp. */
+  __u64 dp_ok;
   unsigned char *data; /* skb->data, for the linear fallback */
   __u32 linear;        /* bytes in the linear area from data */
   __u32 len;           /* skb->len: bytes from data to the end */
+  __u32 c_off;         /* offset of c (parse_at's network header) */
+  __u32 c_len;         /* valid bytes in c: 0, XL_CACHE / 2 or XL_CACHE */
+  __u8 c[XL_CACHE];
 };
 
 /* bpf_dynptr_from_skb(skb, 0, dp): a kfunc call with a placeholder BTF id
@@ -61,36 +77,90 @@ static __always_inline void rd_init(struct xl_rd *r, struct sk_buff *skb) {
   r->data = skb->data;
   r->len = skb->len;
   r->linear = skb->len - skb->data_len;
-  /* Which way bytes are read is the loader's constant, not a run-time
-   * choice: one read path keeps the verifier's work linear in the loops. A
-   * dynptr the kernel refuses reads nothing. */
-  if (CFG.have_dynptr && dynptr_from_skb(skb, &r->dp))
-    r->len = 0;
+  r->c_off = 0;
+  r->c_len = 0;
+  r->dp_ok = 0;
+  /* The linear area is read with plain probe reads (cheaper); a dynptr,
+   * which reads through page fragments too, only for a non-linear skb. */
+  if (CFG.have_dynptr && skb->data_len && !dynptr_from_skb(skb, &r->dp))
+    r->dp_ok = 1;
 }
 
 /* The same view of a socket-filter context (cgroup_skb): skb->data is the
- * network header there. Without dynptrs nothing is readable (the point is
- * then not attached). */
+ * network header there, and the linear area is readable directly
+ * (rd_fill_ctx); the rest needs a dynptr (without one the point is not
+ * attached). */
 static __always_inline void rd_init_ctx(struct xl_rd *r,
                                         struct __sk_buff *ctx) {
   r->data = 0;
   r->len = ctx->len;
   r->linear = 0;
-  if (CFG.have_dynptr && dynptr_from_skb((struct sk_buff *)ctx, &r->dp))
-    r->len = 0;
+  r->c_off = 0;
+  r->c_len = 0;
+  r->dp_ok = 0;
+  if (CFG.have_dynptr && !dynptr_from_skb((struct sk_buff *)ctx, &r->dp))
+    r->dp_ok = 1;
 }
 
-/* Reads n bytes at off. Returns 0, -1 beyond the packet, -2 in page
- * fragments we cannot read (no dynptr). */
-static __always_inline int rd_read(struct xl_rd *r, __u32 off, void *buf,
-                                   __u32 n) {
+/* Reads n bytes at off from the skb. Returns 0, -1 beyond the packet, -2
+ * in page fragments we cannot read (no dynptr). */
+static __always_inline int rd_read_skb(struct xl_rd *r, __u32 off, void *buf,
+                                       __u32 n) {
   if ((__u64)off + n > r->len)
     return -1;
-  if (CFG.have_dynptr)
+  if ((__u64)off + n <= r->linear)
+    return bpf_probe_read_kernel(buf, n, r->data + off) ? -1 : 0;
+  if (r->dp_ok)
     return bpf_dynptr_read(buf, n, &r->dp, off, 0) ? -1 : 0;
-  if ((__u64)off + n > r->linear)
-    return -2;
-  return bpf_probe_read_kernel(buf, n, r->data + off) ? -1 : 0;
+  return -2;
+}
+
+/* Fills the cache with the bytes at off (the whole cache, or half of it
+ * for a short packet). */
+static __always_inline void rd_fill(struct xl_rd *r, __u32 off) {
+  r->c_off = off;
+  r->c_len = 0;
+  if (rd_read_skb(r, off, r->c, XL_CACHE) == 0)
+    r->c_len = XL_CACHE;
+  else if (rd_read_skb(r, off, r->c, XL_CACHE / 2) == 0)
+    r->c_len = XL_CACHE / 2;
+}
+
+/* rd_fill for a cgroup_skb context: the linear area by direct packet
+ * access (no helper call), else through the dynptr. */
+static __always_inline void rd_fill_ctx(struct xl_rd *r,
+                                        struct __sk_buff *ctx) {
+  void *data = (void *)(long)ctx->data;
+  void *end = (void *)(long)ctx->data_end;
+  r->c_off = 0;
+  r->c_len = 0;
+  if (data + XL_CACHE <= end) {
+    __builtin_memcpy(r->c, data, XL_CACHE);
+    r->c_len = XL_CACHE;
+  } else if (data + XL_CACHE / 2 <= end) {
+    __builtin_memcpy(r->c, data, XL_CACHE / 2);
+    r->c_len = XL_CACHE / 2;
+  } else {
+    rd_fill(r, 0);
+  }
+}
+
+/* Reads n bytes at off: small reads inside the cache from there, the rest
+ * from the skb. Returns as rd_read_skb. */
+static __always_inline int rd_read(struct xl_rd *r, __u32 off, void *buf,
+                                   __u32 n) {
+  __u32 rel = off - r->c_off;
+  if (n <= 8 && off >= r->c_off && (__u64)rel + n <= r->c_len) {
+    __u8 *dst = buf;
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+      if (i >= n)
+        break;
+      dst[i] = r->c[(rel + i) & (XL_CACHE - 1)];
+    }
+    return 0;
+  }
+  return rd_read_skb(r, off, buf, n);
 }
 
 /* A field of `size` (1..8) bytes at off, in the configured byte order. */
@@ -99,6 +169,23 @@ static __always_inline int rd_field(struct xl_rd *r, __u32 off, __u8 size,
   __u8 b[8] = {};
   if (size == 0 || size > 8)
     return -1;
+  __u32 rel = off - r->c_off;
+  if (off >= r->c_off && (__u64)rel + size <= r->c_len) {
+    /* In the cache (the common case): combined straight from there. */
+    __u64 v = 0;
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+      if (i >= size)
+        break;
+      __u8 byte = r->c[(rel + i) & (XL_CACHE - 1)];
+      if (CFG.big_endian)
+        v = (v << 8) | byte;
+      else
+        v |= (__u64)byte << (8 * i);
+    }
+    *out = v;
+    return 0;
+  }
   int err = rd_read(r, off, b, size & 0xf);
   if (err)
     return err;
@@ -152,11 +239,16 @@ static __always_inline int rd_status(int err) {
 /* Parses the IP header at l3 and the UDP header after it. */
 static __always_inline int parse_ip(struct xl_rd *r, __u32 l3,
                                     struct xl_dgram *d) {
-  __u8 h[40];
+  __u8 hbuf[40];
+  const __u8 *h = hbuf;
   __u32 saddr[4] = {}, daddr[4] = {};
   int words, err;
   __u32 l4;
-  if ((err = rd_read(r, l3, h, 20)))
+  /* The IP header straight from the cache when it holds it. */
+  int cached = l3 == r->c_off && r->c_len >= 40;
+  if (cached)
+    h = r->c;
+  else if ((err = rd_read_skb(r, l3, hbuf, 20)))
     return err == -1 ? XL_FOREIGN : XL_UNREADABLE;
   if ((h[0] >> 4) == 4) {
     struct iphdr *iph = (struct iphdr *)h;
@@ -174,7 +266,7 @@ static __always_inline int parse_ip(struct xl_rd *r, __u32 l3,
     d->frag = (frag & 0x2000) ? 1 : 0; /* more fragments follow */
     l4 = l3 + (h[0] & 0xf) * 4;
   } else if ((h[0] >> 4) == 6) {
-    if ((err = rd_read(r, l3, h, 40)))
+    if (!cached && (err = rd_read_skb(r, l3, hbuf, 40)))
       return rd_status(err);
     struct ipv6hdr *ip6 = (struct ipv6hdr *)h;
     __builtin_memcpy(saddr, &ip6->saddr, 16);
@@ -220,7 +312,13 @@ static __always_inline int parse_ip(struct xl_rd *r, __u32 l3,
     return XL_FOREIGN;
   }
   struct udphdr uh;
-  if ((err = rd_read(r, l4, &uh, sizeof(uh))))
+  /* Without options or extension headers the UDP header sits at a fixed
+   * place in the cache. */
+  if (cached && l4 - l3 == 20)
+    __builtin_memcpy(&uh, r->c + 20, sizeof(uh));
+  else if (cached && l4 - l3 == 40)
+    __builtin_memcpy(&uh, r->c + 40, sizeof(uh));
+  else if ((err = rd_read(r, l4, &uh, sizeof(uh))))
     return rd_status(err);
   __u16 sport = bpf_ntohs(uh.source);
   d->dport = bpf_ntohs(uh.dest);
@@ -269,6 +367,7 @@ static __always_inline __u32 ip_in_frame(struct xl_rd *r, __u32 eth) {
  * datagram replaces the outer one (one level). */
 static __always_inline int parse_at(struct xl_rd *r, __u32 l3,
                                     struct xl_dgram *d) {
+  rd_fill(r, l3);
   int ret = parse_ip(r, l3, d);
   if (ret != XL_OK || !tunnel_port(d->dport))
     return ret;
@@ -340,15 +439,39 @@ static __always_inline int read_ident_at(struct xl_rd *r, __u32 pay,
   return 0;
 }
 
-/* GSO size and segment count of the skb (0: not a GSO/GRO skb). */
+/* What the skb's shared info says: its GSO size (0: not a GSO/GRO skb)
+ * and the NIC's hardware timestamp (0: none), in one probe read. */
+struct xl_shinfo {
+  __u32 gso_size;
+  __u64 hw_ts;
+};
+
+static __always_inline void skb_shinfo_read(struct sk_buff *skb,
+                                            struct xl_shinfo *out) {
+  unsigned char *sh = skb->head + skb->end;
+  __u32 o_gso = bpf_core_field_offset(struct skb_shared_info, gso_size);
+  __u32 o_hw = bpf_core_field_offset(struct skb_shared_info, hwtstamps);
+  __u8 buf[48] = {};
+  out->gso_size = 0;
+  out->hw_ts = 0;
+  /* gso_size (near the start) and hwtstamps (a few words later) fall in
+   * one 48-byte window on every kernel we know; otherwise two reads. */
+  if (o_hw > o_gso && o_hw - o_gso + 8 <= sizeof(buf)) {
+    if (bpf_probe_read_kernel(buf, sizeof(buf), sh + o_gso))
+      return;
+    out->gso_size = *(__u16 *)buf;
+    __u32 at = (o_hw - o_gso) & (sizeof(buf) - 8 - 1);
+    __builtin_memcpy(&out->hw_ts, buf + at, 8);
+    return;
+  }
+  struct skb_shared_info *s = (struct skb_shared_info *)sh;
+  out->gso_size = BPF_CORE_READ(s, gso_size);
+  out->hw_ts = (__u64)BPF_CORE_READ(s, hwtstamps.hwtstamp);
+}
+
 static __always_inline __u32 skb_gso_size(struct sk_buff *skb) {
   struct skb_shared_info *sh = (struct skb_shared_info *)(skb->head + skb->end);
   return BPF_CORE_READ(sh, gso_size);
-}
-
-static __always_inline __u64 skb_hw_ts(struct sk_buff *skb) {
-  struct skb_shared_info *sh = (struct skb_shared_info *)(skb->head + skb->end);
-  return (__u64)BPF_CORE_READ(sh, hwtstamps.hwtstamp);
 }
 
 /* Scratch space for the datagrams of one GSO/GRO skb (too big for the
@@ -397,9 +520,8 @@ static __always_inline __u32 read_datagrams(__u32 gso, struct xl_rd *r,
                                             struct xl_segs **segs, __u32 *loss,
                                             __u32 *beyond) {
   __u64 seq, kind;
-  __u32 pay = xl_opaque(d->pay), pay_all = xl_opaque(d->pay_all);
-  gso = xl_opaque(gso);
-  __u32 n = 1, seg_len = xl_opaque(d->pay_len);
+  __u32 pay = d->pay, pay_all = d->pay_all;
+  __u32 n = 1, seg_len = d->pay_len;
   *beyond = 0;
   *segs = 0;
   if (gso && pay_all > gso) {

@@ -28,6 +28,7 @@ int on_sock_ingress(struct __sk_buff *ctx) {
   struct xl_rd r;
   struct xl_dgram d = {};
   rd_init_ctx(&r, ctx);
+  rd_fill_ctx(&r, ctx);
   int ret = parse_ip(&r, 0, &d);
   if (ret == XL_FOREIGN)
     return 1;

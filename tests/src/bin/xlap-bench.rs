@@ -11,9 +11,11 @@
 //!    (kernel points) and traced with USDT markers, interleaved runs of the
 //!    same workload.
 //!
-//! `--baseline PATH`: also runs every load with another `xlap-trace`
-//! binary (an older build, per-CPU batches), interleaved with this one, so a
-//! change's cost is a ratio measured in the same run.
+//! `--baseline PATH`: also runs every load and perturbation round with
+//! another `xlap-trace` binary (an older build, per-CPU batches),
+//! interleaved with this one, so a change's cost is a ratio measured in the
+//! same run. `--rounds N` sets the perturbation rounds, `--no-capture`
+//! skips the throughput sweep.
 //!
 //! Prints Markdown and writes `bench-results/capture.json`.
 
@@ -72,6 +74,11 @@ fn main() -> Result<()> {
     // ring-buffer loss (the export's own limit; the other reasons are
     // pairing misses of the receive path).
     let mut best: BTreeMap<(&str, &str), (f64, f64)> = BTreeMap::new();
+    let loads = if std::env::args().any(|a| a == "--no-capture") {
+        &[][..]
+    } else {
+        loads
+    };
     for &(pairs, period) in loads {
         let count = (2_000_000 / period).clamp(2_000, 200_000) as u32;
         let this = xlap_tests::bin("xlap-trace");
@@ -83,7 +90,7 @@ fn main() -> Result<()> {
             modes.push(("baseline: per-CPU batches", "", b.as_path()));
         }
         for (mode, extra, binary) in modes {
-            let r = traced_run_with(&stage, pairs, period, count, false, Some(extra), binary)?;
+            let r = traced_run(&stage, pairs, period, count, false, Some(extra), binary)?;
             let meta = r.meta.as_ref().expect("traced");
             let stamps = meta["stamps"].as_u64().unwrap_or(0);
             let lost = meta["lost"].as_u64().unwrap_or(0);
@@ -128,7 +135,9 @@ fn main() -> Result<()> {
         println!("highest rate with {what}, {mode}: {rate:.0} stamps/s ({pkt_rate:.0} packets/s)");
     }
 
-    let rounds = if custom.is_some() {
+    let rounds = if let Some(n) = arg_value("--rounds")? {
+        n
+    } else if custom.is_some() {
         0
     } else if quick {
         1
@@ -142,22 +151,28 @@ fn main() -> Result<()> {
         "\n## Perturbation of the protocol's end-to-end latency ({count} packets every {PERTURB_PERIOD_US} µs, {rounds} interleaved rounds)\n"
     );
         println!("| configuration | p50 µs | p99 µs | p99.9 µs | ratio p50 | ratio p99 |\n|---|---|---|---|---|---|");
-        let configs: [(&str, bool, bool); 4] = [
-            ("untraced, plain build", false, false),
-            ("untraced, markers build", true, false),
-            ("traced, kernel points", false, true),
-            ("traced, kernel + USDT", true, true),
+        let this = xlap_tests::bin("xlap-trace");
+        // (name, markers build, traced by)
+        let mut configs: Vec<(&str, bool, Option<&std::path::Path>)> = vec![
+            ("untraced, plain build", false, None),
+            ("untraced, markers build", true, None),
+            ("traced, kernel points", false, Some(this.as_path())),
+            ("traced, kernel + USDT", true, Some(this.as_path())),
         ];
+        if let Some(b) = &baseline {
+            configs.push(("baseline: traced, kernel points", false, Some(b.as_path())));
+        }
         let mut lat: Vec<Vec<u64>> = vec![Vec::new(); configs.len()];
         for _ in 0..rounds {
-            for (i, (_, markers, traced)) in configs.iter().enumerate() {
+            for (i, (_, markers, traced_by)) in configs.iter().enumerate() {
                 let r = traced_run(
                     &stage,
                     1,
                     PERTURB_PERIOD_US,
                     count,
                     *markers,
-                    traced.then_some(""),
+                    traced_by.map(|_| ""),
+                    traced_by.unwrap_or(this.as_path()),
                 )?;
                 lat[i].extend(r.latencies);
             }
@@ -270,6 +285,21 @@ const EXPORT_MODES: [(&str, &str); 2] = [
     ("per-CPU batches", ""),
 ];
 
+/// The number after option `name`, if given.
+fn arg_value(name: &str) -> Result<Option<usize>> {
+    let args: Vec<String> = std::env::args().collect();
+    let Some(i) = args.iter().position(|a| a == name) else {
+        return Ok(None);
+    };
+    let v = args
+        .get(i + 1)
+        .with_context(|| format!("{name} needs a number"))?;
+    Ok(Some(
+        v.parse()
+            .with_context(|| format!("{name} {v}: not a number"))?,
+    ))
+}
+
 /// `--baseline PATH`: an `xlap-trace` binary to compare with.
 fn baseline_binary() -> Result<Option<std::path::PathBuf>> {
     let args: Vec<String> = std::env::args().collect();
@@ -289,21 +319,8 @@ fn baseline_binary() -> Result<Option<std::path::PathBuf>> {
 }
 
 /// `pairs` example sender/receiver pairs at once (ports apart), traced by
-/// one recorder with `extra` options unless `traced` is None.
+/// one recorder (`binary`) with `extra` options unless `traced` is None.
 fn traced_run(
-    stage: &Stage,
-    pairs: usize,
-    period_us: u64,
-    count: u32,
-    markers: bool,
-    traced: Option<&str>,
-) -> Result<RunResult> {
-    let this = xlap_tests::bin("xlap-trace");
-    traced_run_with(stage, pairs, period_us, count, markers, traced, &this)
-}
-
-/// [`traced_run`] recorded by `binary`.
-fn traced_run_with(
     stage: &Stage,
     pairs: usize,
     period_us: u64,
