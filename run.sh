@@ -28,7 +28,7 @@ command -v cargo >/dev/null || die "cargo not found: install Rust (rustup, stabl
 # chromium renders the HTML report in its test; python3-venv hosts the
 # pandas baseline of bench-analysis.
 PACKAGES=(clang llvm libbpf-dev bpftool libclang-dev clang-format systemtap-sdt-dev
-	build-essential pkg-config iproute2 iperf3 ethtool chromium python3-venv)
+	build-essential pkg-config iproute2 iperf3 sockperf ethtool chromium python3-venv)
 missing=()
 for p in "${PACKAGES[@]}"; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -1,4 +1,5 @@
-/* sched.h: the reader's wake-up (sched_waking) and its switch-in
+/* sched.h: the reader's wake-up (sched_waking; a thread blocked in a
+ * receive call or an event loop's wait) and its switch-in
  * (sched_switch) after a datagram reached its socket (sock_rx.h sets
  * RX_LAST); sched_switch to idle also exports the CPU's batch. */
 #ifndef XLAP_CAPTURE_SCHED_H
@@ -25,11 +26,12 @@ int BPF_PROG(on_sched_waking, struct task_struct *p) {
   }
   if ((__u32)p->tgid != last->id.pid)
     return 0;
-  /* Only a thread blocked in a receive call is woken by the datagram (not,
-   * say, a worker thread its reader wakes through a futex). */
+  /* Only a thread blocked in a receive call or waiting for readiness
+   * (poll, select, epoll, io_uring) is woken by the datagram (not, say, a
+   * worker thread its reader wakes through a futex). */
   __u32 tid = p->pid;
   struct xl_task *t = task_ctx(p);
-  if (!t || !t->in_recv)
+  if (!t || !(t->in_recv || t->in_wait))
     return 0;
   last->valid = 0;
   emit(XLAP_POINT_SCHED_WAKEUP, now, &last->id, tid, 0, 0, 0);

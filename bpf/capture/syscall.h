@@ -17,6 +17,17 @@
 #define NR_RECVMMSG 299
 #define NR_SENDMMSG 307
 #define NR_BIND 49
+/* Calls that wait for a file descriptor to become ready (event loops):
+ * poll, select, ppoll, pselect6, epoll_wait, epoll_pwait, epoll_pwait2,
+ * io_uring_enter (waiting for completions). */
+#define NR_POLL 7
+#define NR_SELECT 23
+#define NR_EPOLL_WAIT 232
+#define NR_PSELECT6 270
+#define NR_PPOLL 271
+#define NR_EPOLL_PWAIT 281
+#define NR_IO_URING_ENTER 426
+#define NR_EPOLL_PWAIT2 441
 #define SOL_UDP_ 17
 #define UDP_GRO_ 104
 /* Control messages looked at for UDP_GRO in one recvmsg. */
@@ -123,14 +134,20 @@ static __always_inline int is_recv(__u32 nr) {
          nr == NR_READ;
 }
 
+static __always_inline int is_wait(__u32 nr) {
+  return nr == NR_POLL || nr == NR_SELECT || nr == NR_EPOLL_WAIT ||
+         nr == NR_PSELECT6 || nr == NR_PPOLL || nr == NR_EPOLL_PWAIT ||
+         nr == NR_IO_URING_ENTER || nr == NR_EPOLL_PWAIT2;
+}
+
 /* tp_btf (not raw_tp) on the syscall tracepoints: the syscall number and
  * the saved user registers are plain loads, and the number is tested before
  * any map lookup, so the other syscalls of the machine cost almost nothing. */
 SEC("tp_btf/sys_enter")
 int BPF_PROG(on_sys_enter, struct pt_regs *regs, long id) {
   __u32 nr = (__u32)id;
-  int send = is_send(nr), recv = is_recv(nr);
-  if (!send && !recv && nr != NR_BIND)
+  int send = is_send(nr), recv = is_recv(nr), wait = is_wait(nr);
+  if (!send && !recv && !wait && nr != NR_BIND)
     return 0;
   /* A thread with call state belongs to a traced process: no need to look
    * its process up (task storage is cheaper than the hash). */
@@ -139,7 +156,7 @@ int BPF_PROG(on_sys_enter, struct pt_regs *regs, long id) {
   __u32 tgid = bpf_get_current_pid_tgid() >> 32;
   if (!t && !bpf_map_lookup_elem(&TARGET_PIDS, &tgid))
     return 0;
-  if (!send && !recv) {
+  if (!send && !recv && !wait) {
     register_bound_port(tgid, regs);
     return 0;
   }
@@ -147,8 +164,16 @@ int BPF_PROG(on_sys_enter, struct pt_regs *regs, long id) {
     t = bpf_task_storage_get(&TASK_CTX, task, 0,
                              BPF_LOCAL_STORAGE_GET_F_CREATE);
   if (!t) {
-    count_loss(send ? XLAP_POINT_SOCK_SEND_ENTER : XLAP_POINT_SOCK_RECV_EXIT,
+    count_loss(send   ? XLAP_POINT_SOCK_SEND_ENTER
+               : wait ? XLAP_POINT_SCHED_WAKEUP
+                      : XLAP_POINT_SOCK_RECV_EXIT,
                XLAP_LOSS_MAP_FULL);
+    return 0;
+  }
+  if (wait) {
+    /* An event loop waiting: a datagram that makes one of its sockets
+     * readable wakes it (sched.h). */
+    t->in_wait = 1;
     return 0;
   }
   t->in_send = send;
@@ -219,8 +244,8 @@ static __always_inline void stamp_recv(__u64 buf, __u64 len, __u32 gso,
 SEC("tp_btf/sys_exit")
 int BPF_PROG(on_sys_exit, struct pt_regs *regs, long ret) {
   __u32 nr = (__u32)regs->orig_ax;
-  int send = is_send(nr);
-  if (!send && !is_recv(nr))
+  int send = is_send(nr), wait = is_wait(nr);
+  if (!send && !wait && !is_recv(nr))
     return 0;
   /* Only threads of traced processes have call contexts. */
   struct xl_task *t = task_ctx(bpf_get_current_task_btf());
@@ -228,6 +253,14 @@ int BPF_PROG(on_sys_exit, struct pt_regs *regs, long ret) {
     return 0;
   __u64 pid_tgid = bpf_get_current_pid_tgid();
   __u32 tgid = pid_tgid >> 32, tid = (__u32)pid_tgid;
+  if (wait) {
+    if (t->in_wait) {
+      t->in_wait = 0;
+      /* Woken but never switched out (it was still running): spent. */
+      forget_woken(tid);
+    }
+    return 0;
+  }
   if (send) {
     if (!t->in_send)
       return 0;

@@ -21,6 +21,7 @@ struct xl_task {
   struct xl_send_ctx send; /* valid while in_send */
   __u8 in_send;            /* in a send syscall */
   __u8 in_recv;            /* in a receive syscall */
+  __u8 in_wait;            /* in poll/select/epoll_wait/io_uring_enter */
   __u8 on_sock; /* sock_recv_length saw a UDP socket in this receive */
 };
 

@@ -83,6 +83,30 @@ fn iperf3_udp_counts_per_point_match_its_own_report() {
         .collect();
     seqs.sort_unstable();
     assert_eq!(seqs, (1..=sent).collect::<Vec<_>>());
+    // The server waits in select() between reads: the datagrams that wake
+    // it are stamped at sched.wakeup (and sched.switch_in), each one a
+    // datagram that reached its socket.
+    let queued: std::collections::HashSet<u64> = rows
+        .iter()
+        .filter(|r| r.point == "sock.queue" && r.pid == server_pid)
+        .filter_map(|r| r.seq)
+        .collect();
+    let woke: Vec<u64> = rows
+        .iter()
+        .filter(|r| r.point == "sched.wakeup" && r.pid == server_pid)
+        .filter_map(|r| r.seq)
+        .collect();
+    let switched = count("sched.switch_in", server_pid);
+    assert!(
+        !woke.is_empty() && switched > 0,
+        "no wake-up of the select()-based server: {} sched.wakeup, {switched} sched.switch_in",
+        woke.len()
+    );
+    assert!(
+        woke.iter().all(|s| queued.contains(s)),
+        "a wake-up credited to a datagram that never reached the server's socket"
+    );
+    assert!(switched <= woke.len() as u64);
     // Only the handshake datagrams (4 bytes, no counter: the client's hello
     // and the server's reply) fail to parse, at most once each per point;
     // nothing else is lost.

@@ -56,6 +56,18 @@ pub const PRESETS: &[(&str, Layout, &str)] = &[
         },
         "iperf3 -u --udp-counters-64bit: packet count u64 big-endian at 8",
     ),
+    (
+        "sockperf",
+        Layout {
+            seq_offset: 0,
+            seq_size: 8,
+            kind_offset: 8,
+            kind_size: 2,
+            big_endian: true,
+            kind_names: &[],
+        },
+        "sockperf 3.x: sequence number u64 big-endian at 0, message flags u16 big-endian at 8 as kind",
+    ),
 ];
 
 pub fn preset(name: &str) -> Result<Layout> {

@@ -1,0 +1,131 @@
+//! Privileged: receivers that wait in an event loop, not in a receive call.
+//! sockperf (a program we did not write) as a UDP server in its epoll, poll
+//! and select modes, traced with `--proto sockperf`, against the client's
+//! own report ("Total of N messages sent"): every message reaches the
+//! server's socket and its read is stamped, and the datagrams that wake the
+//! waiting thread are stamped at sched.wakeup / sched.switch_in, each one a
+//! datagram that reached that socket.
+
+use std::collections::HashSet;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+use xlap_stage::Stage;
+use xlap_tests::trace::{read_stamps, Recorder};
+use xlap_tests::{privileged, KillOnDrop, Scratch};
+
+const PORT: u16 = 11111;
+
+/// Messages the client says it sent.
+fn client_total(report: &str) -> u64 {
+    report
+        .lines()
+        .find_map(|l| {
+            let rest = l.split("Total of ").nth(1)?;
+            rest.split_whitespace().next()?.parse().ok()
+        })
+        .unwrap_or_else(|| panic!("no 'Total of N messages sent' in sockperf's output:\n{report}"))
+}
+
+fn run_mode(stage: &Stage, mode: &str) {
+    let scratch = Scratch::new(&format!("event-loop-{mode}"));
+    let (a, b) = (stage.host(0), stage.host(1));
+    // sockperf multiplexes only sockets listed in a feed file (-f, -F).
+    let feed = scratch.path("feed");
+    std::fs::write(&feed, format!("U:{}:{PORT}\n", b.ipv4)).unwrap();
+    let server = KillOnDrop(
+        b.command("sockperf")
+            .args(["sr", "-f"])
+            .arg(&feed)
+            .args(["-F", mode])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("sockperf (./run.sh setup installs it)"),
+    );
+    let server_pid = server.0.id();
+    // Bound once /proc lists its socket.
+    for _ in 0..200 {
+        let udp =
+            std::fs::read_to_string(format!("/proc/{server_pid}/net/udp")).unwrap_or_default();
+        if udp.contains(&format!(":{PORT:04X} ")) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let rec = Recorder::start(
+        &[server_pid],
+        &scratch.path("run"),
+        &["--proto", "sockperf"],
+    );
+    let out = a
+        .command("sockperf")
+        .args(["tp", "-i", &b.ipv4.to_string(), "-p", &PORT.to_string()])
+        .args(["-t", "1", "--mps", "2000", "-m", "64"])
+        .output()
+        .expect("sockperf client");
+    let report = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "sockperf client failed: {report}");
+    let sent = client_total(&report);
+    // The server never exits on its own: stop it, and the recorder ends
+    // with its target.
+    std::thread::sleep(Duration::from_millis(200));
+    drop(server);
+    let meta = rec.meta_after_wait();
+
+    let rows = read_stamps(&scratch.path("run").join("stamps.parquet"));
+    let seqs = |point: &str| -> Vec<u64> {
+        rows.iter()
+            .filter(|r| r.point == point && r.pid == server_pid)
+            .filter_map(|r| r.seq)
+            .collect()
+    };
+    let queued: HashSet<u64> = seqs("sock.queue").into_iter().collect();
+    let read = seqs("sock.recv_exit");
+    assert_eq!(
+        queued.len() as u64,
+        sent,
+        "{mode}: sock.queue vs the client's report"
+    );
+    assert_eq!(
+        read.len() as u64,
+        sent,
+        "{mode}: sock.recv_exit vs the client's report"
+    );
+    assert!(
+        read.iter().all(|s| queued.contains(s)),
+        "{mode}: a read of a datagram never queued"
+    );
+    let woke = seqs("sched.wakeup");
+    let switched = seqs("sched.switch_in");
+    assert!(
+        !woke.is_empty() && !switched.is_empty(),
+        "{mode}: no wake-up stamps for the waiting server ({} wakeup, {} switch_in): {}",
+        woke.len(),
+        switched.len(),
+        meta["points"]
+    );
+    assert!(
+        woke.iter().all(|s| queued.contains(s)),
+        "{mode}: a wake-up credited to a datagram that never reached the socket"
+    );
+    assert!(
+        switched.len() <= woke.len(),
+        "{mode}: more switch-ins than wake-ups"
+    );
+    assert_eq!(meta["lost"], 0, "{mode}: {}", meta["points"]);
+}
+
+#[test]
+fn sockperf_servers_in_epoll_poll_and_select_get_their_wakeups() {
+    let Some(_guard) = privileged("event_loops") else {
+        return;
+    };
+    assert!(
+        Command::new("sockperf").arg("--version").output().is_ok(),
+        "sockperf is missing: ./run.sh setup installs it"
+    );
+    let stage = Stage::two_hosts().expect("stage");
+    for mode in ["epoll", "poll", "select"] {
+        run_mode(&stage, mode);
+    }
+}
