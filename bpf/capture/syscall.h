@@ -52,34 +52,86 @@ static __always_inline int user_field(const void *src, __u8 size, __u64 *out) {
   return 0;
 }
 
-/* Seq and kind of the datagram of `avail` bytes at user address `buf`. */
-static __always_inline int user_ident(__u64 buf, __u64 avail, __u64 *seq,
-                                      __u64 *kind) {
+/* Where a receive call put the bytes: up to two iovecs (recvmsg,
+ * recvmmsg; a header in a small first iovec is a common scatter layout),
+ * or one plain buffer. Offsets below are into their concatenation. */
+struct xl_uview {
+  __u64 base[2];
+  __u64 len[2];
+};
+
+#define MSG_PEEK_ 0x2
+#define MSG_ERRQUEUE_ 0x2000
+/* Messages of one recvmmsg stamped (the rest counted as gso losses). */
+#define MMSG_MAX 64
+
+/* Reads a field at offset `off` of the view; a field across the two
+ * iovecs or beyond them is unreadable. */
+static __always_inline int view_field(const struct xl_uview *v, __u64 off,
+                                      __u8 size, __u64 *out) {
+  if (off + size <= v->len[0])
+    return user_field((void *)(v->base[0] + off), size, out);
+  if (off >= v->len[0] && off - v->len[0] + size <= v->len[1])
+    return user_field((void *)(v->base[1] + off - v->len[0]), size, out);
+  return -1;
+}
+
+/* Seq and kind of the datagram of `avail` bytes at offset `at` of the
+ * view. */
+static __always_inline int user_ident(const struct xl_uview *v, __u64 at,
+                                      __u64 avail, __u64 *seq, __u64 *kind) {
   if ((__u64)CFG.seq_offset + CFG.seq_size > avail ||
       (CFG.kind_size && (__u64)CFG.kind_offset + CFG.kind_size > avail))
     return -1;
-  if (user_field((void *)buf + CFG.seq_offset, CFG.seq_size, seq))
+  if (view_field(v, at + CFG.seq_offset, CFG.seq_size, seq))
     return -1;
   *kind = 0;
-  if (CFG.kind_size &&
-      user_field((void *)buf + CFG.kind_offset, CFG.kind_size, kind))
+  if (CFG.kind_size && view_field(v, at + CFG.kind_offset, CFG.kind_size, kind))
     return -1;
   return 0;
 }
 
-/* The user buffer of the first datagram of a send/recv call. */
-static __always_inline __u64 user_buf(__u32 nr, struct pt_regs *regs,
-                                      struct user_msghdr *msg) {
+/* The view of a msghdr's first two iovecs. */
+static __always_inline int msg_view(const struct user_msghdr *msg,
+                                    struct xl_uview *v) {
+  struct iovec iov[2] = {};
+  __u64 n = msg->msg_iovlen > 2 ? 2 : msg->msg_iovlen;
+  if (!msg->msg_iov || !n ||
+      bpf_probe_read_user(iov, n == 2 ? sizeof(iov) : sizeof(iov[0]),
+                          msg->msg_iov))
+    return -1;
+  v->base[0] = (__u64)iov[0].iov_base;
+  v->len[0] = iov[0].iov_len;
+  v->base[1] = n == 2 ? (__u64)iov[1].iov_base : 0;
+  v->len[1] = n == 2 ? iov[1].iov_len : 0;
+  return 0;
+}
+
+/* The view of a receive call's buffer (the first message of recvmmsg). */
+static __always_inline int user_view(__u32 nr, struct pt_regs *regs,
+                                     struct user_msghdr *msg,
+                                     struct xl_uview *v) {
   __u64 a1 = BPF_CORE_READ(regs, si);
-  if (nr == NR_SENDTO || nr == NR_RECVFROM || nr == NR_WRITE || nr == NR_READ)
-    return a1;
-  /* msghdr (sendmsg/recvmsg) or mmsghdr[0] (msg_hdr first): iov[0].base */
-  struct iovec iov;
+  if (nr == NR_RECVFROM || nr == NR_READ) {
+    v->base[0] = a1;
+    v->len[0] = BPF_CORE_READ(regs, dx);
+    v->base[1] = 0;
+    v->len[1] = 0;
+    return 0;
+  }
   if (bpf_probe_read_user(msg, sizeof(*msg), (void *)a1))
-    return 0;
-  if (!msg->msg_iov || bpf_probe_read_user(&iov, sizeof(iov), msg->msg_iov))
-    return 0;
-  return (__u64)iov.iov_base;
+    return -1;
+  return msg_view(msg, v);
+}
+
+/* The receive call's flags: MSG_PEEK leaves the datagram queued (the read
+ * that takes it is stamped), MSG_ERRQUEUE reads no datagram. */
+static __always_inline __u64 recv_flags(__u32 nr, struct pt_regs *regs) {
+  if (nr == NR_RECVFROM || nr == NR_RECVMMSG)
+    return BPF_CORE_READ(regs, r10);
+  if (nr == NR_RECVMSG)
+    return BPF_CORE_READ(regs, dx);
+  return 0;
 }
 
 /* The segment size of a UDP GRO receive (the UDP_GRO control message the
@@ -207,38 +259,76 @@ static __always_inline void stamp_send(struct xl_send_ctx *sc, __u32 tgid,
 
 /* The receive point of every datagram a receive call returned: one, or
  * several of gso bytes each (a UDP GRO socket). */
-static __always_inline void stamp_recv(__u64 buf, __u64 len, __u32 gso,
-                                       __u32 tgid, __u32 tid) {
-  struct xl_at at = {
-      .tid = tid, .point = XLAP_POINT_SOCK_RECV_EXIT, .ts = bpf_ktime_get_ns()};
+static __always_inline void stamp_recv(const struct xl_uview *v, __u64 len,
+                                       __u32 gso, __u32 tgid, __u32 tid,
+                                       __u64 ts) {
   struct xl_ident id = {.pid = tgid, .flags = XLAP_FLAG_FROM_USER};
   __u64 seq, kind;
   __u32 n = gso && len > gso ? (len + gso - 1) / gso : 1;
   __u32 seg = n > 1 ? gso : len;
   id.len = seg;
-  if (user_ident(buf, seg, &seq, &kind)) {
+  if (user_ident(v, 0, seg, &seq, &kind)) {
     count_losses(XLAP_POINT_SOCK_RECV_EXIT, XLAP_LOSS_PARSE, n);
     return;
   }
   id.seq = seq;
   id.kind = kind;
   id.flags |= XLAP_FLAG_SEQ_VALID;
-  emit(at.point, at.ts, &id, tid, 0, 0, 0);
+  emit(XLAP_POINT_SOCK_RECV_EXIT, ts, &id, tid, 0, 0, 0);
   for (__u32 i = 1; i < XLAP_MAX_SEGS; i++) {
     if (i >= n)
       break;
     __u64 this_len = i == n - 1 ? len - (__u64)i * gso : gso;
-    if (user_ident(buf + (__u64)i * gso, this_len, &seq, &kind)) {
-      count_loss(at.point, XLAP_LOSS_PARSE);
+    if (user_ident(v, (__u64)i * gso, this_len, &seq, &kind)) {
+      count_loss(XLAP_POINT_SOCK_RECV_EXIT, XLAP_LOSS_PARSE);
       continue;
     }
     id.seq = seq;
     id.kind = kind;
     id.len = this_len;
-    emit(at.point, at.ts, &id, tid, 0, 0, 0);
+    emit(XLAP_POINT_SOCK_RECV_EXIT, ts, &id, tid, 0, 0, 0);
   }
   if (n > XLAP_MAX_SEGS)
-    count_losses(at.point, XLAP_LOSS_GSO, n - XLAP_MAX_SEGS);
+    count_losses(XLAP_POINT_SOCK_RECV_EXIT, XLAP_LOSS_GSO, n - XLAP_MAX_SEGS);
+}
+
+/* One message of a recvmmsg (a bpf_loop body). */
+struct xl_mmsg_loop {
+  __u64 vec; /* struct mmsghdr[] in user memory */
+  __u64 ts;
+  __u32 n, tgid, tid;
+};
+
+/* struct mmsghdr: a msghdr, then the message's length. */
+#define MMSGHDR_SIZE 64
+
+static long stamp_mmsg(__u32 i, void *ctx) {
+  struct xl_mmsg_loop *c = ctx;
+  if (i >= c->n)
+    return 1;
+  struct user_msghdr msg = {};
+  __u32 mlen = 0;
+  __u64 at = c->vec + (__u64)i * MMSGHDR_SIZE;
+  struct xl_uview v = {};
+  if (bpf_probe_read_user(&msg, sizeof(msg), (void *)at) ||
+      bpf_probe_read_user(&mlen, sizeof(mlen),
+                          (void *)at + sizeof(struct user_msghdr)) ||
+      msg_view(&msg, &v)) {
+    count_loss(XLAP_POINT_SOCK_RECV_EXIT, XLAP_LOSS_PARSE);
+    return 0;
+  }
+  struct xl_ident id = {
+      .pid = c->tgid, .flags = XLAP_FLAG_FROM_USER, .len = mlen};
+  __u64 seq, kind;
+  if (user_ident(&v, 0, mlen, &seq, &kind)) {
+    count_loss(XLAP_POINT_SOCK_RECV_EXIT, XLAP_LOSS_PARSE);
+    return 0;
+  }
+  id.seq = seq;
+  id.kind = kind;
+  id.flags |= XLAP_FLAG_SEQ_VALID;
+  emit(XLAP_POINT_SOCK_RECV_EXIT, c->ts, &id, c->tid, 0, 0, 0);
+  return 0;
 }
 
 SEC("tp_btf/sys_exit")
@@ -278,29 +368,34 @@ int BPF_PROG(on_sys_exit, struct pt_regs *regs, long ret) {
   forget_woken(tid);
   if (!t->on_sock || ret <= 0)
     return 0;
+  /* Peeked datagrams stay queued (the read that takes them is stamped);
+   * the error queue holds no datagram. */
+  if (recv_flags(nr, regs) & (MSG_PEEK_ | MSG_ERRQUEUE_))
+    return 0;
   /* The user's argument registers are intact at exit: the buffer is found
    * here, also for a call that was already blocked when tracing started (no
    * entry context; sock_recv_length made one). */
+  __u64 ts = bpf_ktime_get_ns();
+  if (nr == NR_RECVMMSG) {
+    /* ret: the number of messages; each has its own buffer and length. */
+    struct xl_mmsg_loop c = {.vec = BPF_CORE_READ(regs, si),
+                             .ts = ts,
+                             .n = ret > MMSG_MAX ? MMSG_MAX : (__u32)ret,
+                             .tgid = tgid,
+                             .tid = tid};
+    bpf_loop(MMSG_MAX, stamp_mmsg, &c, 0);
+    if (ret > MMSG_MAX)
+      count_losses(XLAP_POINT_SOCK_RECV_EXIT, XLAP_LOSS_GSO, ret - MMSG_MAX);
+    return 0;
+  }
   struct user_msghdr msg = {};
-  __u64 buf = regs->si;
-  __u32 gso = 0;
-  if (nr == NR_RECVMSG || nr == NR_RECVMMSG) {
-    buf = user_buf(nr, regs, &msg);
-    if (nr == NR_RECVMSG)
-      gso = udp_gro_size(&msg);
-  }
-  __u64 len = (__u64)ret;
-  if (nr == NR_RECVMMSG) { /* the first message's length, mmsghdr.msg_len */
-    __u32 mlen = 0;
-    bpf_probe_read_user(&mlen, sizeof(mlen),
-                        (void *)regs->si + sizeof(struct user_msghdr));
-    len = mlen;
-  }
-  if (!buf) {
+  struct xl_uview v = {};
+  if (user_view(nr, regs, &msg, &v)) {
     count_loss(XLAP_POINT_SOCK_RECV_EXIT, XLAP_LOSS_PARSE);
     return 0;
   }
-  stamp_recv(buf, len, gso, tgid, tid);
+  __u32 gso = nr == NR_RECVMSG ? udp_gro_size(&msg) : 0;
+  stamp_recv(&v, (__u64)ret, gso, tgid, tid, ts);
   return 0;
 }
 

@@ -4,7 +4,12 @@
 use std::path::PathBuf;
 
 fn main() {
-    let header = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../bpf/xlap_abi.h");
+    // The manifest directory of this build, read when the script runs: with
+    // env!() it would be the checkout that compiled the script, and a
+    // target directory shared by several checkouts (CI's cache) would
+    // reuse that script, reading another checkout's files.
+    let manifest = std::env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR");
+    let header = PathBuf::from(manifest).join("../../bpf/xlap_abi.h");
     // Relative to the package root: several checkouts can share one target
     // directory (artifacts of path packages are named alike), and an
     // absolute path would let a fresh checkout reuse another's output.

@@ -9,7 +9,11 @@ use std::process::Command;
 const OBJECTS: &[&str] = &["capture", "calibrate"];
 
 fn main() {
-    let bpf_dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../bpf");
+    // Read when the script runs, not with env!(): a build script compiled
+    // in another checkout sharing this target directory (CI's cache) would
+    // otherwise compile that checkout's BPF sources.
+    let manifest = std::env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR");
+    let bpf_dir = PathBuf::from(manifest).join("../../bpf");
     let out = PathBuf::from(std::env::var("OUT_DIR").unwrap());
     // Relative to the package root: several checkouts can share one target
     // directory (artifacts of path packages are named alike), and an

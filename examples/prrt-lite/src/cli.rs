@@ -111,6 +111,12 @@ pub enum Role {
         /// gro_batch (the recvmsg's index) and gro_segments (its datagrams).
         #[arg(long)]
         udp_gro: bool,
+        /// How the socket is read: recvfrom (default), peek (MSG_PEEK, then
+        /// recvfrom), iov-split:BYTES (recvmsg into two iovecs, the first of
+        /// BYTES), recvmmsg:N (up to N datagrams per call). `received` lines
+        /// then carry recv_call (the call's index) and recv_datagrams.
+        #[arg(long, default_value = "recvfrom", conflicts_with = "udp_gro")]
+        recv_mode: crate::udp::RecvMode,
         #[command(flatten)]
         common: Common,
     },
@@ -219,6 +225,7 @@ fn run<M: Markers>(cli: Cli) -> anyhow::Result<()> {
             first_packet_timeout_s,
             ready_file,
             udp_gro,
+            recv_mode,
             common,
         } => {
             let log = EventLog::open(common.log.as_deref())?;
@@ -232,6 +239,7 @@ fn run<M: Markers>(cli: Cli) -> anyhow::Result<()> {
                 inject: Injections(common.inject),
                 ready_file,
                 udp_gro,
+                recv_mode,
             };
             let result = receiver::run::<M>(&cfg, &log);
             log.flush()?;

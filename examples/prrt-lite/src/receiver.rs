@@ -37,10 +37,16 @@ pub struct ReceiverConfig {
     pub ready_file: Option<PathBuf>,
     /// Enable UDP GRO on the socket and split coalesced receives.
     pub udp_gro: bool,
+    /// How the socket is read.
+    pub recv_mode: udp::RecvMode,
 }
 
 /// Room for any single UDP datagram (at most 65 527 bytes of payload).
 const DATAGRAM_BUFFER_BYTES: usize = 65_536;
+
+/// Room per datagram of a recvmmsg (the example's datagrams are small; a
+/// longer one is truncated, and malformed).
+const MMSG_SLOT_BYTES: usize = 2048;
 
 /// Room for one GRO receive: the kernel coalesces up to 64 segments into at
 /// most the device's gro_max_size (64 KiB unless raised for BIG TCP, which
@@ -272,6 +278,10 @@ fn deliver_all<M: Markers>(
     stats
 }
 
+/// What one receive call brought: each datagram's (offset, length) in the
+/// buffer, the sender, the GRO segment size, whether it was truncated.
+type Received = (Vec<(usize, usize)>, SocketAddr, Option<usize>, bool);
+
 fn receive<M: Markers>(
     socket: &UdpSocket,
     tx: &mpsc::Sender<Ready>,
@@ -313,15 +323,28 @@ fn receive<M: Markers>(
         if let (Some(st), Some(to)) = (&mut state, peer) {
             feedback.maybe_send::<M>(socket, to, st, cfg, now, log, &mut counters);
         }
-        let received = if cfg.udp_gro {
+        let received: std::io::Result<Received> = if cfg.udp_gro {
             udp::recv_coalesced(socket, &mut buf)
-                .map(|c| (c.len, c.from, c.segment_size, c.truncated))
+                .map(|c| (vec![(0, c.len)], c.from, c.segment_size, c.truncated))
         } else {
-            socket
-                .recv_from(&mut buf)
-                .map(|(n, from)| (n, from, None, false))
+            match cfg.recv_mode {
+                udp::RecvMode::Recvfrom => socket
+                    .recv_from(&mut buf)
+                    .map(|(n, from)| (vec![(0, n)], from, None, false)),
+                udp::RecvMode::Peek => socket.peek_from(&mut buf).and_then(|_| {
+                    socket
+                        .recv_from(&mut buf)
+                        .map(|(n, from)| (vec![(0, n)], from, None, false))
+                }),
+                udp::RecvMode::IovSplit(first) => udp::recv_split(socket, &mut buf, first)
+                    .map(|(n, from)| (vec![(0, n)], from, None, false)),
+                udp::RecvMode::Recvmmsg(count) => {
+                    udp::recv_many(socket, &mut buf, MMSG_SLOT_BYTES, count)
+                        .map(|(parts, from)| (parts, from, None, false))
+                }
+            }
         };
-        let (n, from, segment_size, truncated) = match received {
+        let (parts, from, segment_size, truncated) = match received {
             Ok(r) => r,
             Err(e)
                 if matches!(
@@ -353,13 +376,20 @@ fn receive<M: Markers>(
         receives += 1;
         if truncated {
             counters.malformed += 1;
+            let n = parts.first().map_or(0, |p| p.1);
             log.record(json!({"event": "malformed", "bytes": n, "truncated": true, "gro_batch": receive_no}));
             continue;
         }
-        let datagrams = udp::split_coalesced(&buf[..n], segment_size);
+        let datagrams: Vec<&[u8]> = parts
+            .iter()
+            .flat_map(|&(at, n)| udp::split_coalesced(&buf[at..at + n], segment_size))
+            .collect();
         // With --udp-gro every received line says which recvmsg brought it
-        // and how many datagrams that one carried.
+        // and how many datagrams that one carried; with another receive
+        // mode, which call and how many it returned.
         let gro = cfg.udp_gro.then_some((receive_no, datagrams.len()));
+        let call = (!cfg.udp_gro && cfg.recv_mode != udp::RecvMode::Recvfrom)
+            .then_some((receive_no, datagrams.len()));
         let mut done = false;
         for datagram in datagrams {
             let Ok((header, payload)) = Header::decode(datagram) else {
@@ -369,13 +399,24 @@ fn receive<M: Markers>(
                 log.record(event);
                 continue;
             };
+            let mut event = json!({"event": "received", "kind": header.kind, "seq": header.seq, "t_ns": arrival});
+            add_gro_fields(&mut event, gro);
+            if let Some((no, count)) = call {
+                event["recv_call"] = json!(no);
+                event["recv_datagrams"] = json!(count);
+            }
+            if done {
+                // Read in the same call as the last expected packet: logged
+                // (the call did take it from the socket), not handled.
+                event["after_end"] = json!(true);
+                log.record(event);
+                continue;
+            }
             let kind = header.kind as u8;
             M::link_receive(header.seq, kind);
             M::handle_start(header.seq, kind);
             cfg.inject.apply(Stage::Handle, header.seq);
             peer = Some(from);
-            let mut event = json!({"event": "received", "kind": header.kind, "seq": header.seq, "t_ns": arrival});
-            add_gro_fields(&mut event, gro);
             log.record(event);
             let st = state.get_or_insert_with(|| Reassembly {
                 k: header.k.max(1) as u32,
@@ -433,7 +474,6 @@ fn receive<M: Markers>(
             M::handle_end(header.seq, kind);
             if cfg.expect.is_some_and(|expect| st.next >= expect) {
                 done = true;
-                break;
             }
         }
         if done {

@@ -210,6 +210,138 @@ pub fn split_coalesced(buf: &[u8], segment_size: Option<usize>) -> Vec<&[u8]> {
     }
 }
 
+/// How the receiver reads its socket (`recv --recv-mode`), to exercise the
+/// receive-call shapes of real programs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum RecvMode {
+    /// One `recvfrom` per datagram.
+    #[default]
+    Recvfrom,
+    /// `recvfrom(MSG_PEEK)` first, then the `recvfrom` that takes it.
+    Peek,
+    /// `recvmsg` into two iovecs, the first of this many bytes.
+    IovSplit(usize),
+    /// `recvmmsg` of up to this many datagrams (MSG_WAITFORONE).
+    Recvmmsg(usize),
+}
+
+impl std::str::FromStr for RecvMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<RecvMode, String> {
+        let (name, n) = s.split_once(':').unwrap_or((s, ""));
+        let num = || {
+            n.parse::<usize>()
+                .ok()
+                .filter(|v| (1..=1024).contains(v))
+                .ok_or_else(|| format!("{name} needs a count 1..=1024, e.g. {name}:8"))
+        };
+        match name {
+            "recvfrom" if n.is_empty() => Ok(RecvMode::Recvfrom),
+            "peek" if n.is_empty() => Ok(RecvMode::Peek),
+            "iov-split" => num().map(RecvMode::IovSplit),
+            "recvmmsg" => num().map(RecvMode::Recvmmsg),
+            _ => Err(format!(
+                "unknown receive mode {s:?}: recvfrom, peek, iov-split:BYTES or recvmmsg:N"
+            )),
+        }
+    }
+}
+
+/// `recvmsg` with the datagram scattered over two iovecs in separate
+/// memory (its first `first` bytes in a header buffer of their own, the
+/// rest in `buf` after them), then made contiguous in `buf`.
+pub fn recv_split(
+    socket: &UdpSocket,
+    buf: &mut [u8],
+    first: usize,
+) -> io::Result<(usize, SocketAddr)> {
+    let first = first.min(buf.len());
+    let mut head = vec![0u8; first];
+    let rest = &mut buf[first..];
+    let mut iov = [
+        libc::iovec {
+            iov_base: head.as_mut_ptr().cast(),
+            iov_len: head.len(),
+        },
+        libc::iovec {
+            iov_base: rest.as_mut_ptr().cast(),
+            iov_len: rest.len(),
+        },
+    ];
+    // SAFETY: an all-zero sockaddr_storage and msghdr are valid.
+    let mut from: libc::sockaddr_storage = unsafe { zeroed() };
+    let mut msg: libc::msghdr = unsafe { zeroed() };
+    msg.msg_name = (&mut from as *mut libc::sockaddr_storage).cast();
+    msg.msg_namelen = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+    msg.msg_iov = iov.as_mut_ptr();
+    msg.msg_iovlen = 2;
+    // SAFETY: every pointer in the msghdr refers to live, writable memory of
+    // the size given next to it.
+    let len = unsafe { libc::recvmsg(socket.as_raw_fd(), &mut msg, 0) };
+    if len < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let from = socket_addr(&from)
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "unknown address family"))?;
+    let len = len as usize;
+    buf[..first.min(len)].copy_from_slice(&head[..first.min(len)]);
+    Ok((len, from))
+}
+
+/// `recvmmsg` of up to `count` datagrams into `slot`-byte slots of `buf`
+/// (MSG_WAITFORONE: returns once at least one arrived). Returns each
+/// datagram's (offset, length) in `buf` and the first one's sender.
+pub fn recv_many(
+    socket: &UdpSocket,
+    buf: &mut [u8],
+    slot: usize,
+    count: usize,
+) -> io::Result<(Vec<(usize, usize)>, SocketAddr)> {
+    let count = count.min(buf.len() / slot).max(1);
+    let mut iovs: Vec<libc::iovec> = buf
+        .chunks_mut(slot)
+        .take(count)
+        .map(|c| libc::iovec {
+            iov_base: c.as_mut_ptr().cast(),
+            iov_len: c.len(),
+        })
+        .collect();
+    // SAFETY: all-zero sockaddr_storage and mmsghdr are valid.
+    let mut froms: Vec<libc::sockaddr_storage> = vec![unsafe { zeroed() }; count];
+    let mut msgs: Vec<libc::mmsghdr> = (0..count)
+        .map(|i| {
+            let mut m: libc::mmsghdr = unsafe { zeroed() };
+            m.msg_hdr.msg_name = (&mut froms[i] as *mut libc::sockaddr_storage).cast();
+            m.msg_hdr.msg_namelen = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+            m.msg_hdr.msg_iov = &mut iovs[i];
+            m.msg_hdr.msg_iovlen = 1;
+            m
+        })
+        .collect();
+    // SAFETY: msgs holds `count` headers whose pointers refer to live,
+    // writable locals (iovs, froms, buf) of the sizes given.
+    let n = unsafe {
+        libc::recvmmsg(
+            socket.as_raw_fd(),
+            msgs.as_mut_ptr(),
+            count as u32,
+            libc::MSG_WAITFORONE,
+            std::ptr::null_mut(),
+        )
+    };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let from = socket_addr(&froms[0])
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "unknown address family"))?;
+    Ok((
+        (0..n as usize)
+            .map(|i| (i * slot, msgs[i].msg_len as usize))
+            .collect(),
+        from,
+    ))
+}
+
 fn socket_addr(storage: &libc::sockaddr_storage) -> Option<SocketAddr> {
     match storage.ss_family as i32 {
         libc::AF_INET => {

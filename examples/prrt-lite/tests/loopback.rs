@@ -445,3 +445,38 @@ fn both_binaries_offer_the_new_options() {
         assert!(help("recv").contains("--udp-gro"), "{program}");
     }
 }
+
+#[test]
+fn every_receive_mode_delivers_everything_once() {
+    let count = 48;
+    for (name, mode, ip) in [
+        ("recv-peek", "peek", V4),
+        ("recv-iov", "iov-split:2", V6),
+        ("recv-iov-long-head", "iov-split:100", V4),
+        ("recv-mmsg", "recvmmsg:16", V6),
+    ] {
+        let logs = run_pair(
+            name,
+            PLAIN,
+            ip,
+            count,
+            &["--burst", "8"],
+            &["--recv-mode", mode],
+        );
+        check_complete(&logs, count);
+        let received: Vec<&Value> = events(&logs.receiver, "received").collect();
+        // Each call's lines agree on how many datagrams it returned.
+        batches(&received, "recv_call", "recv_datagrams");
+    }
+}
+
+#[test]
+fn bad_receive_modes_are_refused() {
+    for mode in ["recvmmsg", "recvmmsg:0", "iov-split:x", "select"] {
+        let out = Command::new(PLAIN)
+            .args(["recv", "--bind", "127.0.0.1:9", "--recv-mode", mode])
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{mode}");
+    }
+}

@@ -1,0 +1,151 @@
+//! Privileged: the receive-call shapes of real programs, each checked
+//! against the example receiver's own `received` lines: `recvmmsg` batches
+//! (a stamp per message, not per call), `recvmsg` into two iovecs (the
+//! sequence number found in the second one; a field split across them is
+//! counted, never read wrong), and `MSG_PEEK` before the read (one stamp per
+//! datagram, from the read that took it).
+
+use serde_json::Value;
+use std::collections::BTreeMap;
+use xlap_stage::Stage;
+use xlap_tests::example::{events, ExampleOptions};
+use xlap_tests::privileged;
+use xlap_tests::trace::trace_example;
+
+/// (seq, kind) -> how many times.
+type Multiset = BTreeMap<(u64, u8), usize>;
+
+fn kind_code(name: &str) -> u8 {
+    match name {
+        "data" => 1,
+        "redundancy" => 2,
+        other => panic!("unexpected kind {other} in the receiver's log"),
+    }
+}
+
+/// Asserts two multisets are equal, naming only the differences.
+fn assert_same(stamped: &Multiset, logged: &Multiset, what: &str) {
+    let diff: Vec<_> = stamped
+        .keys()
+        .chain(logged.keys())
+        .filter(|k| stamped.get(k) != logged.get(k))
+        .map(|k| {
+            (
+                k,
+                stamped.get(k).copied().unwrap_or(0),
+                logged.get(k).copied().unwrap_or(0),
+            )
+        })
+        .collect();
+    assert!(
+        diff.is_empty(),
+        "{what}: (seq, kind), stamps, log lines: {:?}",
+        &diff[..diff.len().min(20)]
+    );
+}
+
+fn lost_parse(meta: &Value) -> u64 {
+    meta["points"]["sock.recv_exit"]["lost_parse"]
+        .as_u64()
+        .unwrap_or(0)
+}
+
+/// Runs the example with `recv_args` and returns (what the receiver logged,
+/// its recv_exit stamps, counted recv_exit parse losses, the log).
+fn run(
+    stage: &Stage,
+    name: &str,
+    send_args: &[&str],
+    recv_args: &[&str],
+) -> (Multiset, Multiset, u64, Vec<Value>) {
+    let t = trace_example(
+        stage,
+        &format!("recv-{name}"),
+        &ExampleOptions {
+            count: 400,
+            period_us: 200,
+            send_args: send_args.iter().map(|s| s.to_string()).collect(),
+            recv_args: recv_args.iter().map(|s| s.to_string()).collect(),
+            ..Default::default()
+        },
+        &[],
+    );
+    let mut logged = Multiset::new();
+    for e in events(&t.received, "received") {
+        let key = (
+            e["seq"].as_u64().unwrap(),
+            kind_code(e["kind"].as_str().unwrap()),
+        );
+        *logged.entry(key).or_default() += 1;
+    }
+    let mut stamped = Multiset::new();
+    for r in t.stamps() {
+        if r.point != "sock.recv_exit" || r.pid != t.pids.1 {
+            continue;
+        }
+        let (Some(seq), Some(kind)) = (r.seq, r.kind) else {
+            continue;
+        };
+        if kind == 1 || kind == 2 {
+            *stamped.entry((seq, kind)).or_default() += 1;
+        }
+    }
+    assert!(
+        logged.len() > 300,
+        "{name}: the path lost datagrams: {}",
+        logged.len()
+    );
+    eprintln!(
+        "{name}: recv_exit {} {}",
+        t.meta["points"]["sock.recv_exit"], t.meta["bpf_programs"]["on_sys_exit"]
+    );
+    (logged, stamped, lost_parse(&t.meta), t.received)
+}
+
+#[test]
+fn recvmmsg_iovecs_and_peek_are_stamped_per_datagram() {
+    let Some(_guard) = privileged("receive_calls") else {
+        return;
+    };
+    let stage = Stage::two_hosts().expect("stage");
+
+    // recvmmsg: bursts of 8 so that calls return several datagrams.
+    let (logged, stamped, _, log) = run(
+        &stage,
+        "recvmmsg",
+        &["--burst", "8"],
+        &["--recv-mode", "recvmmsg:16"],
+    );
+    let batched = events(&log, "received")
+        .filter(|e| e["recv_datagrams"].as_u64().unwrap_or(1) > 1)
+        .count();
+    assert!(batched > 0, "no recvmmsg returned more than one datagram");
+    assert_same(
+        &stamped,
+        &logged,
+        "recvmmsg: one recv_exit stamp per datagram read",
+    );
+
+    // The first iovec holds 2 bytes (the kind at 0), the sequence number
+    // (4 bytes at 4) lies wholly in the second.
+    let (logged, stamped, _, _) = run(&stage, "iov2", &[], &["--recv-mode", "iov-split:2"]);
+    assert_same(
+        &stamped,
+        &logged,
+        "iov-split:2: seq read from the second iovec",
+    );
+
+    // A first iovec of 6 bytes splits the sequence number: no stamp may
+    // carry a wrong one; every such datagram is counted.
+    let (logged, stamped, lost, _) = run(&stage, "iov6", &[], &["--recv-mode", "iov-split:6"]);
+    assert!(stamped.is_empty(), "a split field was read: {stamped:?}");
+    let reads: usize = logged.values().sum();
+    assert_eq!(
+        lost, reads as u64,
+        "iov-split:6: each read counted as a parse loss"
+    );
+
+    // MSG_PEEK, then the read: one stamp per datagram.
+    let (logged, stamped, _, _) = run(&stage, "peek", &[], &["--recv-mode", "peek"]);
+    assert_same(&stamped, &logged, "peek: the peek is not a read");
+}
