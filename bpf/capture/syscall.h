@@ -111,10 +111,10 @@ static __always_inline int msg_view(const struct user_msghdr *msg,
 static __always_inline int user_view(__u32 nr, struct pt_regs *regs,
                                      struct user_msghdr *msg,
                                      struct xl_uview *v) {
-  __u64 a1 = BPF_CORE_READ(regs, si);
+  __u64 a1 = regs->si;
   if (nr == NR_RECVFROM || nr == NR_READ) {
     v->base[0] = a1;
-    v->len[0] = BPF_CORE_READ(regs, dx);
+    v->len[0] = regs->dx;
     v->base[1] = 0;
     v->len[1] = 0;
     return 0;
@@ -128,9 +128,9 @@ static __always_inline int user_view(__u32 nr, struct pt_regs *regs,
  * that takes it is stamped), MSG_ERRQUEUE reads no datagram. */
 static __always_inline __u64 recv_flags(__u32 nr, struct pt_regs *regs) {
   if (nr == NR_RECVFROM || nr == NR_RECVMMSG)
-    return BPF_CORE_READ(regs, r10);
+    return regs->r10;
   if (nr == NR_RECVMSG)
-    return BPF_CORE_READ(regs, dx);
+    return regs->dx;
   return 0;
 }
 
@@ -378,7 +378,7 @@ int BPF_PROG(on_sys_exit, struct pt_regs *regs, long ret) {
   __u64 ts = bpf_ktime_get_ns();
   if (nr == NR_RECVMMSG) {
     /* ret: the number of messages; each has its own buffer and length. */
-    struct xl_mmsg_loop c = {.vec = BPF_CORE_READ(regs, si),
+    struct xl_mmsg_loop c = {.vec = regs->si,
                              .ts = ts,
                              .n = ret > MMSG_MAX ? MMSG_MAX : (__u32)ret,
                              .tgid = tgid,
