@@ -257,37 +257,50 @@ static __always_inline void stamp_send(struct xl_send_ctx *sc, __u32 tgid,
   }
 }
 
-/* The receive point of every datagram a receive call returned: one, or
- * several of gso bytes each (a UDP GRO socket). */
-static __always_inline void stamp_recv(const struct xl_uview *v, __u64 len,
-                                       __u32 gso, __u32 tgid, __u32 tid,
-                                       __u64 ts) {
-  struct xl_ident id = {.pid = tgid, .flags = XLAP_FLAG_FROM_USER};
+/* One datagram of a receive call's buffer (a bpf_loop body): segment i of
+ * a UDP GRO read, or the only one. */
+struct xl_recv_loop {
+  const struct xl_uview *v;
+  __u64 len, ts;
+  __u32 gso, n, tgid, tid;
+};
+
+static long stamp_recv_seg(__u32 i, void *ctx) {
+  struct xl_recv_loop *c = ctx;
+  if (i >= c->n)
+    return 1;
+  __u64 at = (__u64)i * c->gso;
+  __u64 this_len = c->n == 1 ? c->len : i == c->n - 1 ? c->len - at : c->gso;
+  struct xl_ident id = {
+      .pid = c->tgid, .flags = XLAP_FLAG_FROM_USER, .len = this_len};
   __u64 seq, kind;
-  __u32 n = gso && len > gso ? (len + gso - 1) / gso : 1;
-  __u32 seg = n > 1 ? gso : len;
-  id.len = seg;
-  if (user_ident(v, 0, seg, &seq, &kind)) {
-    count_losses(XLAP_POINT_SOCK_RECV_EXIT, XLAP_LOSS_PARSE, n);
-    return;
+  if (user_ident(c->v, at, this_len, &seq, &kind)) {
+    count_loss(XLAP_POINT_SOCK_RECV_EXIT, XLAP_LOSS_PARSE);
+    return 0;
   }
   id.seq = seq;
   id.kind = kind;
   id.flags |= XLAP_FLAG_SEQ_VALID;
-  emit(XLAP_POINT_SOCK_RECV_EXIT, ts, &id, tid, 0, 0, 0);
-  for (__u32 i = 1; i < XLAP_MAX_SEGS; i++) {
-    if (i >= n)
-      break;
-    __u64 this_len = i == n - 1 ? len - (__u64)i * gso : gso;
-    if (user_ident(v, (__u64)i * gso, this_len, &seq, &kind)) {
-      count_loss(XLAP_POINT_SOCK_RECV_EXIT, XLAP_LOSS_PARSE);
-      continue;
-    }
-    id.seq = seq;
-    id.kind = kind;
-    id.len = this_len;
-    emit(XLAP_POINT_SOCK_RECV_EXIT, ts, &id, tid, 0, 0, 0);
-  }
+  emit(XLAP_POINT_SOCK_RECV_EXIT, c->ts, &id, c->tid, 0, 0, 0);
+  return 0;
+}
+
+/* The receive point of every datagram a receive call returned: one, or
+ * several of gso bytes each (a UDP GRO socket). bpf_loop: one check of the
+ * body whatever the field offsets (an open loop over 64 segments made the
+ * verifier give up for some layouts). */
+static __always_inline void stamp_recv(const struct xl_uview *v, __u64 len,
+                                       __u32 gso, __u32 tgid, __u32 tid,
+                                       __u64 ts) {
+  __u32 n = gso && len > gso ? (len + gso - 1) / gso : 1;
+  struct xl_recv_loop c = {.v = v,
+                           .len = len,
+                           .ts = ts,
+                           .gso = gso,
+                           .n = n > XLAP_MAX_SEGS ? XLAP_MAX_SEGS : n,
+                           .tgid = tgid,
+                           .tid = tid};
+  bpf_loop(XLAP_MAX_SEGS, stamp_recv_seg, &c, 0);
   if (n > XLAP_MAX_SEGS)
     count_losses(XLAP_POINT_SOCK_RECV_EXIT, XLAP_LOSS_GSO, n - XLAP_MAX_SEGS);
 }
