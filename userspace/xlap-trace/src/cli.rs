@@ -205,9 +205,11 @@ pub struct RecordArgs {
     /// Write this file (with our pid) once every probe is attached.
     #[arg(long)]
     pub ready_file: Option<PathBuf>,
-    /// Named layout of seq and kind in the UDP payload (see `xlap-trace points`).
-    #[arg(long, default_value = "xlap-example")]
-    pub proto: String,
+    /// Named layout of seq and kind in the UDP payload (see `xlap-trace
+    /// points`); default xlap-example. With explicit --seq-* options and no
+    /// --proto, the layout has no kind unless --kind-* give one.
+    #[arg(long)]
+    pub proto: Option<String>,
     /// Byte offset of the sequence number in the UDP payload (overrides --proto).
     #[arg(long)]
     pub seq_offset: Option<u32>,
@@ -276,9 +278,19 @@ impl RecordArgs {
         cli.record
     }
 
-    /// The preset, with any explicit field options applied over it.
+    /// The preset, with any explicit field options applied over it. A
+    /// layout given only by --seq-* options takes no kind from the default
+    /// preset: its byte 0 would split a third-party protocol's packets into
+    /// "kinds".
     pub fn layout(&self) -> Result<Layout> {
-        let mut l = proto::preset(&self.proto)?;
+        let mut l = proto::preset(self.proto.as_deref().unwrap_or(proto::DEFAULT_PRESET))?;
+        let explicit_seq =
+            self.seq_offset.is_some() || self.seq_size.is_some() || self.seq_endian.is_some();
+        if self.proto.is_none() && explicit_seq {
+            l.kind_size = 0;
+            l.kind_offset = 0;
+            l.kind_names = &[];
+        }
         if let Some(v) = self.seq_offset {
             l.seq_offset = v;
         }
@@ -365,4 +377,35 @@ pub fn parse_qdisc_args(specs: &[String], hosts: usize) -> Result<Vec<Option<xla
         out[idx] = Some(xlap_stage::Qdisc::parse(q).map_err(|e| failure(Code::Usage, e))?);
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod layout_tests {
+    use super::*;
+
+    fn layout(args: &[&str]) -> Layout {
+        let cli = Cli::parse_from(std::iter::once("xlap-trace").chain(args.iter().copied()));
+        cli.record.layout().unwrap()
+    }
+
+    #[test]
+    fn explicit_seq_options_alone_give_no_kind() {
+        let default = layout(&[]);
+        assert_eq!((default.kind_offset, default.kind_size), (0, 1));
+        let third_party = layout(&["--seq-offset", "8", "--seq-size", "4"]);
+        assert_eq!((third_party.seq_offset, third_party.kind_size), (8, 0));
+        assert!(third_party.kind_names.is_empty());
+        let with_kind = layout(&[
+            "--seq-offset",
+            "8",
+            "--kind-offset",
+            "2",
+            "--kind-size",
+            "1",
+        ]);
+        assert_eq!((with_kind.kind_offset, with_kind.kind_size), (2, 1));
+        // Over a named preset, the preset's kind stays.
+        let over = layout(&["--proto", "xlap-example", "--seq-offset", "8"]);
+        assert_eq!((over.seq_offset, over.kind_size), (8, 1));
+    }
 }

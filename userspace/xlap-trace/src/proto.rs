@@ -18,6 +18,9 @@ pub struct Layout {
     pub kind_names: &'static [(u64, &'static str)],
 }
 
+/// The preset of a run without --proto.
+pub const DEFAULT_PRESET: &str = "xlap-example";
+
 /// `(name, layout, what it is)` of every preset.
 pub const PRESETS: &[(&str, Layout, &str)] = &[
     (
