@@ -103,6 +103,22 @@ static __always_inline void count_loss(__u32 point, __u32 reason) {
   count_losses(point, reason, 1);
 }
 
+/* A field of `size` (1..8) bytes in the configured byte order, from bytes
+ * already read (packet or user memory). */
+static __always_inline __u64 field_from_bytes(const __u8 *b, __u8 size) {
+  __u64 v = 0;
+#pragma unroll
+  for (int i = 0; i < 8; i++) {
+    if (i >= size)
+      break;
+    if (CFG.big_endian)
+      v = (v << 8) | b[i];
+    else
+      v |= (__u64)b[i] << (8 * i);
+  }
+  return v;
+}
+
 /* The traced-socket record of `sk`, if it is a socket of a traced process. */
 static __always_inline struct xlap_sock *traced_sock(struct sock *sk) {
   if (!sk)

@@ -169,37 +169,11 @@ static __always_inline int rd_field(struct xl_rd *r, __u32 off, __u8 size,
   __u8 b[8] = {};
   if (size == 0 || size > 8)
     return -1;
-  __u32 rel = off - r->c_off;
-  if (off >= r->c_off && (__u64)rel + size <= r->c_len) {
-    /* In the cache (the common case): combined straight from there. */
-    __u64 v = 0;
-#pragma unroll
-    for (int i = 0; i < 8; i++) {
-      if (i >= size)
-        break;
-      __u8 byte = r->c[(rel + i) & (XL_CACHE - 1)];
-      if (CFG.big_endian)
-        v = (v << 8) | byte;
-      else
-        v |= (__u64)byte << (8 * i);
-    }
-    *out = v;
-    return 0;
-  }
+  /* rd_read serves it from the cache in the common case. */
   int err = rd_read(r, off, b, size & 0xf);
   if (err)
     return err;
-  __u64 v = 0;
-#pragma unroll
-  for (int i = 0; i < 8; i++) {
-    if (i >= size)
-      break;
-    if (CFG.big_endian)
-      v = (v << 8) | b[i];
-    else
-      v |= (__u64)b[i] << (8 * i);
-  }
-  *out = v;
+  *out = field_from_bytes(b, size);
   return 0;
 }
 
@@ -439,6 +413,11 @@ static __always_inline int read_ident_at(struct xl_rd *r, __u32 pay,
   return 0;
 }
 
+static __always_inline __u32 skb_gso_size(struct sk_buff *skb) {
+  struct skb_shared_info *sh = (struct skb_shared_info *)(skb->head + skb->end);
+  return BPF_CORE_READ(sh, gso_size);
+}
+
 /* What the skb's shared info says: its GSO size (0: not a GSO/GRO skb)
  * and the NIC's hardware timestamp (0: none), in one probe read. */
 struct xl_shinfo {
@@ -465,13 +444,8 @@ static __always_inline void skb_shinfo_read(struct sk_buff *skb,
     return;
   }
   struct skb_shared_info *s = (struct skb_shared_info *)sh;
-  out->gso_size = BPF_CORE_READ(s, gso_size);
+  out->gso_size = skb_gso_size(skb);
   out->hw_ts = (__u64)BPF_CORE_READ(s, hwtstamps.hwtstamp);
-}
-
-static __always_inline __u32 skb_gso_size(struct sk_buff *skb) {
-  struct skb_shared_info *sh = (struct skb_shared_info *)(skb->head + skb->end);
-  return BPF_CORE_READ(sh, gso_size);
 }
 
 /* Scratch space for the datagrams of one GSO/GRO skb (too big for the

@@ -38,17 +38,7 @@ static __always_inline int user_field(const void *src, __u8 size, __u64 *out) {
   __u8 b[8] = {};
   if (size == 0 || size > 8 || bpf_probe_read_user(b, size & 0xf, src))
     return -1;
-  __u64 v = 0;
-#pragma unroll
-  for (int i = 0; i < 8; i++) {
-    if (i >= size)
-      break;
-    if (CFG.big_endian)
-      v = (v << 8) | b[i];
-    else
-      v |= (__u64)b[i] << (8 * i);
-  }
-  *out = v;
+  *out = field_from_bytes(b, size);
   return 0;
 }
 
@@ -259,40 +249,53 @@ static __always_inline void stamp_send(struct xl_send_ctx *sc, __u32 tgid,
 
 /* One datagram of a receive call's buffer (a bpf_loop body): segment i of
  * a UDP GRO read, or the only one. */
+/* The receive stamp of the datagram of `len` bytes at offset `at` of the
+ * view (or its counted parse loss). */
+static __always_inline void emit_recv(const struct xl_uview *v, __u64 at,
+                                      __u64 len, __u64 ts, __u32 tgid,
+                                      __u32 tid) {
+  struct xl_ident id = {.pid = tgid, .flags = XLAP_FLAG_FROM_USER, .len = len};
+  __u64 seq, kind;
+  if (user_ident(v, at, len, &seq, &kind)) {
+    count_loss(XLAP_POINT_SOCK_RECV_EXIT, XLAP_LOSS_PARSE);
+    return;
+  }
+  id.seq = seq;
+  id.kind = kind;
+  id.flags |= XLAP_FLAG_SEQ_VALID;
+  emit(XLAP_POINT_SOCK_RECV_EXIT, ts, &id, tid, 0, 0, 0);
+}
+
+/* Segments 1.. of a UDP GRO read (a bpf_loop body). */
 struct xl_recv_loop {
   const struct xl_uview *v;
   __u64 len, ts;
   __u32 gso, n, tgid, tid;
 };
 
-static long stamp_recv_seg(__u32 i, void *ctx) {
+static long stamp_recv_seg(__u32 idx, void *ctx) {
   struct xl_recv_loop *c = ctx;
+  __u32 i = idx + 1;
   if (i >= c->n)
     return 1;
   __u64 at = (__u64)i * c->gso;
-  __u64 this_len = c->n == 1 ? c->len : i == c->n - 1 ? c->len - at : c->gso;
-  struct xl_ident id = {
-      .pid = c->tgid, .flags = XLAP_FLAG_FROM_USER, .len = this_len};
-  __u64 seq, kind;
-  if (user_ident(c->v, at, this_len, &seq, &kind)) {
-    count_loss(XLAP_POINT_SOCK_RECV_EXIT, XLAP_LOSS_PARSE);
-    return 0;
-  }
-  id.seq = seq;
-  id.kind = kind;
-  id.flags |= XLAP_FLAG_SEQ_VALID;
-  emit(XLAP_POINT_SOCK_RECV_EXIT, c->ts, &id, c->tid, 0, 0, 0);
+  emit_recv(c->v, at, i == c->n - 1 ? c->len - at : c->gso, c->ts, c->tgid,
+            c->tid);
   return 0;
 }
 
 /* The receive point of every datagram a receive call returned: one, or
- * several of gso bytes each (a UDP GRO socket). bpf_loop: one check of the
- * body whatever the field offsets (an open loop over 64 segments made the
- * verifier give up for some layouts). */
+ * several of gso bytes each (a UDP GRO socket). The first inline (the
+ * common case costs no bpf_loop call); the others through bpf_loop: one
+ * check of the body whatever the field offsets (an open loop over 64
+ * segments made the verifier give up for some layouts). */
 static __always_inline void stamp_recv(const struct xl_uview *v, __u64 len,
                                        __u32 gso, __u32 tgid, __u32 tid,
                                        __u64 ts) {
   __u32 n = gso && len > gso ? (len + gso - 1) / gso : 1;
+  emit_recv(v, 0, n > 1 ? gso : len, ts, tgid, tid);
+  if (n == 1)
+    return;
   struct xl_recv_loop c = {.v = v,
                            .len = len,
                            .ts = ts,
@@ -300,7 +303,7 @@ static __always_inline void stamp_recv(const struct xl_uview *v, __u64 len,
                            .n = n > XLAP_MAX_SEGS ? XLAP_MAX_SEGS : n,
                            .tgid = tgid,
                            .tid = tid};
-  bpf_loop(XLAP_MAX_SEGS, stamp_recv_seg, &c, 0);
+  bpf_loop(XLAP_MAX_SEGS - 1, stamp_recv_seg, &c, 0);
   if (n > XLAP_MAX_SEGS)
     count_losses(XLAP_POINT_SOCK_RECV_EXIT, XLAP_LOSS_GSO, n - XLAP_MAX_SEGS);
 }
@@ -330,17 +333,7 @@ static long stamp_mmsg(__u32 i, void *ctx) {
     count_loss(XLAP_POINT_SOCK_RECV_EXIT, XLAP_LOSS_PARSE);
     return 0;
   }
-  struct xl_ident id = {
-      .pid = c->tgid, .flags = XLAP_FLAG_FROM_USER, .len = mlen};
-  __u64 seq, kind;
-  if (user_ident(&v, 0, mlen, &seq, &kind)) {
-    count_loss(XLAP_POINT_SOCK_RECV_EXIT, XLAP_LOSS_PARSE);
-    return 0;
-  }
-  id.seq = seq;
-  id.kind = kind;
-  id.flags |= XLAP_FLAG_SEQ_VALID;
-  emit(XLAP_POINT_SOCK_RECV_EXIT, c->ts, &id, c->tid, 0, 0, 0);
+  emit_recv(&v, 0, mlen, c->ts, c->tgid, c->tid);
   return 0;
 }
 
