@@ -26,7 +26,11 @@ enum xlap_point {
   XLAP_POINT_SOCK_QUEUE = 11,      /* handed to the socket (cgroup ingress) */
   XLAP_POINT_SCHED_WAKEUP = 12,    /* sched:sched_wakeup of the reader */
   XLAP_POINT_SCHED_SWITCH_IN = 13, /* sched:sched_switch to the reader */
-  /* 14: reserved (skb:skb_copy_datagram_iovec does not fire for UDP) */
+  /* A datagram of a traced port handed to a socket we do not trace (an
+   * SO_REUSEPORT group, a more specific bind on the same port): a marker,
+   * never written out; the recorder drops that flow's receive-device
+   * stamps, which were taken before any socket was known. */
+  XLAP_POINT_SOCK_FOREIGN = 14,
   XLAP_POINT_SOCK_RECV_EXIT = 15, /* raw_tp sys_exit: recvfrom/recvmsg/... */
   /* Device (NIC) hardware timestamps are not points of their own: they ride
    * in hw_ts_ns of the dev.* stamps (XLAP_FLAG_HW_TS). */
@@ -73,7 +77,7 @@ enum xlap_loss {
  * size. */
 struct xlap_stamp {
   __u64 ts_ns;    /* bpf_ktime_get_ns(): CLOCK_MONOTONIC */
-  __u64 flow;     /* socket cookie of the traced socket */
+  __u64 flow;     /* the datagram's addresses and ports (XLAP_FLOW_*) */
   __u64 seq;      /* the protocol's sequence number */
   __u64 hw_ts_ns; /* device timestamp (skb hwtstamps), 0 if none */
   __u32 pid;      /* owning process (tgid) of the socket */
@@ -86,6 +90,14 @@ struct xlap_stamp {
   __u8 kind;   /* the protocol's packet kind */
   __u8 flags;  /* XLAP_FLAG_* */
 };
+
+/* xlap_stamp.flow: the source address folded to 16 bits (bits 63..48),
+ * the destination address folded (47..32), the source port (31..16) and
+ * the destination port (15..0), ports in host order. An address folds as
+ * the XOR of its 32-bit words as they lie in the header, then of the two
+ * halves of that. The same datagram has the same flow at every point, on
+ * both hosts. On the receive side the local half is the destination. */
+#define XLAP_FLOW_LOCAL_MASK 0x0000ffff0000ffffULL
 
 /* Where the protocol keeps seq and kind in the UDP payload. Set by userspace
  * in .rodata before load. */
@@ -111,9 +123,19 @@ struct xlap_config {
 /* Value of the traced-socket storage (socket local storage): the socket
  * belongs to a traced process. */
 struct xlap_sock {
-  __u32 tgid;
-  __u32 _pad;
+  __u32 tgid; /* the process that created it (or held it at attach) */
+  __u16 port; /* local port registered in TARGET_PORTS, 0 none yet */
+  __u8 flows; /* XLAP_SOCK_* of the datagrams queued to it */
+  __u8 _pad;
+  __u64 flow; /* flow of the last datagram queued to it */
 };
+
+/* xlap_sock.flows: datagrams of more than one flow were queued (an
+ * unconnected server); of more than one local address and port. A
+ * receive's flow is the socket's while neither is set, is completed from
+ * the sender address the call returns while only the first is. */
+#define XLAP_SOCK_MULTI_FLOW 0x1
+#define XLAP_SOCK_MULTI_LOCAL 0x2
 
 /* A device the user restricted device and qdisc points to (--iface). */
 struct xlap_iface_key {

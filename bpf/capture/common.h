@@ -58,13 +58,28 @@ struct {
 } TARGET_PIDS SEC(".maps");
 
 /* UDP ports of traced sockets per network namespace: the receive path's
- * device points run before the socket is known and decide by port. */
+ * device points run before the socket is known and decide by port. Set
+ * when a traced socket's bind succeeds (cgroup post_bind), when one is
+ * autobound (its first datagram out), and by userspace for the sockets
+ * the targets held at attach. A datagram for the port that reaches
+ * another socket is marked at the socket (XLAP_POINT_SOCK_FOREIGN). */
 struct {
   __uint(type, BPF_MAP_TYPE_HASH);
-  __uint(max_entries, 4096);
+  __uint(max_entries, 16384);
   __type(key, struct xlap_port_key);
   __type(value, __u32); /* owning tgid */
 } TARGET_PORTS SEC(".maps");
+
+/* The ports in TARGET_PORTS, whatever the namespace (1 = some traced
+ * socket has or had it): the socket-ingress hook, which cannot tell the
+ * namespace, looks here before marking a datagram foreign. An array
+ * lookup: no cost worth counting for other traffic. */
+struct {
+  __uint(type, BPF_MAP_TYPE_ARRAY);
+  __uint(max_entries, 65536);
+  __type(key, __u32);
+  __type(value, __u8);
+} PORTS_ANY SEC(".maps");
 
 /* The traced sockets themselves: socket local storage, set by userspace for
  * the sockets a target already has and by sockets.h for those it creates.
@@ -124,6 +139,24 @@ static __always_inline struct xlap_sock *traced_sock(struct sock *sk) {
   if (!sk)
     return 0;
   return bpf_sk_storage_get(&SOCKS, sk, 0, 0);
+}
+
+/* Registers the local port of traced socket `s` (in network namespace
+ * `netns`) for the receive path's device points, once per port change. */
+static __always_inline void register_port(struct xlap_sock *s, __u32 netns,
+                                          __u16 port) {
+  if (!port || s->port == port)
+    return;
+  struct xlap_port_key k = {.netns = netns, .port = port};
+  if (bpf_map_update_elem(&TARGET_PORTS, &k, &s->tgid, BPF_ANY)) {
+    /* The device points cannot see this socket's datagrams: counted. */
+    count_loss(XLAP_POINT_DEV_RECEIVE_SKB, XLAP_LOSS_MAP_FULL);
+    return;
+  }
+  __u32 p = port;
+  __u8 one = 1;
+  bpf_map_update_elem(&PORTS_ANY, &p, &one, BPF_ANY);
+  s->port = port;
 }
 
 /* Whether device and qdisc points may fire on `dev` (--iface). */

@@ -175,18 +175,29 @@ static __always_inline void tx_first_queue(struct sk_buff *skb, __u64 key,
   }
 }
 
-/* Whether the skb comes from a traced process: sent in one of its send
- * calls, or from one of its sockets (sent later, from softirq). */
+/* Whether the skb comes from a traced socket, and the process that sent
+ * it: the thread in its send call (a forked child sending on an inherited
+ * socket is itself), else the socket's owner (sent later, from softirq).
+ * Decided by the socket, not the thread: other traffic the stack forwards
+ * while a traced thread sends (bridge, NAT) is not ours. A socket that got
+ * its port only now (autobound by this send or a connect) is registered
+ * for the replies. */
 static __always_inline __u32 tx_owner(struct sk_buff *skb,
                                       struct xl_send_ctx **sc) {
-  struct xl_task *t = task_ctx(bpf_get_current_task_btf());
   *sc = 0;
+  struct sock *sk = skb->sk;
+  struct xlap_sock *s = traced_sock(sk);
+  if (!s)
+    return 0;
+  __u16 port = sk->__sk_common.skc_num;
+  if (port != s->port)
+    register_port(s, sk->__sk_common.skc_net.net->ns.inum, port);
+  struct xl_task *t = task_ctx(bpf_get_current_task_btf());
   if (t && t->in_send) {
     *sc = &t->send;
     return bpf_get_current_pid_tgid() >> 32;
   }
-  struct xlap_sock *s = traced_sock(skb->sk);
-  return s ? s->tgid : 0;
+  return s->tgid;
 }
 
 SEC("tp_btf/net_dev_queue")

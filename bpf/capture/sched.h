@@ -13,6 +13,14 @@
  * sk_data_ready wakes it synchronously, a few microseconds later). */
 #define WAKE_WINDOW_NS 20000
 
+/* Whether two traced processes descend from the same target (a forked
+ * worker reading a socket its parent created). */
+static __always_inline int same_target(__u32 a, __u32 b) {
+  __u32 *ra = bpf_map_lookup_elem(&TARGET_PIDS, &a);
+  __u32 *rb = bpf_map_lookup_elem(&TARGET_PIDS, &b);
+  return ra && rb && *ra == *rb;
+}
+
 SEC("tp_btf/sched_waking")
 int BPF_PROG(on_sched_waking, struct task_struct *p) {
   __u32 zero = 0;
@@ -24,7 +32,8 @@ int BPF_PROG(on_sched_waking, struct task_struct *p) {
     last->valid = 0;
     return 0;
   }
-  if ((__u32)p->tgid != last->id.pid)
+  __u32 tgid = p->tgid;
+  if (tgid != last->id.pid && !same_target(tgid, last->id.pid))
     return 0;
   /* Only a thread blocked in a receive call or waiting for readiness
    * (poll, select, epoll, io_uring) is woken by the datagram (not, say, a
@@ -34,10 +43,12 @@ int BPF_PROG(on_sched_waking, struct task_struct *p) {
   if (!t || !(t->in_recv || t->in_wait))
     return 0;
   last->valid = 0;
-  emit(XLAP_POINT_SCHED_WAKEUP, now, &last->id, tid, 0, 0, 0);
-  if (bpf_map_update_elem(&WOKEN, &tid, &last->id, BPF_NOEXIST) == 0)
+  struct xl_ident id = last->id;
+  id.pid = tgid; /* the reader: a forked child reads its parent's socket */
+  emit(XLAP_POINT_SCHED_WAKEUP, now, &id, tid, 0, 0, 0);
+  if (bpf_map_update_elem(&WOKEN, &tid, &id, BPF_NOEXIST) == 0)
     __sync_fetch_and_add(&WOKEN_PENDING, 1);
-  else if (bpf_map_update_elem(&WOKEN, &tid, &last->id, BPF_EXIST))
+  else if (bpf_map_update_elem(&WOKEN, &tid, &id, BPF_EXIST))
     count_loss(XLAP_POINT_SCHED_SWITCH_IN, XLAP_LOSS_MAP_FULL);
   return 0;
 }

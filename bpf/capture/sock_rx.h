@@ -13,6 +13,21 @@
 #include "packet.h"
 #include "task.h"
 
+/* Keeps the flow of the datagrams a traced socket receives, for its
+ * receive calls (syscall.h): written only when it changes. */
+static __always_inline void note_flow(struct xlap_sock *ts, __u64 flow) {
+  __u64 last = ts->flow;
+  if (last == flow)
+    return;
+  if (last) {
+    __u8 f = ts->flows | XLAP_SOCK_MULTI_FLOW;
+    if ((last ^ flow) & XLAP_FLOW_LOCAL_MASK)
+      f |= XLAP_SOCK_MULTI_LOCAL;
+    ts->flows = f;
+  }
+  ts->flow = flow;
+}
+
 SEC("cgroup_skb/ingress")
 int on_sock_ingress(struct __sk_buff *ctx) {
   struct bpf_sock *sk = ctx->sk;
@@ -21,9 +36,17 @@ int on_sock_ingress(struct __sk_buff *ctx) {
   sk = bpf_sk_fullsock(sk);
   if (!sk || sk->protocol != IPPROTO_UDP_)
     return 1;
+  __u16 point = XLAP_POINT_SOCK_QUEUE;
   struct xlap_sock *ts = bpf_sk_storage_get(&SOCKS, sk, 0, 0);
-  if (!ts)
-    return 1;
+  if (!ts) {
+    /* Another socket on a traced port: mark the datagram, so that the
+     * device stamps taken for it by port are dropped. */
+    __u32 port = sk->src_port;
+    __u8 *any = bpf_map_lookup_elem(&PORTS_ANY, &port);
+    if (!any || !*any)
+      return 1;
+    point = XLAP_POINT_SOCK_FOREIGN;
+  }
   __u64 now = bpf_ktime_get_ns();
   struct xl_rd r;
   struct xl_dgram d = {};
@@ -33,21 +56,31 @@ int on_sock_ingress(struct __sk_buff *ctx) {
   if (ret == XL_FOREIGN)
     return 1;
   if (ret != XL_OK) {
-    count_loss(XLAP_POINT_SOCK_QUEUE,
-               ret == XL_UNREADABLE ? XLAP_LOSS_FRAG : XLAP_LOSS_PARSE);
+    if (ts)
+      count_loss(point,
+                 ret == XL_UNREADABLE ? XLAP_LOSS_FRAG : XLAP_LOSS_PARSE);
     return 1;
   }
-  struct xl_ident id = {.pid = ts->tgid};
+  struct xl_ident id = {.pid = ts ? ts->tgid : 0};
   struct xl_segs *segs;
   __u32 loss = XLAP_LOSS_PARSE, beyond = 0;
   __u32 got = read_datagrams(ctx->gso_size, &r, &d, &id, &segs, &loss, &beyond);
-  if (beyond)
-    count_losses(XLAP_POINT_SOCK_QUEUE, loss, beyond);
-  if (!got) {
-    count_loss(XLAP_POINT_SOCK_QUEUE, loss);
+  if (!ts) {
+    /* The marker needs only the flow: one per datagram the device points
+     * may have stamped. */
+    struct xl_at at = {.point = point, .ts = now};
+    if (got)
+      emit_all(&at, &id, segs, got);
     return 1;
   }
-  struct xl_at at = {.point = XLAP_POINT_SOCK_QUEUE, .ts = now};
+  note_flow(ts, d.flow);
+  if (beyond)
+    count_losses(point, loss, beyond);
+  if (!got) {
+    count_loss(point, loss);
+    return 1;
+  }
+  struct xl_at at = {.point = point, .ts = now};
   emit_all(&at, &id, segs, got);
   /* The reader's wake-up follows for the last of them. */
   __u32 zero = 0;

@@ -5,6 +5,7 @@
 #define XLAP_CAPTURE_SYSCALL_H
 
 #include "common.h"
+#include "packet.h"
 #include "task.h"
 
 /* Syscall numbers (x86-64). */
@@ -16,7 +17,6 @@
 #define NR_RECVMSG 47
 #define NR_RECVMMSG 299
 #define NR_SENDMMSG 307
-#define NR_BIND 49
 /* Calls that wait for a file descriptor to become ready (event loops):
  * poll, select, ppoll, pselect6, epoll_wait, epoll_pwait, epoll_pwait2,
  * io_uring_enter (waiting for completions). */
@@ -148,24 +148,6 @@ static __always_inline __u32 udp_gro_size(const struct user_msghdr *msg) {
   return 0;
 }
 
-/* A traced process binding a socket to a port: traced from its first
- * datagram on, before userspace's /proc scan (every 200 ms) would see it.
- * Binding to port 0 (ephemeral) leaves it to that scan. */
-static __always_inline void register_bound_port(__u32 tgid,
-                                                struct pt_regs *regs) {
-  const void *addr = (const void *)BPF_CORE_READ(regs, si);
-  __u16 family = 0, port = 0;
-  if (bpf_probe_read_user(&family, sizeof(family), addr) ||
-      (family != AF_INET_ && family != AF_INET6_) ||
-      bpf_probe_read_user(&port, sizeof(port), addr + 2) || port == 0)
-    return;
-  struct task_struct *task = (struct task_struct *)bpf_get_current_task();
-  struct xlap_port_key key = {.netns =
-                                  BPF_CORE_READ(task, nsproxy, net_ns, ns.inum),
-                              .port = bpf_ntohs(port)};
-  bpf_map_update_elem(&TARGET_PORTS, &key, &tgid, BPF_ANY);
-}
-
 static __always_inline int is_send(__u32 nr) {
   return nr == NR_SENDTO || nr == NR_SENDMSG || nr == NR_SENDMMSG ||
          nr == NR_WRITE;
@@ -189,7 +171,7 @@ SEC("tp_btf/sys_enter")
 int BPF_PROG(on_sys_enter, struct pt_regs *regs, long id) {
   __u32 nr = (__u32)id;
   int send = is_send(nr), recv = is_recv(nr), wait = is_wait(nr);
-  if (!send && !recv && !wait && nr != NR_BIND)
+  if (!send && !recv && !wait)
     return 0;
   /* A thread with call state belongs to a traced process: no need to look
    * its process up (task storage is cheaper than the hash). */
@@ -198,10 +180,6 @@ int BPF_PROG(on_sys_enter, struct pt_regs *regs, long id) {
   __u32 tgid = bpf_get_current_pid_tgid() >> 32;
   if (!t && !bpf_map_lookup_elem(&TARGET_PIDS, &tgid))
     return 0;
-  if (!send && !recv && !wait) {
-    register_bound_port(tgid, regs);
-    return 0;
-  }
   if (!t)
     t = bpf_task_storage_get(&TASK_CTX, task, 0,
                              BPF_LOCAL_STORAGE_GET_F_CREATE);
@@ -221,6 +199,8 @@ int BPF_PROG(on_sys_enter, struct pt_regs *regs, long id) {
   t->in_send = send;
   t->in_recv = recv;
   t->on_sock = 0;
+  t->rx_flow = 0;
+  t->rx_remote = 0;
   if (send) {
     t->send.ts_enter = bpf_ktime_get_ns();
     t->send.n = 0;
@@ -253,8 +233,9 @@ static __always_inline void stamp_send(struct xl_send_ctx *sc, __u32 tgid,
  * view (or its counted parse loss). */
 static __always_inline void emit_recv(const struct xl_uview *v, __u64 at,
                                       __u64 len, __u64 ts, __u32 tgid,
-                                      __u32 tid) {
-  struct xl_ident id = {.pid = tgid, .flags = XLAP_FLAG_FROM_USER, .len = len};
+                                      __u32 tid, __u64 flow) {
+  struct xl_ident id = {
+      .pid = tgid, .flow = flow, .flags = XLAP_FLAG_FROM_USER, .len = len};
   __u64 seq, kind;
   if (user_ident(v, at, len, &seq, &kind)) {
     count_loss(XLAP_POINT_SOCK_RECV_EXIT, XLAP_LOSS_PARSE);
@@ -269,7 +250,7 @@ static __always_inline void emit_recv(const struct xl_uview *v, __u64 at,
 /* Segments 1.. of a UDP GRO read (a bpf_loop body). */
 struct xl_recv_loop {
   const struct xl_uview *v;
-  __u64 len, ts;
+  __u64 len, ts, flow;
   __u32 gso, n, tgid, tid;
 };
 
@@ -280,7 +261,7 @@ static long stamp_recv_seg(__u32 idx, void *ctx) {
     return 1;
   __u64 at = (__u64)i * c->gso;
   emit_recv(c->v, at, i == c->n - 1 ? c->len - at : c->gso, c->ts, c->tgid,
-            c->tid);
+            c->tid, c->flow);
   return 0;
 }
 
@@ -291,14 +272,15 @@ static long stamp_recv_seg(__u32 idx, void *ctx) {
  * segments made the verifier give up for some layouts). */
 static __always_inline void stamp_recv(const struct xl_uview *v, __u64 len,
                                        __u32 gso, __u32 tgid, __u32 tid,
-                                       __u64 ts) {
+                                       __u64 ts, __u64 flow) {
   __u32 n = gso && len > gso ? (len + gso - 1) / gso : 1;
-  emit_recv(v, 0, n > 1 ? gso : len, ts, tgid, tid);
+  emit_recv(v, 0, n > 1 ? gso : len, ts, tgid, tid, flow);
   if (n == 1)
     return;
   struct xl_recv_loop c = {.v = v,
                            .len = len,
                            .ts = ts,
+                           .flow = flow,
                            .gso = gso,
                            .n = n > XLAP_MAX_SEGS ? XLAP_MAX_SEGS : n,
                            .tgid = tgid,
@@ -308,11 +290,49 @@ static __always_inline void stamp_recv(const struct xl_uview *v, __u64 len,
     count_losses(XLAP_POINT_SOCK_RECV_EXIT, XLAP_LOSS_GSO, n - XLAP_MAX_SEGS);
 }
 
+/* The flow of a datagram read from a socket that receives several: the
+ * socket's local half completed by the sender address the call returned
+ * (`name`, `namelen` bytes), 0 without one. An IPv4 sender on a dual-stack
+ * socket comes as a mapped IPv6 address: folded as the IPv4 one. */
+static __always_inline __u64 with_sender(__u64 local, __u64 name,
+                                         __u32 namelen) {
+  __u8 a[24] = {};
+  if (!name || namelen < 8 ||
+      bpf_probe_read_user(a, namelen >= 24 ? 24 : 8, (void *)name))
+    return 0;
+  __u16 family = a[0] | (__u16)a[1] << 8;
+  __u16 port = (__u16)a[2] << 8 | a[3];
+  __u32 w[4];
+  __builtin_memcpy(w, a + 8, 16);
+  __u32 fold;
+  if (family == AF_INET_)
+    __builtin_memcpy(&fold, a + 4, 4), fold = fold16(&fold, 1);
+  else if (family == AF_INET6_ && namelen >= 24) {
+    int mapped = !w[0] && !w[1] && w[2] == bpf_htonl(0xffff);
+    fold = mapped ? fold16(&w[3], 1) : fold16(w, 4);
+  } else
+    return 0;
+  return local | (__u64)fold << 48 | (__u64)port << 16;
+}
+
+/* with_sender for recvfrom: src_addr and the length the kernel wrote to
+ * *addrlen. */
+static __always_inline __u64 sender_of_recvfrom(__u64 local,
+                                                struct pt_regs *regs) {
+  __u32 len = 0;
+  if (!regs->r8 || !regs->r9 ||
+      bpf_probe_read_user(&len, sizeof(len), (void *)regs->r9))
+    return 0;
+  return with_sender(local, regs->r8, len);
+}
+
 /* One message of a recvmmsg (a bpf_loop body). */
 struct xl_mmsg_loop {
   __u64 vec; /* struct mmsghdr[] in user memory */
   __u64 ts;
+  __u64 flow; /* the socket's flow, or its local half (remote) */
   __u32 n, tgid, tid;
+  __u8 remote;
 };
 
 /* struct mmsghdr: a msghdr, then the message's length. */
@@ -333,7 +353,10 @@ static long stamp_mmsg(__u32 i, void *ctx) {
     count_loss(XLAP_POINT_SOCK_RECV_EXIT, XLAP_LOSS_PARSE);
     return 0;
   }
-  emit_recv(&v, 0, mlen, c->ts, c->tgid, c->tid);
+  __u64 flow = c->remote
+                   ? with_sender(c->flow, (__u64)msg.msg_name, msg.msg_namelen)
+                   : c->flow;
+  emit_recv(&v, 0, mlen, c->ts, c->tgid, c->tid, flow);
   return 0;
 }
 
@@ -386,9 +409,11 @@ int BPF_PROG(on_sys_exit, struct pt_regs *regs, long ret) {
     /* ret: the number of messages; each has its own buffer and length. */
     struct xl_mmsg_loop c = {.vec = regs->si,
                              .ts = ts,
+                             .flow = t->rx_flow,
                              .n = ret > MMSG_MAX ? MMSG_MAX : (__u32)ret,
                              .tgid = tgid,
-                             .tid = tid};
+                             .tid = tid,
+                             .remote = t->rx_remote};
     bpf_loop(MMSG_MAX, stamp_mmsg, &c, 0);
     if (ret > MMSG_MAX)
       count_losses(XLAP_POINT_SOCK_RECV_EXIT, XLAP_LOSS_GSO, ret - MMSG_MAX);
@@ -401,18 +426,40 @@ int BPF_PROG(on_sys_exit, struct pt_regs *regs, long ret) {
     return 0;
   }
   __u32 gso = nr == NR_RECVMSG ? udp_gro_size(&msg) : 0;
-  stamp_recv(&v, (__u64)ret, gso, tgid, tid, ts);
+  __u64 flow = t->rx_flow;
+  if (t->rx_remote)
+    flow = nr == NR_RECVFROM ? sender_of_recvfrom(flow, regs)
+           : nr == NR_RECVMSG
+               ? with_sender(flow, (__u64)msg.msg_name, msg.msg_namelen)
+               : 0;
+  stamp_recv(&v, (__u64)ret, gso, tgid, tid, ts, flow);
   return 0;
 }
 
+/* A receive call's flow, as far as its socket knows it. */
+static __always_inline void note_recv_flow(struct xl_task *t,
+                                           const struct xlap_sock *s) {
+  __u8 f = s->flows;
+  t->on_sock = 1;
+  t->rx_remote = (f & XLAP_SOCK_MULTI_FLOW) && !(f & XLAP_SOCK_MULTI_LOCAL);
+  t->rx_flow = !(f & XLAP_SOCK_MULTI_FLOW) ? s->flow
+               : t->rx_remote              ? s->flow & XLAP_FLOW_LOCAL_MASK
+                                           : 0;
+}
+
+/* The socket a receive call reads (after it read): only traced sockets'
+ * datagrams are stamped at the call's exit. */
 SEC("tp_btf/sock_recv_length")
 int BPF_PROG(on_sock_recv_length, struct sock *sk, int ret, int flags) {
   if (sk->sk_protocol != IPPROTO_UDP_)
     return 0;
+  struct xlap_sock *s = traced_sock(sk);
+  if (!s)
+    return 0;
   struct task_struct *task = bpf_get_current_task_btf();
   struct xl_task *t = task_ctx(task);
   if (t && t->in_recv) {
-    t->on_sock = 1;
+    note_recv_flow(t, s);
     return 0;
   }
   /* A receive call of a traced process that began before tracing did. */
@@ -426,7 +473,7 @@ int BPF_PROG(on_sock_recv_length, struct sock *sk, int ret, int flags) {
   }
   t->in_send = 0;
   t->in_recv = 1;
-  t->on_sock = 1;
+  note_recv_flow(t, s);
   return 0;
 }
 

@@ -23,6 +23,11 @@ struct xl_task {
   __u8 in_recv;            /* in a receive syscall */
   __u8 in_wait;            /* in poll/select/epoll_wait/io_uring_enter */
   __u8 on_sock; /* sock_recv_length saw a UDP socket in this receive */
+  /* The receive's flow, from the socket (sock_recv_length): whole, or its
+   * local half when the sender address the call returns completes it
+   * (rx_remote), or 0 when the socket cannot tell. */
+  __u8 rx_remote;
+  __u64 rx_flow;
 };
 
 struct {

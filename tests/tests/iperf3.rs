@@ -5,24 +5,27 @@
 use std::process::{Command, Stdio};
 use std::time::Duration;
 use xlap_stage::Stage;
-use xlap_tests::trace::{read_stamps, Recorder};
+use xlap_tests::trace::{read_stamps, Recorder, Row};
 use xlap_tests::{privileged, KillOnDrop, Scratch};
 
-#[test]
-fn iperf3_udp_counts_per_point_match_its_own_report() {
-    let Some(_guard) = privileged("iperf3") else {
-        return;
-    };
+/// iperf3 between the two hosts, traced from before its first datagram:
+/// (its JSON report, the stamps, run.json, client pid, server pid).
+fn traced_iperf3(
+    name: &str,
+    client_args: &str,
+) -> (serde_json::Value, Vec<Row>, serde_json::Value, u32, u32) {
     assert!(
         Command::new("iperf3").arg("--version").output().is_ok(),
         "iperf3 is missing: ./run.sh setup installs it"
     );
     let stage = Stage::two_hosts().expect("stage");
-    let scratch = Scratch::new("iperf3");
+    let scratch = Scratch::new(name);
     let (a, b) = (stage.host(0), stage.host(1));
     let server = KillOnDrop(
         b.command("iperf3")
-            .args(["-s", "-1", "-p", "5201", "-B", &b.ipv4.to_string()])
+            // -J: the client's --get-server-output then carries the
+            // server's own report as JSON.
+            .args(["-s", "-1", "-J", "-p", "5201", "-B", &b.ipv4.to_string()])
             .stdout(Stdio::null())
             .spawn()
             .unwrap(),
@@ -34,7 +37,7 @@ fn iperf3_udp_counts_per_point_match_its_own_report() {
         a.command("sh")
             .arg("-c")
             .arg(format!(
-                "while [ ! -e {} ]; do sleep 0.01; done; exec iperf3 -c {} -p 5201 -u -b 8M -l 200 -t 1 --json",
+                "while [ ! -e {} ]; do sleep 0.01; done; exec iperf3 -c {} -p 5201 -u {client_args} --json",
                 start.display(),
                 b.ipv4
             ))
@@ -58,12 +61,20 @@ fn iperf3_udp_counts_per_point_match_its_own_report() {
     let mut server = server;
     let _ = server.0.wait();
     let meta = rec.meta_after_wait();
+    let rows = read_stamps(&scratch.path("run").join("stamps.parquet"));
+    (report, rows, meta, client_pid, server_pid)
+}
 
+#[test]
+fn iperf3_udp_counts_per_point_match_its_own_report() {
+    let Some(_guard) = privileged("iperf3") else {
+        return;
+    };
+    let (report, rows, meta, client_pid, server_pid) = traced_iperf3("iperf3", "-b 8M -l 200 -t 1");
     let sum = &report["end"]["sum"];
     let sent = sum["packets"].as_u64().unwrap();
     let lost = sum["lost_packets"].as_u64().unwrap();
     assert!(sent > 1000, "{sum}");
-    let rows = read_stamps(&scratch.path("run").join("stamps.parquet"));
     let count = |point: &str, pid: u32| {
         rows.iter()
             .filter(|r| r.point == point && r.pid == pid && r.seq.is_some())
@@ -120,4 +131,107 @@ fn iperf3_udp_counts_per_point_match_its_own_report() {
             }
         }
     }
+}
+
+/// Four parallel streams (`-P 4`): each stream is its own flow at every
+/// point, the server's reads included (joined through the socket that read
+/// them, not guessed by sequence number), with iperf3's per-stream counts.
+#[test]
+fn iperf3_parallel_streams_are_separate_flows_with_their_own_counts() {
+    let Some(_guard) = privileged("iperf3_parallel") else {
+        return;
+    };
+    let (report, rows, _meta, client_pid, server_pid) =
+        traced_iperf3("iperf3-p4", "-b 4M -l 200 -t 1 -P 4 --get-server-output");
+    // The server's own account of what it read, per stream (the client's
+    // report mixes its sent count with the server's gap count, which misses
+    // a tail the server never read).
+    let server = &report["server_output_json"];
+    let read_by_server = |client_port: u64| -> u64 {
+        let socket = &server["start"]["connected"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["remote_port"].as_u64() == Some(client_port))
+            .unwrap_or_else(|| panic!("the server has no stream from port {client_port}"))
+            ["socket"];
+        let udp = &server["end"]["streams"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| &s["udp"]["socket"] == socket)
+            .unwrap()["udp"];
+        udp["packets"].as_u64().unwrap() - udp["lost_packets"].as_u64().unwrap()
+    };
+    let connected = report["start"]["connected"].as_array().unwrap();
+    let streams = report["end"]["streams"].as_array().unwrap();
+    assert_eq!(connected.len(), 4, "{}", report["start"]);
+    let mut ports = Vec::new();
+    for c in connected {
+        let port = c["local_port"].as_u64().unwrap() as u16;
+        let socket = &c["socket"];
+        let udp = &streams
+            .iter()
+            .find(|s| &s["udp"]["socket"] == socket)
+            .unwrap_or_else(|| panic!("no stream for socket {socket}"))["udp"];
+        let sent = udp["packets"].as_u64().unwrap();
+        let lost = udp["lost_packets"].as_u64().unwrap();
+        assert!(sent > 100, "{udp}");
+        let count = |point: &str, pid: u32| {
+            rows.iter()
+                .filter(|r| {
+                    r.point == point && r.pid == pid && r.sport() == port && r.seq.is_some()
+                })
+                .count() as u64
+        };
+        assert_eq!(
+            count("dev.queue", client_pid),
+            sent,
+            "stream from port {port}: {udp}"
+        );
+        let read = read_by_server(port as u64);
+        let queued = count("sock.queue", server_pid);
+        assert!(
+            (read..=sent).contains(&queued) && queued >= sent - lost,
+            "stream {port}: {queued} queued, {read} read, {sent} sent, {lost} lost"
+        );
+        assert_eq!(
+            count("sock.recv_exit", server_pid),
+            read,
+            "stream {port}: the server's reads of this stream (reads per source port: {:?})",
+            reads_by_port(&rows, server_pid)
+        );
+        let mut seqs: Vec<u64> = rows
+            .iter()
+            .filter(|r| r.point == "sock.recv_exit" && r.sport() == port)
+            .filter_map(|r| r.seq)
+            .collect();
+        seqs.sort_unstable();
+        seqs.dedup();
+        assert_eq!(
+            seqs.len() as u64,
+            read,
+            "stream {port}: one read per datagram"
+        );
+        ports.push(port);
+    }
+    ports.sort_unstable();
+    ports.dedup();
+    assert_eq!(ports.len(), 4);
+    let unjoined = rows
+        .iter()
+        .filter(|r| r.point == "sock.recv_exit" && r.seq.is_some() && r.flow == 0)
+        .count();
+    assert_eq!(unjoined, 0, "reads without their flow");
+}
+
+fn reads_by_port(rows: &[Row], pid: u32) -> std::collections::BTreeMap<u16, usize> {
+    let mut out = std::collections::BTreeMap::new();
+    for r in rows
+        .iter()
+        .filter(|r| r.point == "sock.recv_exit" && r.pid == pid)
+    {
+        *out.entry(r.sport()).or_default() += 1;
+    }
+    out
 }

@@ -78,6 +78,12 @@ pub enum Role {
         /// (IPV6_DSTOPTS). IPv6 --dest only; needs CAP_NET_RAW.
         #[arg(long, value_enum, value_name = "KIND")]
         ipv6_ext: Option<Ipv6Ext>,
+        /// Open the socket only after --start-file appears, and do not bind
+        /// it: the kernel picks the local port at connect (autobind), as a
+        /// client that starts while a tracer already runs. --bind is
+        /// ignored.
+        #[arg(long)]
+        late_socket: bool,
         #[command(flatten)]
         common: Common,
     },
@@ -117,6 +123,15 @@ pub enum Role {
         /// then carry recv_call (the call's index) and recv_datagrams.
         #[arg(long, default_value = "recvfrom", conflicts_with = "udp_gro")]
         recv_mode: crate::udp::RecvMode,
+        /// Join an SO_REUSEPORT group on --bind (the kernel spreads the
+        /// senders' flows over the group's sockets).
+        #[arg(long)]
+        reuseport: bool,
+        /// Fork once the socket is bound (and --ready-file written): the
+        /// child receives and logs (a `forked` line with its pid), the
+        /// parent waits for it and exits with its status.
+        #[arg(long)]
+        fork: bool,
         #[command(flatten)]
         common: Common,
     },
@@ -188,6 +203,7 @@ fn run<M: Markers>(cli: Cli) -> anyhow::Result<()> {
             burst,
             gso,
             ipv6_ext,
+            late_socket,
             common,
         } => {
             anyhow::ensure!(
@@ -211,6 +227,7 @@ fn run<M: Markers>(cli: Cli) -> anyhow::Result<()> {
                 burst: burst.unwrap_or(gso.map_or(1, u32::from)),
                 gso,
                 ipv6_ext,
+                late_socket,
             };
             let result = sender::run::<M>(&cfg, &log);
             log.flush()?;
@@ -226,6 +243,8 @@ fn run<M: Markers>(cli: Cli) -> anyhow::Result<()> {
             ready_file,
             udp_gro,
             recv_mode,
+            reuseport,
+            fork,
             common,
         } => {
             let log = EventLog::open(common.log.as_deref())?;
@@ -240,6 +259,8 @@ fn run<M: Markers>(cli: Cli) -> anyhow::Result<()> {
                 ready_file,
                 udp_gro,
                 recv_mode,
+                reuseport,
+                fork,
             };
             let result = receiver::run::<M>(&cfg, &log);
             log.flush()?;

@@ -39,6 +39,10 @@ pub struct ReceiverConfig {
     pub udp_gro: bool,
     /// How the socket is read.
     pub recv_mode: udp::RecvMode,
+    /// Bind into an SO_REUSEPORT group.
+    pub reuseport: bool,
+    /// Fork after binding; the child receives.
+    pub fork: bool,
 }
 
 /// Room for any single UDP datagram (at most 65 527 bytes of payload).
@@ -212,8 +216,12 @@ impl Reassembly {
 }
 
 pub fn run<M: Markers>(cfg: &ReceiverConfig, log: &EventLog) -> Result<()> {
-    let socket = UdpSocket::bind(cfg.bind)
-        .with_context(|| format!("cannot bind the receiver to {}", cfg.bind))?;
+    let socket = if cfg.reuseport {
+        udp::reuseport_socket(cfg.bind)
+    } else {
+        UdpSocket::bind(cfg.bind)
+    }
+    .with_context(|| format!("cannot bind the receiver to {}", cfg.bind))?;
     socket.set_read_timeout(Some(Duration::from_millis(5)))?;
     enlarge_receive_buffer(&socket, RECEIVE_BUFFER_BYTES);
     if cfg.udp_gro {
@@ -222,6 +230,9 @@ pub fn run<M: Markers>(cfg: &ReceiverConfig, log: &EventLog) -> Result<()> {
     if let Some(ready) = &cfg.ready_file {
         std::fs::write(ready, format!("{}\n", std::process::id()))
             .with_context(|| format!("cannot write ready file {}", ready.display()))?;
+    }
+    if cfg.fork {
+        fork_worker(log)?;
     }
     let (tx, rx) = mpsc::channel::<Ready>();
     std::thread::scope(|scope| {
@@ -399,7 +410,7 @@ fn receive<M: Markers>(
                 log.record(event);
                 continue;
             };
-            let mut event = json!({"event": "received", "kind": header.kind, "seq": header.seq, "t_ns": arrival});
+            let mut event = json!({"event": "received", "kind": header.kind, "seq": header.seq, "t_ns": arrival, "from": from.to_string()});
             add_gro_fields(&mut event, gro);
             if let Some((no, count)) = call {
                 event["recv_call"] = json!(no);
@@ -590,4 +601,29 @@ impl FeedbackState {
         self.delay_sum_ns = 0;
         self.delay_count = 0;
     }
+}
+
+/// Forks (before any thread exists): the child goes on as the receiver,
+/// the parent waits for it and exits with its status (a pre-forking
+/// server's shape: the worker reads the socket its parent bound).
+fn fork_worker(log: &EventLog) -> Result<()> {
+    log.flush()?;
+    // SAFETY: called before this process starts any thread; the child only
+    // goes on with ordinary Rust code, the parent only waits and exits.
+    let pid = unsafe { libc::fork() };
+    anyhow::ensure!(pid >= 0, "fork failed: {}", std::io::Error::last_os_error());
+    if pid == 0 {
+        log.record(json!({"event": "forked", "pid": std::process::id()}));
+        log.flush()?;
+        return Ok(());
+    }
+    let mut status = 0;
+    // SAFETY: waits for the child just forked.
+    unsafe { libc::waitpid(pid, &mut status, 0) };
+    let code = if libc::WIFEXITED(status) {
+        libc::WEXITSTATUS(status)
+    } else {
+        1
+    };
+    std::process::exit(code);
 }

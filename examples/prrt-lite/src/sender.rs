@@ -38,6 +38,8 @@ pub struct SenderConfig {
     pub linger: Duration,
     pub start_file: Option<PathBuf>,
     pub start_timeout: Duration,
+    /// Open the socket after the start file, unbound (autobind at connect).
+    pub late_socket: bool,
     /// Data packets per burst (sent back to back, one burst per
     /// `burst × period_ns`); 1 paces every packet.
     pub burst: u32,
@@ -100,11 +102,23 @@ enum Submitted {
 }
 
 pub fn run<M: Markers>(cfg: &SenderConfig, log: &EventLog) -> Result<()> {
-    let socket = UdpSocket::bind(cfg.bind)
-        .with_context(|| format!("cannot bind the sender to {}", cfg.bind))?;
+    if cfg.late_socket {
+        if let Some(start) = &cfg.start_file {
+            wait_for_file(start, cfg.start_timeout)?;
+        }
+    }
+    let socket = if cfg.late_socket {
+        udp::unbound_socket(cfg.dest).context("cannot open the sender's socket")?
+    } else {
+        UdpSocket::bind(cfg.bind)
+            .with_context(|| format!("cannot bind the sender to {}", cfg.bind))?
+    };
     socket
         .connect(cfg.dest)
         .with_context(|| format!("cannot connect the sender to {}", cfg.dest))?;
+    if cfg.late_socket {
+        log.record(serde_json::json!({"event": "socket", "local": socket.local_addr()?.to_string(), "pid": std::process::id()}));
+    }
     if let Some(ext) = cfg.ipv6_ext {
         anyhow::ensure!(
             is_ipv6_destination(cfg.dest),
@@ -124,7 +138,7 @@ pub fn run<M: Markers>(cfg: &SenderConfig, log: &EventLog) -> Result<()> {
         let datagram = HEADER_LEN + 8 + cfg.payload_len;
         udp::ensure_send_buffer(&socket, (4 * cfg.burst as usize * datagram).max(1 << 20));
     }
-    if let Some(start) = &cfg.start_file {
+    if let (Some(start), false) = (&cfg.start_file, cfg.late_socket) {
         wait_for_file(start, cfg.start_timeout)?;
     }
 

@@ -368,6 +368,96 @@ fn socket_addr(storage: &libc::sockaddr_storage) -> Option<SocketAddr> {
 }
 
 /// Asks the kernel to coalesce arriving datagrams for this socket (GRO).
+/// The socket address in C form, with its length.
+fn raw_addr(addr: SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
+    // SAFETY: sockaddr_storage is plain old data; all zeroes is valid.
+    let mut storage: libc::sockaddr_storage = unsafe { zeroed() };
+    let len = match addr {
+        SocketAddr::V4(a) => {
+            let sin = libc::sockaddr_in {
+                sin_family: libc::AF_INET as libc::sa_family_t,
+                sin_port: a.port().to_be(),
+                sin_addr: libc::in_addr {
+                    s_addr: u32::from_ne_bytes(a.ip().octets()),
+                },
+                sin_zero: [0; 8],
+            };
+            // SAFETY: sockaddr_in fits in sockaddr_storage.
+            unsafe { std::ptr::write((&mut storage as *mut libc::sockaddr_storage).cast(), sin) };
+            size_of::<libc::sockaddr_in>()
+        }
+        SocketAddr::V6(a) => {
+            let sin6 = libc::sockaddr_in6 {
+                sin6_family: libc::AF_INET6 as libc::sa_family_t,
+                sin6_port: a.port().to_be(),
+                sin6_flowinfo: a.flowinfo(),
+                sin6_addr: libc::in6_addr {
+                    s6_addr: a.ip().octets(),
+                },
+                sin6_scope_id: a.scope_id(),
+            };
+            // SAFETY: sockaddr_in6 fits in sockaddr_storage.
+            unsafe { std::ptr::write((&mut storage as *mut libc::sockaddr_storage).cast(), sin6) };
+            size_of::<libc::sockaddr_in6>()
+        }
+    };
+    (storage, len as libc::socklen_t)
+}
+
+/// A new UDP socket of `like`'s family, not bound.
+fn new_socket(like: SocketAddr) -> io::Result<UdpSocket> {
+    let family = if like.is_ipv4() {
+        libc::AF_INET
+    } else {
+        libc::AF_INET6
+    };
+    // SAFETY: plain socket(2); the fd is owned by the UdpSocket below.
+    let fd = unsafe { libc::socket(family, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: fd is a fresh socket we own.
+    Ok(unsafe { <UdpSocket as std::os::fd::FromRawFd>::from_raw_fd(fd) })
+}
+
+/// A UDP socket for sending to `dest` that is never bound: the kernel
+/// gives it a port when it is connected (autobind).
+pub fn unbound_socket(dest: SocketAddr) -> io::Result<UdpSocket> {
+    new_socket(dest)
+}
+
+/// A UDP socket bound to `addr` in an SO_REUSEPORT group.
+pub fn reuseport_socket(addr: SocketAddr) -> io::Result<UdpSocket> {
+    let socket = new_socket(addr)?;
+    let one: libc::c_int = 1;
+    // SAFETY: setsockopt with an int option on a valid socket.
+    let rc = unsafe {
+        libc::setsockopt(
+            socket.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_REUSEPORT,
+            (&one as *const libc::c_int).cast(),
+            size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let (storage, len) = raw_addr(addr);
+    // SAFETY: storage holds a valid sockaddr of `len` bytes.
+    let rc = unsafe {
+        libc::bind(
+            socket.as_raw_fd(),
+            (&storage as *const libc::sockaddr_storage).cast(),
+            len,
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(socket)
+}
+
 pub fn enable_gro(socket: &UdpSocket) -> io::Result<()> {
     set_option(socket, libc::SOL_UDP, libc::UDP_GRO, &1i32.to_ne_bytes())
 }

@@ -355,7 +355,7 @@ fn default_logs_carry_no_new_fields() {
     }
     for e in events(&logs.receiver, "received") {
         let keys: Vec<&str> = e.as_object().unwrap().keys().map(String::as_str).collect();
-        assert_eq!(keys, ["event", "kind", "seq", "t_ns"], "{e}");
+        assert_eq!(keys, ["event", "from", "kind", "seq", "t_ns"], "{e}");
     }
 }
 

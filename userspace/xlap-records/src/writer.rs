@@ -9,12 +9,13 @@ use arrow_array::builder::{
     BooleanBuilder, Int64Builder, StringBuilder, UInt16Builder, UInt32Builder, UInt64Builder,
     UInt8Builder,
 };
-use arrow_array::{ArrayRef, RecordBatch};
+use arrow_array::{Array, ArrayRef, BooleanArray, RecordBatch, StringArray, UInt64Array};
 use arrow_ipc::reader::StreamReader;
 use arrow_ipc::writer::StreamWriter;
 use parquet::arrow::ArrowWriter;
 use parquet::basic::{Compression, ZstdLevel};
 use parquet::file::properties::WriterProperties;
+use std::collections::{BTreeMap, HashSet};
 use std::fs::File;
 use std::io::BufReader;
 use std::path::{Path, PathBuf};
@@ -213,10 +214,59 @@ impl StampStream {
     }
 }
 
+/// Stamps to leave out of the Parquet file: those of `flows` at `points`
+/// (the receive-device stamps of datagrams that turned out to be another
+/// socket's).
+#[derive(Default)]
+pub struct DropFlows<'a> {
+    pub flows: HashSet<u64>,
+    pub points: &'a [&'a str],
+}
+
+impl DropFlows<'_> {
+    /// The batch without the dropped rows, and how many went per point.
+    fn apply(&self, batch: RecordBatch, removed: &mut BTreeMap<String, u64>) -> RecordBatch {
+        if self.flows.is_empty() {
+            return batch;
+        }
+        let (Some(flow), Some(point)) = (
+            batch
+                .column_by_name("flow")
+                .and_then(|c| c.as_any().downcast_ref::<UInt64Array>()),
+            batch
+                .column_by_name("point")
+                .and_then(|c| c.as_any().downcast_ref::<StringArray>()),
+        ) else {
+            return batch;
+        };
+        let keep: BooleanArray = (0..batch.num_rows())
+            .map(|i| {
+                let drop =
+                    self.flows.contains(&flow.value(i)) && self.points.contains(&point.value(i));
+                if drop {
+                    *removed.entry(point.value(i).to_string()).or_default() += 1;
+                }
+                Some(!drop)
+            })
+            .collect();
+        arrow_select::filter::filter_record_batch(&batch, &keep).unwrap_or(batch)
+    }
+}
+
 /// Converts an IPC stream (complete or cut short by a crash) into Parquet at
 /// `parquet`, written to `<parquet>.tmp` and renamed when complete. Returns
 /// the number of rows.
 pub fn stream_to_parquet(stream: &Path, parquet: &Path) -> Result<u64, WriteError> {
+    stream_to_parquet_dropping(stream, parquet, &DropFlows::default()).map(|(rows, _)| rows)
+}
+
+/// [`stream_to_parquet`] without the stamps `drop` names. Returns the rows
+/// written and the stamps left out per point.
+pub fn stream_to_parquet_dropping(
+    stream: &Path,
+    parquet: &Path,
+    drop: &DropFlows,
+) -> Result<(u64, BTreeMap<String, u64>), WriteError> {
     let io = |path: &Path| {
         let path = path.to_path_buf();
         move |source| WriteError::Io { path, source }
@@ -242,14 +292,16 @@ pub fn stream_to_parquet(stream: &Path, parquet: &Path) -> Result<u64, WriteErro
     };
     let mut writer = ArrowWriter::try_new(file, reader.schema(), Some(props)).map_err(pq)?;
     let mut rows = 0u64;
+    let mut removed = BTreeMap::new();
     for batch in reader {
         // A stream cut short by a crash ends in a partial message: keep every
         // complete batch before it.
         let Ok(batch) = batch else { break };
+        let batch = drop.apply(batch, &mut removed);
         rows += batch.num_rows() as u64;
         writer.write(&batch).map_err(pq)?;
     }
     writer.close().map_err(pq)?;
     std::fs::rename(&tmp, parquet).map_err(io(parquet))?;
-    Ok(rows)
+    Ok((rows, removed))
 }

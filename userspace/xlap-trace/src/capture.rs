@@ -107,6 +107,12 @@ const PROGRAMS: &[(&str, Kind, &str, bool)] = &[
     ("on_consume_skb", Kind::TpBtf, "consume_skb", false),
     ("on_sched_waking", Kind::TpBtf, "sched_waking", false),
     ("on_sched_switch", Kind::TpBtf, "sched_switch", false),
+    (
+        "on_sched_process_fork",
+        Kind::TpBtf,
+        "sched_process_fork",
+        true,
+    ),
 ];
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -296,43 +302,84 @@ impl Capture {
         Ok(())
     }
 
+    /// Traces `pids` (each the root of the processes it forks).
     pub fn set_targets(&mut self, pids: &[u32]) -> Result<()> {
         let mut map: BpfHashMap<&mut MapData, u32, u32> =
             BpfHashMap::try_from(self.bpf.map_mut("TARGET_PIDS").context("TARGET_PIDS map")?)?;
         for pid in pids {
-            map.insert(pid, 1, 0).context("cannot add a target pid")?;
+            map.insert(pid, pid, 0).context("cannot add a target pid")?;
         }
         Ok(())
     }
 
-    /// Updates the kernel's socket table: adds the sockets in `now`, removes
+    /// Every traced process: (pid, the target it descends from); a target
+    /// is its own root, its forked children (followed by the BPF side) are
+    /// not.
+    pub fn traced_processes(&self) -> Result<Vec<(u32, u32)>> {
+        let map: BpfHashMap<&MapData, u32, u32> =
+            BpfHashMap::try_from(self.bpf.map("TARGET_PIDS").context("TARGET_PIDS map")?)?;
+        Ok(map.iter().filter_map(|e| e.ok()).collect())
+    }
+
+    /// Follows `pid` as a descendant of target `root` (a child that existed
+    /// before tracing began; later ones the BPF side follows at fork).
+    pub fn follow_process(&mut self, pid: u32, root: u32) -> Result<()> {
+        let mut map: BpfHashMap<&mut MapData, u32, u32> =
+            BpfHashMap::try_from(self.bpf.map_mut("TARGET_PIDS").context("TARGET_PIDS map")?)?;
+        map.insert(pid, root, 0)
+            .context("cannot follow a target's child")?;
+        Ok(())
+    }
+
+    /// Stops following `pid` (a followed child that exited: its pid may be
+    /// reused by an unrelated process).
+    pub fn forget_process(&mut self, pid: u32) -> Result<()> {
+        let mut map: BpfHashMap<&mut MapData, u32, u32> =
+            BpfHashMap::try_from(self.bpf.map_mut("TARGET_PIDS").context("TARGET_PIDS map")?)?;
+        let _ = map.remove(&pid);
+        Ok(())
+    }
+
+    /// Updates the kernel's port table: adds the sockets in `now`, removes
     /// those that were in `before` and are gone. Entries the BPF side added
-    /// itself (at bind) and /proc does not show yet are left alone.
+    /// itself (at bind, at autobind) and /proc does not show yet are left
+    /// alone. Returns the ports the table had no room for (their receive
+    /// device points are missing; the run goes on).
     pub fn sync_ports(
         &mut self,
         before: &crate::targets::PortOwners,
         now: &crate::targets::PortOwners,
-    ) -> Result<()> {
-        let mut map: BpfHashMap<&mut MapData, PortKey, u32> = BpfHashMap::try_from(
-            self.bpf
-                .map_mut("TARGET_PORTS")
-                .context("TARGET_PORTS map")?,
-        )?;
-        let key = |(netns, port): (u32, u16)| {
-            PortKey(xlap_abi::xlap_port_key {
-                netns,
-                port,
-                ..Default::default()
-            })
-        };
-        for gone in before.keys().filter(|k| !now.contains_key(k)) {
-            let _ = map.remove(&key(*gone));
+    ) -> Result<Vec<(u32, u16)>> {
+        let mut full = Vec::new();
+        {
+            let mut map: BpfHashMap<&mut MapData, PortKey, u32> = BpfHashMap::try_from(
+                self.bpf
+                    .map_mut("TARGET_PORTS")
+                    .context("TARGET_PORTS map")?,
+            )?;
+            let key = |(netns, port): (u32, u16)| {
+                PortKey(xlap_abi::xlap_port_key {
+                    netns,
+                    port,
+                    ..Default::default()
+                })
+            };
+            for gone in before.keys().filter(|k| !now.contains_key(k)) {
+                let _ = map.remove(&key(*gone));
+            }
+            for (sock, pid) in now {
+                if map.insert(key(*sock), pid, 0).is_err() {
+                    full.push(*sock);
+                }
+            }
         }
-        for (sock, pid) in now {
-            map.insert(key(*sock), pid, 0)
-                .context("cannot add a target port")?;
+        let mut any: Array<&mut MapData, u8> =
+            Array::try_from(self.bpf.map_mut("PORTS_ANY").context("PORTS_ANY map")?)?;
+        for (_, port) in now.keys() {
+            any.set(*port as u32, 1, 0)
+                .context("cannot note a traced port")?;
         }
-        Ok(())
+        Ok(full)
     }
 
     pub fn take_ring(&mut self) -> Result<RingBuf<MapData>> {
@@ -347,23 +394,32 @@ impl Capture {
         Ok(PerCpuArray::try_from(map)?)
     }
 
-    /// Loss counters summed over CPUs: `[point row][reason]`; the last row
-    /// counts app points.
-    pub fn losses(&self) -> Result<Vec<[u64; xlap_loss::XLAP_LOSS_COUNT as usize]>> {
-        let map: PerCpuArray<&MapData, u64> =
-            PerCpuArray::try_from(self.bpf.map("LOSSES").context("LOSSES map")?)?;
-        let reasons = xlap_loss::XLAP_LOSS_COUNT as usize;
-        let rows = xlap_point::XLAP_POINT_KERNEL_COUNT as usize + 1;
-        let mut out = vec![[0u64; xlap_loss::XLAP_LOSS_COUNT as usize]; rows];
-        for (row, counts) in out.iter_mut().enumerate() {
-            for (reason, slot) in counts.iter_mut().enumerate() {
-                let idx = (row * reasons + reason) as u32;
-                *slot = map.get(&idx, 0)?.iter().sum();
-            }
-        }
-        Ok(out)
+    /// The loss counters, to read once the programs are detached (`losses`):
+    /// nothing counts any more then.
+    pub fn take_losses(&mut self) -> Result<PerCpuArray<MapData, u64>> {
+        let map = self.bpf.take_map("LOSSES").context("LOSSES map")?;
+        Ok(PerCpuArray::try_from(map)?)
     }
+}
 
+/// Loss counters summed over CPUs: `[point row][reason]`; the last row
+/// counts app points.
+pub fn losses(
+    map: &PerCpuArray<MapData, u64>,
+) -> Result<Vec<[u64; xlap_loss::XLAP_LOSS_COUNT as usize]>> {
+    let reasons = xlap_loss::XLAP_LOSS_COUNT as usize;
+    let rows = xlap_point::XLAP_POINT_KERNEL_COUNT as usize + 1;
+    let mut out = vec![[0u64; xlap_loss::XLAP_LOSS_COUNT as usize]; rows];
+    for (row, counts) in out.iter_mut().enumerate() {
+        for (reason, slot) in counts.iter_mut().enumerate() {
+            let idx = (row * reasons + reason) as u32;
+            *slot = map.get(&idx, 0)?.iter().sum();
+        }
+    }
+    Ok(out)
+}
+
+impl Capture {
     /// (program, run count, run time ns) of every program, from the kernel's
     /// BPF statistics (non-zero only while stats are enabled).
     pub fn program_stats(&self) -> Vec<(String, u64, u64)> {
@@ -415,6 +471,26 @@ fn attach_socket_hooks(
                 ),
             )
         })?;
+    // A traced socket's port is registered once its bind succeeded.
+    for (prog, attach_type) in [
+        ("on_post_bind4", "post_bind4"),
+        ("on_post_bind6", "post_bind6"),
+    ] {
+        let hook: &mut CgroupSock = bpf
+            .program_mut(prog)
+            .with_context(|| format!("program {prog} is missing from the object"))?
+            .try_into()?;
+        hook.load()?;
+        hook.attach(&root, CgroupAttachMode::Single).map_err(|e| {
+            failure(
+                Code::Kernel,
+                format!(
+                    "cannot attach to cgroup {attach_type}: {:#}",
+                    anyhow::Error::from(e)
+                ),
+            )
+        })?;
+    }
     if !dynptr {
         unavailable.push((
             "cgroup_skb/ingress".to_string(),

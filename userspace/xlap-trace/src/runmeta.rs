@@ -100,6 +100,16 @@ pub struct RunMeta {
     pub clock_end: ClockPair,
     pub options: serde_json::Value,
     pub targets: Vec<Target>,
+    /// Children the targets forked, traced since (their stamps carry their
+    /// own pid).
+    pub followed: Vec<crate::record::Child>,
+    /// Receive-device stamps taken by port for datagrams that went to a
+    /// socket not traced (an SO_REUSEPORT group, a more specific bind on
+    /// the port), left out of stamps.parquet.
+    pub foreign_stamps_dropped: u64,
+    /// Ports of traced sockets the kernel's port table had no room for
+    /// (their receive-device points are missing).
+    pub ports_not_traced: Vec<u16>,
     pub points: BTreeMap<String, PointStats>,
     /// Tracepoints that could not be attached, with the reason.
     pub unavailable_points: BTreeMap<String, String>,

@@ -66,6 +66,31 @@ pub fn comm(pid: u32) -> String {
         .unwrap_or_default()
 }
 
+/// Every process descending from `pid` (children, their children, ...),
+/// from /proc/PID/task/*/children (Linux >= 3.5, CONFIG_PROC_CHILDREN).
+pub fn descendants(pid: u32) -> Vec<u32> {
+    let mut out = Vec::new();
+    let mut todo = vec![pid];
+    while let Some(p) = todo.pop() {
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{p}/task")) else {
+            continue;
+        };
+        for task in tasks.flatten() {
+            let text = std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
+            for child in text
+                .split_whitespace()
+                .filter_map(|c| c.parse::<u32>().ok())
+            {
+                if !out.contains(&child) && child != pid {
+                    out.push(child);
+                    todo.push(child);
+                }
+            }
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,0 +1,405 @@
+//! Privileged: stamps belong to the traced processes' own sockets, each
+//! checked against the programs' own logs.
+//!
+//! - A client that starts after tracing began, in a child its traced parent
+//!   forks, on a socket the kernel binds at connect (autobind): every
+//!   datagram it sends and every reply it reads is stamped, from the first,
+//!   with the child's pid.
+//! - A pre-forked worker reading the socket its parent bound: its reads and
+//!   wake-ups carry its own pid.
+//! - Untraced sockets on a traced port (an SO_REUSEPORT group member, a
+//!   bind to another local address on the same port): not one stamp of
+//!   their datagrams, while the traced socket's are all there.
+
+use serde_json::Value;
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::process::Stdio;
+use xlap_stage::{Host, Stage};
+use xlap_tests::example::events;
+use xlap_tests::trace::{read_stamps, run_meta, Recorder, Row};
+use xlap_tests::{bin, privileged, read_jsonl, wait_for_file, KillOnDrop, Scratch};
+
+const DATA: u8 = 1;
+const FEEDBACK: u8 = 3;
+
+fn plain() -> std::path::PathBuf {
+    bin("xlap-example-plain")
+}
+
+fn seqs<'a>(log: &'a [Value], event: &'a str, kind: Option<u8>) -> BTreeSet<u64> {
+    events(log, event)
+        .filter(|e| kind.is_none_or(|k| e["kind"].as_u64() == Some(k as u64)))
+        .map(|e| e["seq"].as_u64().unwrap())
+        .collect()
+}
+
+fn stamped(rows: &[Row], point: &str, kind: u8, pid: Option<u32>) -> BTreeSet<u64> {
+    rows.iter()
+        .filter(|r| r.point == point && r.kind == Some(kind) && !r.fragment)
+        .filter(|r| pid.is_none_or(|p| r.pid == p))
+        .filter_map(|r| r.seq)
+        .collect()
+}
+
+/// `xlap-example-plain recv ARGS` in `host`'s namespace, once its socket
+/// is bound; returns it and its log.
+fn receiver(host: &Host, scratch: &Scratch, name: &str, args: &[&str]) -> (KillOnDrop, PathBuf) {
+    let ready = scratch.path(&format!("{name}.ready"));
+    let log = scratch.path(&format!("{name}.jsonl"));
+    let child = KillOnDrop(
+        host.command(plain())
+            .arg("recv")
+            .args(args)
+            .arg("--ready-file")
+            .arg(&ready)
+            .arg("--log")
+            .arg(&log)
+            .stdin(Stdio::null())
+            .spawn()
+            .expect("receiver"),
+    );
+    wait_for_file(&ready, 20);
+    (child, log)
+}
+
+fn kind_code(name: &str) -> u8 {
+    match name {
+        "data" => 1,
+        "redundancy" => 2,
+        "feedback" => 3,
+        other => panic!("unexpected kind {other}"),
+    }
+}
+
+#[test]
+fn a_late_autobound_client_forked_by_a_traced_shell_is_traced_from_its_first_datagram() {
+    let Some(_guard) = privileged("attribution_late") else {
+        return;
+    };
+    let stage = Stage::two_hosts().expect("stage");
+    let (a, b) = (stage.host(0), stage.host(1));
+    let scratch = Scratch::new("attr-late");
+    let (slog, start) = (scratch.path("send.jsonl"), scratch.path("start"));
+    let dest = format!("{}:9300", b.addr(false));
+    let (receiver, _) = receiver(
+        b,
+        &scratch,
+        "recv",
+        &[
+            "--bind",
+            &dest,
+            "--expect",
+            "100",
+            "--feedback-interval-ms",
+            "2",
+        ],
+    );
+    // The traced process is a shell; the client is its child, started (and
+    // its socket opened) once tracing runs: 100 datagrams in 50 ms.
+    let script = format!(
+        "while [ ! -e '{start}' ]; do sleep 0.01; done; '{prog}' send --late-socket --dest {dest} --count 100 --period-us 500 --log '{log}'; exit $?",
+        start = start.display(),
+        prog = plain().display(),
+        log = slog.display()
+    );
+    let mut shell = KillOnDrop(
+        a.command("sh")
+            .args(["-c", &script])
+            .stdin(Stdio::null())
+            .spawn()
+            .expect("shell"),
+    );
+    let rec = Recorder::start(&[shell.0.id(), receiver.0.id()], &scratch.path("run"), &[]);
+    std::fs::write(&start, "go").unwrap();
+    assert!(shell.0.wait().unwrap().success(), "the client failed");
+    let mut receiver = receiver;
+    assert!(receiver.0.wait().unwrap().success(), "the receiver failed");
+    let dir = rec.dir.clone();
+    rec.wait();
+    let meta = run_meta(&dir);
+    let rows = read_stamps(&dir.join("stamps.parquet"));
+    let sent = read_jsonl(&slog);
+    let socket = events(&sent, "socket").next().expect("socket line");
+    let child = socket["pid"].as_u64().unwrap() as u32;
+    let followed: Vec<u64> = meta["followed"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["pid"].as_u64().unwrap())
+        .collect();
+    assert!(
+        followed.contains(&(child as u64)),
+        "the client (pid {child}) is not among the followed: {followed:?}"
+    );
+
+    // Every datagram the client sent, at its send and device points, as
+    // the client's own.
+    let mut sent_by_kind: BTreeMap<u8, BTreeSet<u64>> = BTreeMap::new();
+    for e in events(&sent, "sent") {
+        sent_by_kind
+            .entry(kind_code(e["kind"].as_str().unwrap()))
+            .or_default()
+            .insert(e["seq"].as_u64().unwrap());
+    }
+    assert_eq!(sent_by_kind[&DATA].len(), 100);
+    for point in ["sock.send_enter", "dev.queue", "dev.xmit"] {
+        for (kind, logged) in &sent_by_kind {
+            assert_eq!(
+                &stamped(&rows, point, *kind, Some(child)),
+                logged,
+                "{point}, kind {kind}: the client's sends"
+            );
+        }
+    }
+    // Every reply it read, at the device (by its autobound port), the
+    // socket and its read, the first one included.
+    let replies = seqs(&sent, "feedback", None);
+    assert!(replies.len() >= 5, "too few replies to judge: {replies:?}");
+    for point in ["dev.receive_skb", "sock.queue", "sock.recv_exit"] {
+        let got = stamped(&rows, point, FEEDBACK, None);
+        let missing: Vec<_> = replies.difference(&got).collect();
+        let lost = meta["points"][point]["lost_map_full"].as_u64().unwrap_or(0)
+            + meta["points"][point]["lost_ringbuf_full"]
+                .as_u64()
+                .unwrap_or(0);
+        assert!(
+            missing.is_empty() || lost as usize >= missing.len(),
+            "{point}: replies the client read, neither stamped nor counted: {missing:?}"
+        );
+    }
+    assert_eq!(
+        stamped(&rows, "sock.recv_exit", FEEDBACK, Some(child)),
+        replies,
+        "the reads carry the client's pid"
+    );
+}
+
+#[test]
+fn a_preforked_worker_reads_with_its_own_pid() {
+    let Some(_guard) = privileged("attribution_fork") else {
+        return;
+    };
+    let stage = Stage::two_hosts().expect("stage");
+    let (a, b) = (stage.host(0), stage.host(1));
+    let scratch = Scratch::new("attr-fork");
+    let (slog, start) = (scratch.path("send.jsonl"), scratch.path("start"));
+    let dest = format!("{}:9310", b.addr(false));
+    let (receiver, rlog) = receiver(
+        b,
+        &scratch,
+        "recv",
+        &["--fork", "--bind", &dest, "--expect", "300"],
+    );
+    let sender = KillOnDrop(
+        a.command(plain())
+            .args([
+                "send",
+                "--dest",
+                &dest,
+                "--count",
+                "300",
+                "--period-us",
+                "300",
+            ])
+            .arg("--start-file")
+            .arg(&start)
+            .arg("--log")
+            .arg(&slog)
+            .stdin(Stdio::null())
+            .spawn()
+            .expect("sender"),
+    );
+    // The worker exists before tracing begins.
+    // (Read leniently: the log is being written.)
+    let worker_line = || {
+        std::fs::read_to_string(&rlog)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .find(|e| e["event"] == "forked")
+    };
+    let t0 = std::time::Instant::now();
+    while worker_line().is_none() {
+        assert!(t0.elapsed().as_secs() < 20, "the receiver never forked");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let worker = worker_line().unwrap()["pid"].as_u64().unwrap() as u32;
+    let rec = Recorder::start(&[sender.0.id(), receiver.0.id()], &scratch.path("run"), &[]);
+    std::fs::write(&start, "go").unwrap();
+    let (mut sender, mut receiver) = (sender, receiver);
+    assert!(sender.0.wait().unwrap().success());
+    assert!(receiver.0.wait().unwrap().success());
+    let dir = rec.dir.clone();
+    rec.wait();
+    let rows = read_stamps(&dir.join("stamps.parquet"));
+    let received = read_jsonl(&rlog);
+    let got = seqs(&received, "received", None);
+    let logged_data: BTreeSet<u64> = events(&received, "received")
+        .filter(|e| e["kind"] == "data")
+        .map(|e| e["seq"].as_u64().unwrap())
+        .collect();
+    assert!(got.len() > 250, "the path lost datagrams: {}", got.len());
+    assert_eq!(
+        stamped(&rows, "sock.recv_exit", DATA, Some(worker)),
+        logged_data,
+        "every read is the worker's (pid {worker})"
+    );
+    let wakeups = stamped(&rows, "sched.wakeup", DATA, Some(worker));
+    assert!(
+        !wakeups.is_empty() && wakeups.is_subset(&logged_data),
+        "the worker's wake-ups: {} of {}",
+        wakeups.len(),
+        logged_data.len()
+    );
+    let parent = receiver.0.id();
+    assert!(
+        !rows
+            .iter()
+            .any(|r| r.pid == parent && r.point == "sock.recv_exit"),
+        "a read credited to the parent, which never reads"
+    );
+}
+
+/// Receivers of one flow attempt: (traced receiver log, reuseport peer log,
+/// other-address receiver log, stamps).
+type Attempt = (Vec<Value>, Vec<Value>, Vec<Value>, Vec<Row>, Value);
+
+fn shared_port_attempt(stage: &Stage, attempt: u16) -> Attempt {
+    let (a, b) = (stage.host(0), stage.host(1));
+    let scratch = Scratch::new(&format!("attr-shared-{attempt}"));
+    let port = 9320 + attempt;
+    let dest = format!("{}:{port}", b.addr(false));
+    let lo = format!("127.0.0.1:{port}");
+    let start = scratch.path("start");
+    // A group member the hash gives no flow ends (with an error) 10 s
+    // after its start; the attempt is then repeated.
+    let recv = |name: &str, bind: &str, reuse: bool| {
+        let mut args = vec![
+            "--bind",
+            bind,
+            "--idle-exit-ms",
+            "800",
+            "--first-packet-timeout-s",
+            "10",
+        ];
+        if reuse {
+            args.push("--reuseport");
+        }
+        receiver(b, &scratch, name, &args).0
+    };
+    let traced = recv("traced", &dest, true);
+    let peer = recv("peer", &dest, true);
+    let local = recv("local", &lo, false);
+    // Eight senders from their own ports: the group spreads their flows.
+    let mut senders: Vec<KillOnDrop> = (0..8)
+        .map(|i| {
+            KillOnDrop(
+                a.command(plain())
+                    .args([
+                        "send",
+                        "--dest",
+                        &dest,
+                        "--count",
+                        "60",
+                        "--period-us",
+                        "500",
+                    ])
+                    .args(["--bind", &format!("{}:{}", a.addr(false), 9400 + i)])
+                    .arg("--start-file")
+                    .arg(&start)
+                    .stdin(Stdio::null())
+                    .spawn()
+                    .expect("sender"),
+            )
+        })
+        .collect();
+    // And one on the receivers' host to the other address, same port.
+    senders.push(KillOnDrop(
+        b.command(plain())
+            .args(["send", "--dest", &lo, "--count", "60", "--period-us", "500"])
+            .arg("--start-file")
+            .arg(&start)
+            .stdin(Stdio::null())
+            .spawn()
+            .expect("local sender"),
+    ));
+    let rec = Recorder::start(&[traced.0.id()], &scratch.path("run"), &[]);
+    std::fs::write(&start, "go").unwrap();
+    for mut s in senders {
+        assert!(s.0.wait().unwrap().success(), "a sender failed");
+    }
+    // A group member the hash gave no flow ends with an error (no packet):
+    // its log says so, the attempt is repeated.
+    for mut r in [traced, peer, local] {
+        r.0.wait().unwrap();
+    }
+    let dir = rec.dir.clone();
+    rec.wait();
+    (
+        read_jsonl(&scratch.path("traced.jsonl")),
+        read_jsonl(&scratch.path("peer.jsonl")),
+        read_jsonl(&scratch.path("local.jsonl")),
+        read_stamps(&dir.join("stamps.parquet")),
+        run_meta(&dir),
+    )
+}
+
+/// (source port, seq) of the data a receiver logged.
+fn by_source(log: &[Value]) -> BTreeSet<(u16, u64)> {
+    events(log, "received")
+        .filter(|e| e["kind"] == "data")
+        .map(|e| {
+            let from: std::net::SocketAddr = e["from"].as_str().unwrap().parse().unwrap();
+            (from.port(), e["seq"].as_u64().unwrap())
+        })
+        .collect()
+}
+
+#[test]
+fn untraced_sockets_on_a_traced_port_get_no_stamps() {
+    let Some(_guard) = privileged("attribution_shared") else {
+        return;
+    };
+    let stage = Stage::two_hosts().expect("stage");
+    // The group's hash may give every flow to one socket (1 in 128): try
+    // again with other ports, so the check always has foreign flows.
+    let (traced, peer, local, rows, meta) = (0..3)
+        .map(|attempt| shared_port_attempt(&stage, attempt))
+        .find(|(t, p, _, _, _)| !by_source(t).is_empty() && !by_source(p).is_empty())
+        .expect("three attempts, and the group never split the flows");
+    // The device points did stamp the foreign datagrams by port (they run
+    // before any socket is known); the socket hook's markers took them out.
+    assert!(
+        meta["foreign_stamps_dropped"].as_u64().unwrap() > 0,
+        "no foreign device stamp was dropped: {}",
+        meta["foreign_stamps_dropped"]
+    );
+    let (ours, theirs, other) = (by_source(&traced), by_source(&peer), by_source(&local));
+    assert!(!other.is_empty(), "the other-address receiver got nothing");
+    for point in [
+        "dev.netif_rx",
+        "dev.receive_skb",
+        "sock.queue",
+        "sock.recv_exit",
+    ] {
+        let got: BTreeSet<(u16, u64)> = rows
+            .iter()
+            .filter(|r| r.point == point && r.kind == Some(DATA))
+            .filter_map(|r| Some((r.sport(), r.seq?)))
+            .collect();
+        let foreign: Vec<_> = got
+            .iter()
+            .filter(|k| theirs.contains(k) || other.contains(k))
+            .filter(|k| !ours.contains(k))
+            .take(10)
+            .collect();
+        assert!(
+            foreign.is_empty(),
+            "{point}: stamps of datagrams the untraced sockets read: {foreign:?}"
+        );
+        if point != "dev.netif_rx" || got.iter().any(|k| ours.contains(k)) {
+            assert_eq!(got, ours, "{point}: the traced socket's datagrams, exactly");
+        }
+    }
+}

@@ -1,0 +1,185 @@
+//! Following the traced processes and their sockets while a run goes on.
+//!
+//! The BPF side follows what happens at once (a child a target forks, a
+//! socket it creates, a port a bind or an autobind takes); this side does
+//! what needs /proc: marking the sockets a process held before it was
+//! traced, reading the port table (the safety net for ports the kernel side
+//! could not see), noticing exits, and forgetting exited children (whose
+//! pids the system may give to unrelated processes).
+
+use crate::capture::Capture;
+use crate::targets::{self, PortOwners};
+use anyhow::Result;
+use std::collections::{BTreeMap, HashSet};
+
+/// A child a target forked, followed since.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Child {
+    pub pid: u32,
+    /// The target it descends from.
+    pub target: u32,
+    pub comm: String,
+    /// Seconds into the run when the recorder first saw it.
+    pub seen_after_s: f64,
+}
+
+pub struct Following {
+    /// The processes named on the command line.
+    pub targets: Vec<u32>,
+    /// Children followed, by pid (alive or exited).
+    pub children: BTreeMap<u32, Child>,
+    /// Processes that exited, with when (seconds into the run).
+    pub exited: Vec<(u32, f64)>,
+    /// Socket inodes marked as traced.
+    marked: HashSet<u64>,
+    /// Processes that held a UDP socket at some point.
+    pub udp_pids: HashSet<u32>,
+    /// The port table as last read from /proc.
+    owners: PortOwners,
+    /// Every port a traced process held during the run.
+    pub known_ports: PortOwners,
+    /// Ports the kernel's table had no room for.
+    pub ports_not_traced: HashSet<(u32, u16)>,
+    quiet: bool,
+}
+
+impl Following {
+    /// Marks the targets' sockets and registers their ports.
+    pub fn start(capture: &mut Capture, targets: &[u32], quiet: bool) -> Result<Following> {
+        let mut f = Following {
+            targets: targets.to_vec(),
+            children: BTreeMap::new(),
+            exited: Vec::new(),
+            marked: HashSet::new(),
+            udp_pids: HashSet::new(),
+            owners: PortOwners::new(),
+            known_ports: PortOwners::new(),
+            ports_not_traced: HashSet::new(),
+            quiet,
+        };
+        // Children that exist already (a pre-forked worker pool); those
+        // forked from now on the BPF side follows itself.
+        for &target in targets {
+            for child in targets::descendants(target) {
+                capture.follow_process(child, target)?;
+            }
+        }
+        f.note_children(capture, 0.0)?;
+        f.mark_new_sockets(capture)?;
+        f.sync_ports(capture)?;
+        Ok(f)
+    }
+
+    /// The traced processes still alive.
+    pub fn live(&self) -> Vec<u32> {
+        self.targets
+            .iter()
+            .chain(self.children.keys())
+            .filter(|p| !self.exited.iter().any(|(e, _)| e == *p))
+            .copied()
+            .collect()
+    }
+
+    /// One round of following; returns whether every traced process (the
+    /// targets and the children they forked) has exited.
+    pub fn refresh(&mut self, capture: &mut Capture, elapsed_s: f64) -> Result<bool> {
+        self.note_children(capture, elapsed_s)?;
+        for pid in self.live() {
+            if targets::alive(pid) {
+                continue;
+            }
+            if !self.quiet && self.targets.contains(&pid) {
+                // Its probes went with it: a restarted process has a new
+                // pid and needs a new run (we do not guess which it is).
+                eprintln!(
+                    "xlap-trace: note: pid {pid} exited after {elapsed_s:.1} s; its stamps so far are kept, a restart is not traced (trace the new pid)"
+                );
+            }
+            if self.children.contains_key(&pid) {
+                capture.forget_process(pid)?;
+            }
+            self.exited.push((pid, elapsed_s));
+        }
+        if self.live().is_empty() {
+            return Ok(true);
+        }
+        self.mark_new_sockets(capture)?;
+        self.sync_ports(capture)?;
+        Ok(false)
+    }
+
+    /// Children the BPF side started following since the last round.
+    fn note_children(&mut self, capture: &Capture, elapsed_s: f64) -> Result<()> {
+        for (pid, target) in capture.traced_processes()? {
+            if pid == target || self.children.contains_key(&pid) {
+                continue;
+            }
+            let comm = targets::comm(pid);
+            if !self.quiet {
+                eprintln!("xlap-trace: following pid {pid} ({comm}), forked from target {target}");
+            }
+            self.children.insert(
+                pid,
+                Child {
+                    pid,
+                    target,
+                    comm,
+                    seen_after_s: elapsed_s,
+                },
+            );
+        }
+        Ok(())
+    }
+
+    /// Marks the UDP sockets of the live processes not marked yet (sockets
+    /// created after attaching are marked by the BPF side; this catches
+    /// those that existed before and those passed in from elsewhere).
+    fn mark_new_sockets(&mut self, capture: &mut Capture) -> Result<()> {
+        let new: Vec<_> = self
+            .live()
+            .into_iter()
+            .flat_map(crate::sockets::udp_sockets)
+            .filter(|s| !self.marked.contains(&s.inode))
+            .collect();
+        if new.is_empty() {
+            return Ok(());
+        }
+        let failed = capture.mark_sockets(&new)?;
+        for s in &new {
+            self.marked.insert(s.inode);
+            self.udp_pids.insert(s.pid);
+        }
+        for (s, why) in failed {
+            if !self.quiet {
+                eprintln!(
+                    "xlap-trace: warning: socket fd {} of pid {}: {why}; its datagrams are not traced",
+                    s.fd, s.pid
+                );
+            }
+        }
+        Ok(())
+    }
+
+    fn sync_ports(&mut self, capture: &mut Capture) -> Result<()> {
+        let now = targets::port_owners(&self.live());
+        if now == self.owners {
+            return Ok(());
+        }
+        for sock in capture.sync_ports(&self.owners, &now)? {
+            if self.ports_not_traced.insert(sock) && !self.quiet {
+                eprintln!(
+                    "xlap-trace: warning: the kernel's port table is full; port {} is not traced at its receive devices (counted in run.json: ports_not_traced)",
+                    sock.1
+                );
+            }
+        }
+        self.known_ports.extend(now.iter().map(|(k, v)| (*k, *v)));
+        self.owners = now;
+        Ok(())
+    }
+
+    /// The ports as last read (for the start message).
+    pub fn ports(&self) -> Vec<u16> {
+        self.owners.keys().map(|(_, port)| *port).collect()
+    }
+}

@@ -1,0 +1,558 @@
+//! One capture session, step by step: `Plan::new` (check the request),
+//! `Session::load` (the BPF object), `attach` (probes, targets, their
+//! sockets), `follow` (drain the ring buffer while following processes and
+//! sockets), `detach` (programs gone, the last stamps and the losses read
+//! after), `Detached::finish` (Parquet and `run.json`).
+
+use super::follow::Following;
+use super::tally::{ForeignFlows, Tally, BY_PORT_POINTS};
+use super::{brief_reason, protocols, RunFiles};
+use crate::capture::{self, Batch, Capture, Settings};
+use crate::cli::RecordArgs;
+use crate::exit::{failure, Code};
+use crate::proto::Layout;
+use crate::reader_priority::{thread_cpu_s, ReaderPriority};
+use crate::runmeta::{self, ClockPair, PointStats, ProgramStats, RunMeta, Target};
+use crate::{preflight, targets};
+use anyhow::{Context, Result};
+use aya::maps::{MapData, PerCpuArray, RingBuf};
+use std::collections::BTreeMap;
+use std::io::IsTerminal;
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use xlap_abi::{xlap_loss, xlap_point, xlap_stamp};
+use xlap_records::points::point_info;
+use xlap_records::writer::{stream_to_parquet_dropping, DropFlows, StampBatcher, StampStream};
+use xlap_records::Stamp;
+
+/// Rows per Arrow batch; a batch is also cut every `FLUSH_EVERY`.
+const BATCH_ROWS: usize = 16 * 1024;
+const FLUSH_EVERY: Duration = Duration::from_millis(500);
+const FOLLOW_EVERY: Duration = Duration::from_millis(200);
+const POLL_MS: i32 = 20;
+
+/// What the user asked for, checked before anything is loaded.
+pub struct Plan<'a> {
+    pub args: &'a RecordArgs,
+    layout: Layout,
+    ringbuf_bytes: u32,
+    files: RunFiles,
+    tunnel_ports: Vec<u16>,
+    /// Targets holding only TCP sockets at attach.
+    tcp_only: Vec<(u32, String)>,
+}
+
+impl<'a> Plan<'a> {
+    pub fn new(args: &'a RecordArgs) -> Result<Plan<'a>> {
+        if args.pids.is_empty() {
+            return Err(failure(
+                Code::Usage,
+                "name the process to trace with --pid PID (repeatable)",
+            ));
+        }
+        let layout = args.layout()?;
+        let ringbuf_bytes = args
+            .ringbuf_kib
+            .checked_mul(1024)
+            .filter(|b| b.is_power_of_two() && *b >= 4096)
+            .ok_or_else(|| {
+                failure(
+                    Code::Usage,
+                    format!(
+                        "--ringbuf-kib must be a power of two of at least 4, not {}",
+                        args.ringbuf_kib
+                    ),
+                )
+            })?;
+        preflight::check_privileges()?;
+        preflight::check_btf()?;
+        preflight::check_pids(&args.pids)?;
+        let files = RunFiles::in_dir(args.output.clone());
+        std::fs::create_dir_all(&files.dir).with_context(|| {
+            format!("cannot create the output directory {}", files.dir.display())
+        })?;
+        let mut tunnel_ports = capture::DEFAULT_TUNNEL_PORTS.to_vec();
+        for port in &args.tunnel_ports {
+            if !tunnel_ports.contains(port) {
+                tunnel_ports.push(*port);
+            }
+        }
+        Ok(Plan {
+            args,
+            layout,
+            ringbuf_bytes,
+            files,
+            tunnel_ports,
+            tcp_only: protocols::check(&args.pids, args.quiet),
+        })
+    }
+
+    fn note(&self, text: impl std::fmt::Display) {
+        if !self.args.quiet {
+            eprintln!("xlap-trace: note: {text}");
+        }
+    }
+}
+
+/// The capture programs loaded (not yet attached to the targets).
+pub struct Session {
+    capture: Capture,
+    stats: Option<capture::StatsGuard>,
+}
+
+impl Session {
+    pub fn load(plan: &Plan) -> Result<Session> {
+        let args = plan.args;
+        let stats = (!args.no_bpf_stats).then(capture::enable_stats).flatten();
+        let mut capture = Capture::load(&Settings {
+            layout: plan.layout,
+            ringbuf_bytes: plan.ringbuf_bytes,
+            per_stamp: args.per_stamp_records,
+            tunnel_ports: plan.tunnel_ports.clone(),
+            iface_filter: !args.ifaces.is_empty(),
+        })?;
+        if !args.ifaces.is_empty() {
+            let devices = crate::ifaces::resolve(&args.pids, &args.ifaces)?;
+            capture.set_ifaces(&devices)?;
+        }
+        if let Err(why) = &capture.dynptr {
+            plan.note(format!("datagrams in page fragments (GSO, GRO, NIC drivers) are counted as 'frag' losses, not stamped: {why}"));
+        }
+        for (point, why) in &capture.unavailable {
+            plan.note(format!(
+                "{point} not traced here ({}; run.json has the whole reason)",
+                brief_reason(why)
+            ));
+        }
+        Ok(Session { capture, stats })
+    }
+
+    /// Attaches the USDT markers, names the targets to the kernel side,
+    /// marks their sockets, and signals readiness.
+    pub fn attach(mut self, plan: &Plan) -> Result<Live> {
+        let args = plan.args;
+        let usdt = if args.no_usdt {
+            crate::usdt::Plan::default()
+        } else {
+            crate::usdt::plan(&args.pids, &args.usdt)?
+        };
+        for (pid, comm) in &usdt.without_markers {
+            plan.note(format!(
+                "pid {pid} ({comm}) has no {} USDT markers; tracing its kernel points only",
+                if args.usdt.is_empty() {
+                    "xlap:*"
+                } else {
+                    "selected"
+                }
+            ));
+        }
+        self.capture.attach_usdt(&usdt)?;
+        let semaphores = Semaphores::raise(&usdt)?;
+        self.capture.set_targets(&args.pids)?;
+        let following = Following::start(&mut self.capture, &args.pids, args.quiet)?;
+        let ring = self.capture.take_ring()?;
+        let batches = self.capture.take_batches()?;
+        let losses = self.capture.take_losses()?;
+
+        let run_id = format!(
+            "{}-{}",
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_secs())
+                .unwrap_or(0),
+            std::process::id()
+        );
+        let host = args.host.clone().unwrap_or_else(runmeta::hostname);
+        let comms = args.pids.iter().map(|&p| targets::comm(p)).collect();
+        let live = Live {
+            attached: Attached {
+                capture: self.capture,
+                _stats: self.stats,
+                _semaphores: semaphores,
+            },
+            following,
+            ring,
+            batches,
+            losses,
+            sink: Sink {
+                batcher: StampBatcher::new(&run_id, &host, usdt.app_names.clone()),
+                stream: StampStream::create(&plan.files.stream)?,
+                tally: Tally::default(),
+                foreign: ForeignFlows::default(),
+            },
+            info: RunInfo {
+                clock_start: ClockPair::sample(),
+                started: Instant::now(),
+                cpu_start: thread_cpu_s(),
+                run_id,
+                host,
+                comms,
+                usdt,
+            },
+        };
+        if let Some(ready) = &args.ready_file {
+            std::fs::write(ready, format!("{}\n", std::process::id()))
+                .with_context(|| format!("cannot write the ready file {}", ready.display()))?;
+        }
+        if !args.quiet {
+            eprintln!(
+                "xlap-trace: tracing pid {} (UDP ports {:?}); Ctrl-C to stop",
+                args.pids
+                    .iter()
+                    .map(u32::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                live.following.ports()
+            );
+        }
+        Ok(live)
+    }
+}
+
+/// What is attached to the kernel while a run goes on; dropping it
+/// detaches every program and lowers the USDT semaphores.
+struct Attached {
+    capture: Capture,
+    /// Held for their drop (fields drop in order: programs first).
+    _stats: Option<capture::StatsGuard>,
+    _semaphores: Semaphores,
+}
+
+/// Where the stamps go: counted, foreign markers taken out, batched into
+/// the live Arrow stream.
+struct Sink {
+    batcher: StampBatcher,
+    stream: StampStream,
+    tally: Tally,
+    foreign: ForeignFlows,
+}
+
+impl Sink {
+    fn take(&mut self, raw: &xlap_stamp) {
+        let stamp = Stamp::decode(raw);
+        if self.foreign.note(&stamp) {
+            return;
+        }
+        self.tally.add(&stamp);
+        self.batcher.push(&stamp);
+    }
+}
+
+/// The run's identity and start.
+struct RunInfo {
+    clock_start: ClockPair,
+    started: Instant,
+    cpu_start: f64,
+    run_id: String,
+    host: String,
+    comms: Vec<String>,
+    usdt: crate::usdt::Plan,
+}
+
+/// A session attached to its targets.
+pub struct Live {
+    attached: Attached,
+    following: Following,
+    ring: RingBuf<MapData>,
+    batches: PerCpuArray<MapData, Batch>,
+    losses: PerCpuArray<MapData, u64>,
+    sink: Sink,
+    info: RunInfo,
+}
+
+impl Live {
+    /// Drains the ring buffer and follows the targets until a stop
+    /// condition; returns which.
+    pub fn follow(&mut self, plan: &Plan, stop: &Arc<AtomicBool>) -> Result<String> {
+        let args = plan.args;
+        let mut priority =
+            (!args.full_priority).then(|| ReaderPriority::background(plan.ringbuf_bytes));
+        let mut last_flush = Instant::now();
+        let mut last_follow = Instant::now();
+        let mut last_progress = Instant::now();
+        let progress = !args.quiet && std::io::stderr().is_terminal();
+        let ring_fd = self.ring.as_raw_fd();
+        let reason = loop {
+            let mut pfd = libc::pollfd {
+                fd: ring_fd,
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // The kernel side wakes us only when the buffer is an eighth
+            // full; the timeout bounds how stale the output files get.
+            // SAFETY: one valid pollfd; a signal interrupting poll is fine.
+            unsafe { libc::poll(&mut pfd, 1, POLL_MS) };
+            let mut drained = 0usize;
+            while let Some(item) = self.ring.next() {
+                drained += item.len();
+                if drained >= plan.ringbuf_bytes as usize / 4 {
+                    // Behind by a quarter of the buffer in this one drain.
+                    if let Some(p) = priority.as_mut() {
+                        p.adjust(drained);
+                    }
+                    drained = 0;
+                }
+                // One record: a stamp or a per-CPU batch of them.
+                for raw in xlap_stamp::all_from_bytes(&item) {
+                    self.sink.take(&raw);
+                }
+                if self.sink.batcher.len() >= BATCH_ROWS {
+                    self.sink.stream.write(&self.sink.batcher.finish())?;
+                    last_flush = Instant::now();
+                }
+            }
+            if let Some(p) = priority.as_mut() {
+                p.adjust(drained);
+                p.caught_up();
+            }
+            if !self.sink.batcher.is_empty() && last_flush.elapsed() >= FLUSH_EVERY {
+                self.sink.stream.write(&self.sink.batcher.finish())?;
+                last_flush = Instant::now();
+            }
+            let elapsed = self.info.started.elapsed().as_secs_f64();
+            if progress && last_progress.elapsed() >= Duration::from_secs(1) {
+                eprint!(
+                    "\rxlap-trace: {} stamps, {} packets, {elapsed:.0} s   ",
+                    self.sink.tally.stamps,
+                    self.sink.tally.packets.len(),
+                );
+                last_progress = Instant::now();
+            }
+            if stop.load(Ordering::Relaxed) {
+                break "signal";
+            }
+            if args.duration.is_some_and(|d| elapsed >= d) {
+                break "duration";
+            }
+            if args
+                .count
+                .is_some_and(|c| self.sink.tally.packets.len() as u64 >= c)
+            {
+                break "count";
+            }
+            if last_follow.elapsed() >= FOLLOW_EVERY {
+                last_follow = Instant::now();
+                if self
+                    .following
+                    .refresh(&mut self.attached.capture, elapsed)?
+                {
+                    break "targets exited";
+                }
+            }
+        };
+        if progress {
+            eprintln!();
+        }
+        Ok(reason.to_string())
+    }
+
+    /// Detaches every program, then reads what the ring buffer and the
+    /// per-CPU batches still hold, and the loss counters (complete now:
+    /// nothing runs any more).
+    pub fn detach(self) -> Result<Detached> {
+        let Live {
+            attached,
+            following,
+            mut ring,
+            batches,
+            losses,
+            mut sink,
+            info,
+        } = self;
+        let program_stats = attached.capture.program_stats();
+        let unavailable: BTreeMap<String, String> =
+            attached.capture.unavailable.iter().cloned().collect();
+        drop(attached);
+        // Detaching does not wait for a program already running on another
+        // CPU; let it finish (it may still flush a batch) before the last
+        // drains.
+        std::thread::sleep(Duration::from_millis(20));
+        while let Some(item) = ring.next() {
+            for raw in xlap_stamp::all_from_bytes(&item) {
+                sink.take(&raw);
+            }
+        }
+        for raw in capture::drain_batches(&batches)? {
+            sink.take(&raw);
+        }
+        let losses = capture::losses(&losses)?;
+        Ok(Detached {
+            following,
+            sink,
+            info,
+            losses,
+            program_stats,
+            unavailable,
+        })
+    }
+}
+
+/// A session whose programs are gone, with everything they delivered.
+pub struct Detached {
+    following: Following,
+    sink: Sink,
+    info: RunInfo,
+    losses: Vec<[u64; xlap_loss::XLAP_LOSS_COUNT as usize]>,
+    program_stats: Vec<(String, u64, u64)>,
+    unavailable: BTreeMap<String, String>,
+}
+
+impl Detached {
+    /// Writes the Parquet stamps (without the by-port stamps of datagrams
+    /// that went to other sockets) and `run.json`.
+    pub fn finish(self, plan: &Plan, stop_reason: String) -> Result<RunMeta> {
+        let Detached {
+            following,
+            mut sink,
+            info,
+            losses,
+            program_stats,
+            unavailable,
+        } = self;
+        let args = plan.args;
+        if !sink.batcher.is_empty() {
+            sink.stream.write(&sink.batcher.finish())?;
+        }
+        sink.stream.finish()?;
+        let reader_cpu_s = thread_cpu_s() - info.cpu_start;
+        let clock_end = ClockPair::sample();
+        let drop = DropFlows {
+            flows: sink.foreign.to_drop(),
+            points: BY_PORT_POINTS,
+        };
+        let (_, dropped) =
+            stream_to_parquet_dropping(&plan.files.stream, &plan.files.parquet, &drop)?;
+        let mut tally = sink.tally;
+        tally
+            .packets
+            .retain(|(flow, _, _)| !drop.flows.contains(flow));
+        let dropped_stamps: u64 = dropped.values().sum();
+
+        let mut points: BTreeMap<String, PointStats> = BTreeMap::new();
+        for (id, n) in tally.points() {
+            let name =
+                point_info(id, &info.usdt.app_names).map_or(format!("unknown.{id}"), |p| p.0);
+            let n = n - dropped.get(&name).copied().unwrap_or(0);
+            points.entry(name).or_default().stamps += n;
+        }
+        let mut lost = 0;
+        for (row, counts) in losses.iter().enumerate() {
+            if counts.iter().all(|c| *c == 0) {
+                continue;
+            }
+            let name = if row == xlap_point::XLAP_POINT_KERNEL_COUNT as usize {
+                "app.*".to_string()
+            } else {
+                point_info(row as u16, &[]).map_or(format!("unknown.{row}"), |p| p.0)
+            };
+            points.entry(name).or_default().add_losses(counts);
+            lost += counts.iter().sum::<u64>();
+        }
+        for p in points.values_mut() {
+            p.add_losses(&[0; xlap_loss::XLAP_LOSS_COUNT as usize]); // every reason listed
+        }
+        let bpf_programs: BTreeMap<String, ProgramStats> = program_stats
+            .into_iter()
+            .map(|(name, run_count, run_time_ns)| {
+                (
+                    name,
+                    ProgramStats {
+                        run_count,
+                        run_time_ns,
+                    },
+                )
+            })
+            .collect();
+        let bpf_time: u64 = bpf_programs.values().map(|p| p.run_time_ns).sum();
+        let stamps = tally.stamps - dropped_stamps;
+        let usdt = &info.usdt;
+        let meta = RunMeta {
+            schema_version: xlap_records::schema::SCHEMA_VERSION,
+            software_version: env!("CARGO_PKG_VERSION"),
+            run_id: info.run_id,
+            host: info.host,
+            kernel: runmeta::kernel_release(),
+            boot_id: runmeta::boot_id(),
+            clock_sync: runmeta::ClockSync::read(),
+            clock_start: info.clock_start,
+            clock_end,
+            options: serde_json::json!({
+                "pids": args.pids,
+                "layout": plan.layout,
+                "ringbuf_bytes": plan.ringbuf_bytes,
+                "per_stamp_records": args.per_stamp_records,
+                "duration_s": args.duration,
+                "count": args.count,
+                "exited": following.exited.iter().map(|(pid, s)| serde_json::json!({"pid": pid, "after_s": s})).collect::<Vec<_>>(),
+                "usdt_sites": usdt.sites.iter().map(|s| serde_json::json!({
+                    "pid": s.pid, "provider": s.probe.provider, "name": s.probe.name,
+                    "point": format!("app.{}", usdt.app_names[(s.spec.point - xlap_point::XLAP_POINT_APP_BASE as u16) as usize]),
+                    "file": s.path, "args": s.probe.args_spec,
+                })).collect::<Vec<_>>(),
+            }),
+            targets: args
+                .pids
+                .iter()
+                .zip(info.comms)
+                .map(|(&pid, comm)| Target {
+                    pid,
+                    comm,
+                    udp_ports: following
+                        .known_ports
+                        .iter()
+                        .filter(|(_, p)| **p == pid)
+                        .map(|((_, port), _)| *port)
+                        .collect(),
+                })
+                .collect(),
+            followed: following.children.values().cloned().collect(),
+            foreign_stamps_dropped: dropped_stamps,
+            ports_not_traced: following.ports_not_traced.iter().map(|(_, p)| *p).collect(),
+            points,
+            unavailable_points: unavailable,
+            packets: tally.packets.len() as u64,
+            stamps,
+            lost,
+            bpf_ns_per_stamp: (bpf_time > 0 && stamps > 0).then(|| bpf_time as f64 / stamps as f64),
+            bpf_programs,
+            reader_cpu_s,
+            stop_reason,
+        };
+        let json = serde_json::to_string_pretty(&meta)?;
+        std::fs::write(&plan.files.meta, json + "\n")
+            .with_context(|| format!("cannot write {}", plan.files.meta.display()))?;
+        if lost > 0 && !args.quiet {
+            eprintln!("xlap-trace: warning: {lost} stamps were lost (see the loss columns below and run.json)");
+        }
+        protocols::refuse_tcp_only(&plan.tcp_only, &following.udp_pids, meta.packets)?;
+        Ok(meta)
+    }
+}
+
+/// Raised USDT semaphores, lowered again on drop (for processes still alive).
+struct Semaphores(Vec<(u32, u64)>);
+
+impl Semaphores {
+    fn raise(plan: &crate::usdt::Plan) -> Result<Semaphores> {
+        let mut raised = Semaphores(Vec::new());
+        for site in &plan.sites {
+            if let Some(addr) = site.semaphore_addr {
+                crate::usdt::adjust_semaphore(site.pid, addr, 1)?;
+                raised.0.push((site.pid, addr));
+            }
+        }
+        Ok(raised)
+    }
+}
+
+impl Drop for Semaphores {
+    fn drop(&mut self) {
+        for (pid, addr) in &self.0 {
+            if targets::alive(*pid) {
+                let _ = crate::usdt::adjust_semaphore(*pid, *addr, -1);
+            }
+        }
+    }
+}
