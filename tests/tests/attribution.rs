@@ -403,3 +403,124 @@ fn untraced_sockets_on_a_traced_port_get_no_stamps() {
         }
     }
 }
+
+/// The flow's fold of an IPv4 address (`XLAP_FLOW_*` in bpf/xlap_abi.h).
+fn fold_v4(addr: std::net::Ipv4Addr) -> u64 {
+    let x = u32::from_ne_bytes(addr.octets());
+    ((x ^ (x >> 16)) & 0xffff) as u64
+}
+
+#[test]
+fn two_traced_receivers_on_one_port_in_two_namespaces_never_cross() {
+    let Some(_guard) = privileged("attribution_netns") else {
+        return;
+    };
+    let stage = Stage::two_hosts().expect("stage");
+    let (a, b) = (stage.host(0), stage.host(1));
+    let scratch = Scratch::new("attr-netns");
+    let start = scratch.path("start");
+    // Receivers on port 9500 in both namespaces; each host sends to the
+    // other (different counts, so a crossed stamp changes a count).
+    let (on_a, log_a) = receiver(
+        a,
+        &scratch,
+        "on-a",
+        &["--bind", &format!("{}:9500", a.ipv4), "--expect", "200"],
+    );
+    let (on_b, log_b) = receiver(
+        b,
+        &scratch,
+        "on-b",
+        &["--bind", &format!("{}:9500", b.ipv4), "--expect", "300"],
+    );
+    let send = |from: &Host, to: &Host, count: &str, log: &str| {
+        KillOnDrop(
+            from.command(plain())
+                .args(["send", "--dest", &format!("{}:9500", to.ipv4)])
+                .arg("--log")
+                .arg(scratch.path(log))
+                .args(["--bind", &format!("{}:9501", from.ipv4)])
+                .args(["--count", count, "--period-us", "300"])
+                .arg("--start-file")
+                .arg(&start)
+                .stdin(Stdio::null())
+                .spawn()
+                .expect("sender"),
+        )
+    };
+    let senders = [
+        send(b, a, "200", "to-a.jsonl"),
+        send(a, b, "300", "to-b.jsonl"),
+    ];
+    let rec = Recorder::start(&[on_a.0.id(), on_b.0.id()], &scratch.path("run"), &[]);
+    std::fs::write(&start, "go").unwrap();
+    for mut s in senders {
+        assert!(s.0.wait().unwrap().success(), "a sender failed");
+    }
+    for mut r in [on_a, on_b] {
+        assert!(r.0.wait().unwrap().success(), "a receiver failed");
+    }
+    let (pid_a, pid_b) = {
+        let meta = run_meta(&rec.dir);
+        let pids: Vec<u32> = meta["options"]["pids"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p.as_u64().unwrap() as u32)
+            .collect();
+        (pids[0], pids[1])
+    };
+    let dir = rec.dir.clone();
+    rec.wait();
+    let rows = read_stamps(&dir.join("stamps.parquet"));
+    let tally = |log: &[Value], event: &str| -> BTreeMap<(u8, u64), usize> {
+        events(log, event)
+            .filter(|e| e["kind"] != "feedback")
+            .fold(BTreeMap::new(), |mut m, e| {
+                let key = (
+                    kind_code(e["kind"].as_str().unwrap()),
+                    e["seq"].as_u64().unwrap(),
+                );
+                *m.entry(key).or_default() += 1;
+                m
+            })
+    };
+    for (pid, log, sent, host, name) in [
+        (pid_a, &log_a, "to-a.jsonl", a, "a"),
+        (pid_b, &log_b, "to-b.jsonl", b, "b"),
+    ] {
+        let logged = tally(&read_jsonl(log), "received");
+        // What the wire carried to this host (the last parity packets may
+        // arrive after the receiver stopped reading).
+        let carried = tally(&read_jsonl(&scratch.path(sent)), "sent");
+        assert!(logged.len() > 150, "host {name}: the path lost datagrams");
+        for point in [
+            "dev.netif_rx",
+            "dev.receive_skb",
+            "sock.queue",
+            "sock.recv_exit",
+        ] {
+            let mut got: BTreeMap<(u8, u64), usize> = BTreeMap::new();
+            for r in rows.iter().filter(|r| r.point == point && r.pid == pid) {
+                if let (Some(kind), Some(seq)) = (r.kind, r.seq) {
+                    if kind == DATA || kind == 2 {
+                        *got.entry((kind, seq)).or_default() += 1;
+                    }
+                }
+                assert!(
+                    r.dport() != 9500 || (r.flow >> 32) & 0xffff == fold_v4(host.ipv4),
+                    "host {name}, {point}: a stamp of a datagram for the other namespace: {r:?}"
+                );
+            }
+            let expected = if point == "sock.recv_exit" {
+                &logged
+            } else {
+                &carried
+            };
+            assert_eq!(
+                &got, expected,
+                "host {name}, {point}: its own datagrams exactly"
+            );
+        }
+    }
+}
