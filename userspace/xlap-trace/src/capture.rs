@@ -21,6 +21,9 @@ pub fn capture_object() -> &'static [u8] {
 pub static CALIBRATE_OBJECT: &[u8] =
     include_bytes_aligned!(concat!(env!("OUT_DIR"), "/calibrate.bpf.o"));
 
+/// bpf_map_update_elem flag: only create, never overwrite.
+const BPF_NOEXIST: u64 = 1;
+
 /// A traced-socket key as a map key.
 #[derive(Clone, Copy)]
 #[repr(transparent)]
@@ -232,8 +235,18 @@ impl Capture {
             let result = crate::sockets::duplicate(s.pid, s.fd)
                 .map_err(|e| format!("cannot duplicate it (pidfd_getfd): {e}"))
                 .and_then(|fd| {
-                    map.insert(&std::os::fd::AsRawFd::as_raw_fd(&fd), mark, 0)
-                        .map_err(|e| format!("cannot mark it: {e}"))
+                    // BPF_NOEXIST: a socket the BPF side marked already (at
+                    // creation) keeps its record; overwriting it would reset
+                    // the flow and port it holds while datagrams flow.
+                    match map.insert(&std::os::fd::AsRawFd::as_raw_fd(&fd), mark, BPF_NOEXIST) {
+                        Ok(()) => Ok(()),
+                        Err(aya::maps::MapError::SyscallError(e))
+                            if e.io_error.raw_os_error() == Some(libc::EEXIST) =>
+                        {
+                            Ok(())
+                        }
+                        Err(e) => Err(format!("cannot mark it: {e}")),
+                    }
                 });
             if let Err(e) = result {
                 failed.push((*s, e));
