@@ -118,6 +118,11 @@ fn a_late_autobound_client_forked_by_a_traced_shell_is_traced_from_its_first_dat
     let dir = rec.dir.clone();
     rec.wait();
     let meta = run_meta(&dir);
+    // The kernel's count of skipped (recursive) runs is read for every
+    // program: a miss there would be a loss nobody saw.
+    for (name, p) in meta["bpf_programs"].as_object().unwrap() {
+        assert!(p["recursion_misses"].is_u64(), "{name}: {p}");
+    }
     let rows = read_stamps(&dir.join("stamps.parquet"));
     let sent = read_jsonl(&slog);
     let socket = events(&sent, "socket").next().expect("socket line");

@@ -9,6 +9,7 @@ use aya::programs::links::CgroupAttachMode;
 use aya::programs::uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeScope};
 use aya::programs::{BtfTracePoint, CgroupSkb, CgroupSkbAttachType, CgroupSock, UProbe};
 use aya::{include_bytes_aligned, Btf, Ebpf, EbpfLoader};
+use std::os::fd::AsFd;
 use xlap_abi::{xlap_loss, xlap_point};
 
 static CAPTURE_OBJECT: &[u8] = include_bytes_aligned!(concat!(env!("OUT_DIR"), "/capture.bpf.o"));
@@ -435,19 +436,56 @@ pub fn losses(
 impl Capture {
     /// (program, run count, run time ns) of every program, from the kernel's
     /// BPF statistics (non-zero only while stats are enabled).
-    pub fn program_stats(&self) -> Vec<(String, u64, u64)> {
+    /// And the runs the kernel skipped because the program was already
+    /// running on that CPU (`recursion_misses`: a tracepoint hit inside one
+    /// of our own programs); their stamps are missing.
+    pub fn program_stats(&self) -> Vec<(String, crate::runmeta::ProgramStats)> {
         self.bpf
             .programs()
             .filter_map(|(name, prog)| {
                 let info = prog.info().ok()?;
+                let recursion_misses = prog.fd().ok().and_then(|fd| recursion_misses(fd.as_fd()));
                 Some((
                     name.to_string(),
-                    info.run_count(),
-                    info.run_time().as_nanos() as u64,
+                    crate::runmeta::ProgramStats {
+                        run_count: info.run_count(),
+                        run_time_ns: info.run_time().as_nanos() as u64,
+                        recursion_misses,
+                    },
                 ))
             })
             .collect()
     }
+}
+
+/// A program's `recursion_misses` (Linux >= 5.12), which aya's program info
+/// does not expose: BPF_OBJ_GET_INFO_BY_FD on its fd.
+fn recursion_misses(fd: std::os::fd::BorrowedFd) -> Option<u64> {
+    const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
+    #[repr(C)]
+    struct InfoAttr {
+        bpf_fd: u32,
+        info_len: u32,
+        info: u64,
+    }
+    // SAFETY: bpf_prog_info is plain old data; all zeroes is valid.
+    let mut info: aya_obj::generated::bpf_prog_info = unsafe { std::mem::zeroed() };
+    let attr = InfoAttr {
+        bpf_fd: std::os::fd::AsRawFd::as_raw_fd(&fd) as u32,
+        info_len: std::mem::size_of_val(&info) as u32,
+        info: &mut info as *mut _ as u64,
+    };
+    // SAFETY: the kernel writes at most info_len bytes into `info`, which
+    // outlives the call; `attr` is read only.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            BPF_OBJ_GET_INFO_BY_FD,
+            &attr as *const InfoAttr,
+            std::mem::size_of::<InfoAttr>() as u32,
+        )
+    };
+    (rc == 0).then_some(info.recursion_misses)
 }
 
 /// The socket hooks, at the cgroup2 root: socket creation (follows the

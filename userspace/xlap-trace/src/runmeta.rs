@@ -82,6 +82,10 @@ pub struct Target {
 pub struct ProgramStats {
     pub run_count: u64,
     pub run_time_ns: u64,
+    /// Runs the kernel skipped: the program was already running on that
+    /// CPU (a tracepoint hit inside our own program). Their stamps are
+    /// missing; None where the kernel does not say.
+    pub recursion_misses: Option<u64>,
 }
 
 #[derive(Debug, Serialize)]

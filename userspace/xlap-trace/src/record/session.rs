@@ -395,7 +395,7 @@ pub struct Detached {
     sink: Sink,
     info: RunInfo,
     losses: Vec<[u64; xlap_loss::XLAP_LOSS_COUNT as usize]>,
-    program_stats: Vec<(String, u64, u64)>,
+    program_stats: Vec<(String, ProgramStats)>,
     unavailable: BTreeMap<String, String>,
 }
 
@@ -453,18 +453,16 @@ impl Detached {
         for p in points.values_mut() {
             p.add_losses(&[0; xlap_loss::XLAP_LOSS_COUNT as usize]); // every reason listed
         }
-        let bpf_programs: BTreeMap<String, ProgramStats> = program_stats
-            .into_iter()
-            .map(|(name, run_count, run_time_ns)| {
-                (
-                    name,
-                    ProgramStats {
-                        run_count,
-                        run_time_ns,
-                    },
-                )
-            })
-            .collect();
+        let bpf_programs: BTreeMap<String, ProgramStats> = program_stats.into_iter().collect();
+        let recursion_misses: u64 = bpf_programs
+            .values()
+            .filter_map(|p| p.recursion_misses)
+            .sum();
+        if recursion_misses > 0 && !args.quiet {
+            eprintln!(
+                "xlap-trace: warning: the kernel skipped {recursion_misses} runs of the capture programs (recursion on a CPU); their stamps are missing (run.json: bpf_programs.*.recursion_misses)"
+            );
+        }
         let bpf_time: u64 = bpf_programs.values().map(|p| p.run_time_ns).sum();
         let stamps = tally.stamps - dropped_stamps;
         let usdt = &info.usdt;
