@@ -12,6 +12,7 @@
  * holds identity and the stamp path, packet.h the packet reader:
  *
  *   syscall.h   app/socket boundary: send and receive syscalls
+ *   uring.h     the same for io_uring send and receive requests
  *   sockets.h   the traced processes' sockets
  *   dev_tx.h    device transmit (queue, driver entry and return)
  *   qdisc.h     qdisc enqueue and dequeue
@@ -31,6 +32,7 @@
 #include "capture/sock_rx.h"
 #include "capture/sockets.h"
 #include "capture/syscall.h"
+#include "capture/uring.h"
 #include "capture/usdt.h"
 
 char LICENSE[] SEC("license") = "GPL";

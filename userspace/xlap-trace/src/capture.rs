@@ -112,6 +112,18 @@ const PROGRAMS: &[(&str, Kind, &str, bool)] = &[
     ("on_sched_waking", Kind::TpBtf, "sched_waking", false),
     ("on_sched_switch", Kind::TpBtf, "sched_switch", false),
     (
+        "on_io_uring_submit_req",
+        Kind::TpBtf,
+        "io_uring_submit_req",
+        false,
+    ),
+    (
+        "on_io_uring_complete",
+        Kind::TpBtf,
+        "io_uring_complete",
+        false,
+    ),
+    (
         "on_sched_process_fork",
         Kind::TpBtf,
         "sched_process_fork",

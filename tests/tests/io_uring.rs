@@ -1,0 +1,111 @@
+//! Privileged: a UDP sender and receiver that use only io_uring
+//! (IORING_OP_SEND; IORING_OP_RECV on a connected socket, IORING_OP_RECVMSG
+//! on an unconnected one), checked against their own logs: every datagram
+//! at its send points, its device points and its read, the reads joined to
+//! their flow through the socket, the receiver's wake-ups in
+//! io_uring_enter.
+
+use serde_json::Value;
+use std::collections::BTreeSet;
+use std::process::Stdio;
+use xlap_stage::Stage;
+use xlap_tests::example::events;
+use xlap_tests::trace::{read_stamps, Recorder, Row};
+use xlap_tests::{bin, privileged, read_jsonl, wait_for_file, KillOnDrop, Scratch};
+
+fn seqs(log: &[Value], event: &str) -> BTreeSet<u64> {
+    events(log, event)
+        .map(|e| e["seq"].as_u64().unwrap())
+        .collect()
+}
+
+fn stamped(rows: &[Row], point: &str, pid: u32) -> BTreeSet<u64> {
+    rows.iter()
+        .filter(|r| r.point == point && r.pid == pid && r.kind == Some(1))
+        .filter_map(|r| r.seq)
+        .collect()
+}
+
+/// One run: (sender log, receiver log, stamps, sender pid, receiver pid).
+fn run(stage: &Stage, mode: &str, connect: bool) -> (Vec<Value>, Vec<Value>, Vec<Row>, u32, u32) {
+    let (a, b) = (stage.host(0), stage.host(1));
+    let scratch = Scratch::new(&format!("uring-{mode}"));
+    let peer = bin("xlap-uring-peer");
+    let (local, dest) = (format!("{}:9601", a.ipv4), format!("{}:9600", b.ipv4));
+    let (ready, start) = (scratch.path("ready"), scratch.path("start"));
+    let (slog, rlog) = (scratch.path("send.jsonl"), scratch.path("recv.jsonl"));
+    let receiver = KillOnDrop(
+        b.command(&peer)
+            .args(["recv", &dest, if connect { &local } else { "-" }, "400"])
+            .arg(&rlog)
+            .arg(&ready)
+            .arg(mode)
+            .stdin(Stdio::null())
+            .spawn()
+            .expect("receiver"),
+    );
+    wait_for_file(&ready, 20);
+    let sender = KillOnDrop(
+        a.command(&peer)
+            .args(["send", &local, &dest, "400", "200"])
+            .arg(&slog)
+            .arg(&start)
+            .stdin(Stdio::null())
+            .spawn()
+            .expect("sender"),
+    );
+    let pids = (sender.0.id(), receiver.0.id());
+    let rec = Recorder::start(&[pids.0, pids.1], &scratch.path("run"), &[]);
+    std::fs::write(&start, "go").unwrap();
+    for mut p in [sender, receiver] {
+        assert!(p.0.wait().unwrap().success(), "an io_uring peer failed");
+    }
+    let dir = rec.dir.clone();
+    rec.wait();
+    (
+        read_jsonl(&slog),
+        read_jsonl(&rlog),
+        read_stamps(&dir.join("stamps.parquet")),
+        pids.0,
+        pids.1,
+    )
+}
+
+#[test]
+fn io_uring_sends_and_receives_are_stamped_per_datagram() {
+    let Some(_guard) = privileged("io_uring") else {
+        return;
+    };
+    let stage = Stage::two_hosts().expect("stage");
+    for (mode, connect) in [("recv", true), ("recvmsg", false)] {
+        let (sent, received, rows, sender, receiver) = run(&stage, mode, connect);
+        let (sent, received) = (seqs(&sent, "sent"), seqs(&received, "received"));
+        assert_eq!(sent.len(), 400, "{mode}");
+        assert!(received.len() > 350, "{mode}: the path lost datagrams");
+        for point in ["sock.send_enter", "sock.send_exit", "dev.queue", "dev.xmit"] {
+            assert_eq!(stamped(&rows, point, sender), sent, "{mode}: {point}");
+        }
+        for point in ["sock.queue", "sock.recv_exit"] {
+            assert_eq!(stamped(&rows, point, receiver), received, "{mode}: {point}");
+        }
+        // The receiver waits for completions in io_uring_enter: woken by
+        // the datagrams that reach its socket.
+        let woke = stamped(&rows, "sched.wakeup", receiver);
+        assert!(
+            !woke.is_empty() && woke.is_subset(&received),
+            "{mode}: {} wake-ups",
+            woke.len()
+        );
+        // A connected socket gives every read its flow: the one its
+        // datagram had on the wire.
+        if connect {
+            for r in rows.iter().filter(|r| r.point == "sock.recv_exit") {
+                let wire = rows
+                    .iter()
+                    .find(|q| q.point == "dev.receive_skb" && q.seq == r.seq && q.kind == r.kind)
+                    .unwrap_or_else(|| panic!("{mode}: seq {:?} never on the device", r.seq));
+                assert_eq!(r.flow, wire.flow, "{mode}: seq {:?}", r.seq);
+            }
+        }
+    }
+}
