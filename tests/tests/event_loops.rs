@@ -129,3 +129,94 @@ fn sockperf_servers_in_epoll_poll_and_select_get_their_wakeups() {
         run_mode(&stage, mode);
     }
 }
+
+/// A tokio service (examples/tokio-echo): the server reads on runtime
+/// worker threads that wait in epoll. Checked against both ends' own logs:
+/// every datagram the server logged is stamped at its read, the client's
+/// sends and reads of the echoes too, and the server's wake-ups are present,
+/// each one a datagram the server received.
+#[test]
+fn a_tokio_echo_server_gets_its_reads_and_wakeups() {
+    let Some(_guard) = privileged("event_loops_tokio") else {
+        return;
+    };
+    let stage = Stage::two_hosts().expect("stage");
+    let scratch = Scratch::new("event-loop-tokio");
+    let (a, b) = (stage.host(0), stage.host(1));
+    let echo = xlap_tests::bin("xlap-tokio-echo");
+    let (ready, start) = (scratch.path("ready"), scratch.path("start"));
+    let (slog, clog) = (scratch.path("server.jsonl"), scratch.path("client.jsonl"));
+    let server_addr = format!("{}:9700", b.ipv4);
+    let server = KillOnDrop(
+        b.command(&echo)
+            .args(["server", &server_addr, "500"])
+            .arg(&slog)
+            .arg(&ready)
+            .stdin(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    xlap_tests::wait_for_file(&ready, 20);
+    let client = KillOnDrop(
+        a.command(&echo)
+            .args([
+                "client",
+                &format!("{}:9701", a.ipv4),
+                &server_addr,
+                "500",
+                "300",
+            ])
+            .arg(&clog)
+            .arg(&start)
+            .stdin(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let (server_pid, client_pid) = (server.0.id(), client.0.id());
+    let rec = Recorder::start(&[server_pid, client_pid], &scratch.path("run"), &[]);
+    std::fs::write(&start, "go").unwrap();
+    for mut p in [client, server] {
+        assert!(p.0.wait().unwrap().success(), "the tokio echo failed");
+    }
+    let dir = rec.dir.clone();
+    rec.wait();
+    let rows = read_stamps(&dir.join("stamps.parquet"));
+    let seqs = |log: &std::path::Path, event: &str| -> std::collections::BTreeSet<u64> {
+        xlap_tests::read_jsonl(log)
+            .iter()
+            .filter(|e| e["event"] == event)
+            .map(|e| e["seq"].as_u64().unwrap())
+            .collect()
+    };
+    let stamped = |point: &str, pid: u32| -> std::collections::BTreeSet<u64> {
+        rows.iter()
+            .filter(|r| r.point == point && r.pid == pid && r.kind == Some(1))
+            .filter_map(|r| r.seq)
+            .collect()
+    };
+    let received = seqs(&slog, "received");
+    assert_eq!(received.len(), 500, "the server's log");
+    assert_eq!(
+        stamped("sock.recv_exit", server_pid),
+        received,
+        "server reads"
+    );
+    assert_eq!(stamped("sock.queue", server_pid), received, "server socket");
+    assert_eq!(
+        stamped("sock.send_enter", client_pid),
+        seqs(&clog, "sent"),
+        "client sends"
+    );
+    assert_eq!(
+        stamped("sock.recv_exit", client_pid),
+        seqs(&clog, "echoed"),
+        "client reads"
+    );
+    let woke = stamped("sched.wakeup", server_pid);
+    assert!(
+        woke.len() > 100 && woke.is_subset(&received),
+        "the epoll-waiting workers' wake-ups: {} of {}",
+        woke.len(),
+        received.len()
+    );
+}
