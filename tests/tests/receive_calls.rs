@@ -149,3 +149,66 @@ fn recvmmsg_iovecs_and_peek_are_stamped_per_datagram() {
     let (logged, stamped, _, _) = run(&stage, "peek", &[], &["--recv-mode", "peek"]);
     assert_same(&stamped, &logged, "peek: the peek is not a read");
 }
+
+/// sendmmsg bursts of 8 to a recvmmsg reader: one send_enter/send_exit
+/// stamp per message the sender logged (not one per call), one recv_exit
+/// per datagram the receiver logged.
+#[test]
+fn sendmmsg_to_recvmmsg_is_stamped_per_message() {
+    let Some(_guard) = privileged("receive_calls_mmsg") else {
+        return;
+    };
+    let stage = Stage::two_hosts().expect("stage");
+    let t = trace_example(
+        &stage,
+        "recv-mmsg-pair",
+        &ExampleOptions {
+            count: 400,
+            period_us: 200,
+            send_args: vec!["--sendmmsg".into(), "8".into()],
+            recv_args: vec!["--recv-mode".into(), "recvmmsg:16".into()],
+            ..Default::default()
+        },
+        &[],
+    );
+    let tally = |log: &[Value], event: &str| -> Multiset {
+        let mut m = Multiset::new();
+        for e in events(log, event) {
+            if e["event"] == "sent" && e["dropped"] == true {
+                continue;
+            }
+            let key = (
+                e["seq"].as_u64().unwrap(),
+                kind_code(e["kind"].as_str().unwrap()),
+            );
+            *m.entry(key).or_default() += 1;
+        }
+        m
+    };
+    let calls = events(&t.sent, "sent")
+        .filter(|e| e["mmsg_messages"].as_u64().unwrap_or(1) > 1)
+        .count();
+    assert!(
+        calls > 100,
+        "few datagrams went in multi-message sendmmsg calls: {calls}"
+    );
+    let stamps = t.stamps();
+    let stamped = |point: &str, pid: u32| -> Multiset {
+        let mut m = Multiset::new();
+        for r in stamps.iter().filter(|r| r.point == point && r.pid == pid) {
+            if let (Some(seq), Some(kind @ (1 | 2))) = (r.seq, r.kind) {
+                *m.entry((seq, kind)).or_default() += 1;
+            }
+        }
+        m
+    };
+    let sent = tally(&t.sent, "sent");
+    for point in ["sock.send_enter", "sock.send_exit", "dev.xmit"] {
+        assert_same(&stamped(point, t.pids.0), &sent, point);
+    }
+    assert_same(
+        &stamped("sock.recv_exit", t.pids.1),
+        &tally(&t.received, "received"),
+        "recvmmsg reads",
+    );
+}

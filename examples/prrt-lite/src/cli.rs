@@ -73,6 +73,12 @@ pub enum Role {
         /// `sent` line per datagram, with gso_batch/gso_segments/gso_size.
         #[arg(long, value_name = "N", value_parser = clap::value_parser!(u8).range(1..=64))]
         gso: Option<u8>,
+        /// Send up to N consecutive equal-length datagrams of a burst in
+        /// one sendmmsg call (one message each), as --gso groups them.
+        /// Implies --burst N unless given. `sent` lines carry mmsg_batch
+        /// (the call's index) and mmsg_messages.
+        #[arg(long, value_name = "N", conflicts_with = "gso", value_parser = clap::value_parser!(u8).range(1..=64))]
+        sendmmsg: Option<u8>,
         /// Put an 8-byte IPv6 extension header (PadN only) before UDP in every
         /// datagram: hop-by-hop (IPV6_HOPOPTS) or destination options
         /// (IPV6_DSTOPTS). IPv6 --dest only; needs CAP_NET_RAW.
@@ -202,6 +208,7 @@ fn run<M: Markers>(cli: Cli) -> anyhow::Result<()> {
             linger_ms,
             burst,
             gso,
+            sendmmsg,
             ipv6_ext,
             late_socket,
             common,
@@ -224,8 +231,9 @@ fn run<M: Markers>(cli: Cli) -> anyhow::Result<()> {
                 linger: Duration::from_millis(linger_ms),
                 start_file,
                 start_timeout: Duration::from_secs(start_timeout_s),
-                burst: burst.unwrap_or(gso.map_or(1, u32::from)),
+                burst: burst.unwrap_or(gso.or(sendmmsg).map_or(1, u32::from)),
                 gso,
+                sendmmsg,
                 ipv6_ext,
                 late_socket,
             };

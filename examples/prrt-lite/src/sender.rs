@@ -45,6 +45,8 @@ pub struct SenderConfig {
     pub burst: u32,
     /// Datagrams per UDP GSO send at most; `None` sends one per syscall.
     pub gso: Option<u8>,
+    /// Batches of up to N datagrams per sendmmsg call.
+    pub sendmmsg: Option<u8>,
     /// A sticky IPv6 extension header on every datagram (IPv6 only).
     pub ipv6_ext: Option<Ipv6Ext>,
 }
@@ -288,9 +290,10 @@ fn transmit<M: Markers>(
         dropped: 0,
         redundancy: 0,
     };
-    let mut gso = cfg.gso.map(|n| GsoSender {
+    let mut gso = cfg.gso.or(cfg.sendmmsg).map(|n| GsoSender {
         batcher: GsoBatcher::new(n as usize, MAX_SEND_BYTES),
         sends: 0,
+        mmsg: cfg.sendmmsg.is_some(),
     });
     for submitted in rx {
         let out = match submitted {
@@ -342,6 +345,8 @@ fn transmit<M: Markers>(
 struct GsoSender {
     batcher: GsoBatcher<Outgoing>,
     sends: u64,
+    /// One sendmmsg per batch (a message per datagram) instead of GSO.
+    mmsg: bool,
 }
 
 impl GsoSender {
@@ -361,12 +366,28 @@ impl GsoSender {
         let segment_size = batch[0].bytes.len();
         let result = if batch.len() == 1 {
             socket.send(&batch[0].bytes).map(|_| ())
+        } else if self.mmsg {
+            let datagrams: Vec<&[u8]> = batch.iter().map(|o| o.bytes.as_slice()).collect();
+            udp::send_messages(socket, &datagrams).and_then(|n| {
+                if n == datagrams.len() {
+                    Ok(())
+                } else {
+                    Err(std::io::Error::other(format!(
+                        "sendmmsg sent {n} of {} messages",
+                        datagrams.len()
+                    )))
+                }
+            })
         } else {
             let datagrams: Vec<&[u8]> = batch.iter().map(|o| o.bytes.as_slice()).collect();
             udp::send_segments(socket, &datagrams, segment_size as u16).map(|_| ())
         };
         match result {
-            Err(e) if batch.len() > 1 && e.kind() != std::io::ErrorKind::ConnectionRefused => {
+            Err(e)
+                if batch.len() > 1
+                    && !self.mmsg
+                    && e.kind() != std::io::ErrorKind::ConnectionRefused =>
+            {
                 // The path cannot take this GSO send (a segment above the
                 // path MTU: EINVAL; no checksum offload: EIO): send the
                 // datagrams one by one, each its own send in the log.
@@ -406,12 +427,20 @@ impl GsoSender {
             if let Err(e) = &result {
                 log.record(json!({"event": "send_error", "kind": out.kind, "seq": out.seq, "error": e.to_string(), "gso_batch": gso_batch}));
             }
-            log.record(json!({
-                "event": "sent", "kind": out.kind, "seq": out.seq,
-                "t_ns": t_ns, "dropped": false,
-                "gso_batch": gso_batch, "gso_segments": batch.len(),
-                "gso_size": segment_size,
-            }));
+            log.record(if self.mmsg {
+                json!({
+                    "event": "sent", "kind": out.kind, "seq": out.seq,
+                    "t_ns": t_ns, "dropped": false,
+                    "mmsg_batch": gso_batch, "mmsg_messages": batch.len(),
+                })
+            } else {
+                json!({
+                    "event": "sent", "kind": out.kind, "seq": out.seq,
+                    "t_ns": t_ns, "dropped": false,
+                    "gso_batch": gso_batch, "gso_segments": batch.len(),
+                    "gso_size": segment_size,
+                })
+            });
         }
     }
 }

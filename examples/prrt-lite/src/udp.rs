@@ -124,13 +124,7 @@ pub fn send_segments(
     datagrams: &[&[u8]],
     segment_size: u16,
 ) -> io::Result<usize> {
-    let mut iov: Vec<libc::iovec> = datagrams
-        .iter()
-        .map(|d| libc::iovec {
-            iov_base: d.as_ptr() as *mut libc::c_void,
-            iov_len: d.len(),
-        })
-        .collect();
+    let mut iov = iovecs(datagrams);
     let mut control = ControlBuffer::udp_segment(segment_size);
     let control_len = control.len;
     let mut msg = control.header_over(control_len);
@@ -139,6 +133,41 @@ pub fn send_segments(
     // SAFETY: the msghdr points at live iovecs over borrowed datagrams and at
     // our control buffer; the socket is connected, so no address is needed.
     let sent = unsafe { libc::sendmsg(socket.as_raw_fd(), &msg, 0) };
+    if sent < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(sent as usize)
+}
+
+/// An iovec over each datagram (borrowed: they must outlive the call).
+fn iovecs(datagrams: &[&[u8]]) -> Vec<libc::iovec> {
+    datagrams
+        .iter()
+        .map(|d| libc::iovec {
+            iov_base: d.as_ptr() as *mut libc::c_void,
+            iov_len: d.len(),
+        })
+        .collect()
+}
+
+/// One `sendmmsg` on a connected socket: a message per datagram. Returns
+/// the number of messages sent.
+pub fn send_messages(socket: &UdpSocket, datagrams: &[&[u8]]) -> io::Result<usize> {
+    let mut iov = iovecs(datagrams);
+    let mut msgs: Vec<libc::mmsghdr> = iov
+        .iter_mut()
+        .map(|v| {
+            // SAFETY: a zeroed mmsghdr is valid; it points at one iovec.
+            let mut m: libc::mmsghdr = unsafe { zeroed() };
+            m.msg_hdr.msg_iov = v;
+            m.msg_hdr.msg_iovlen = 1;
+            m
+        })
+        .collect();
+    // SAFETY: every message points at a live iovec over a borrowed datagram;
+    // the socket is connected, so no address is needed.
+    let sent =
+        unsafe { libc::sendmmsg(socket.as_raw_fd(), msgs.as_mut_ptr(), msgs.len() as u32, 0) };
     if sent < 0 {
         return Err(io::Error::last_os_error());
     }
