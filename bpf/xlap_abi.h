@@ -26,10 +26,11 @@ enum xlap_point {
   XLAP_POINT_SOCK_QUEUE = 11,      /* handed to the socket (cgroup ingress) */
   XLAP_POINT_SCHED_WAKEUP = 12,    /* sched:sched_wakeup of the reader */
   XLAP_POINT_SCHED_SWITCH_IN = 13, /* sched:sched_switch to the reader */
-  /* A datagram of a traced port handed to a socket we do not trace (an
-   * SO_REUSEPORT group, a more specific bind on the same port): a marker,
-   * never written out; the recorder drops that flow's receive-device
-   * stamps, which were taken before any socket was known. */
+  /* A flow of a traced port whose datagrams reach a socket we do not
+   * trace (an SO_REUSEPORT group, a more specific bind on the same port):
+   * a marker (flow only, sent when a CPU sees the flow change), never
+   * written out; the recorder drops that flow's receive-device stamps,
+   * which were taken before any socket was known. */
   XLAP_POINT_SOCK_FOREIGN = 14,
   XLAP_POINT_SOCK_RECV_EXIT = 15, /* raw_tp sys_exit: recvfrom/recvmsg/... */
   /* Device (NIC) hardware timestamps are not points of their own: they ride

@@ -148,11 +148,11 @@ static __always_inline void register_port(struct xlap_sock *s, __u32 netns,
   if (!port || s->port == port)
     return;
   struct xlap_port_key k = {.netns = netns, .port = port};
-  if (bpf_map_update_elem(&TARGET_PORTS, &k, &s->tgid, BPF_ANY)) {
-    /* The device points cannot see this socket's datagrams: counted. */
-    count_loss(XLAP_POINT_DEV_RECEIVE_SKB, XLAP_LOSS_MAP_FULL);
+  /* A full table: tried again at the socket's next datagram out; the
+   * recorder's /proc scan meets the same full table and reports the port
+   * (run.json ports_not_traced). */
+  if (bpf_map_update_elem(&TARGET_PORTS, &k, &s->tgid, BPF_ANY))
     return;
-  }
   __u32 p = port;
   __u8 one = 1;
   bpf_map_update_elem(&PORTS_ANY, &p, &one, BPF_ANY);

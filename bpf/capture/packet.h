@@ -206,6 +206,13 @@ static __always_inline __u16 fold16(const __u32 *words, int n) {
   return (__u16)(x ^ (x >> 16));
 }
 
+/* The flow of a datagram (XLAP_FLOW_* in xlap_abi.h) from its folded
+ * addresses and its ports. */
+static __always_inline __u64 make_flow(__u16 src, __u16 dst, __u16 sport,
+                                       __u16 dport) {
+  return (__u64)src << 48 | (__u64)dst << 32 | (__u64)sport << 16 | dport;
+}
+
 static __always_inline int rd_status(int err) {
   return err == -2 ? XL_UNREADABLE : XL_TRUNCATED;
 }
@@ -296,9 +303,8 @@ static __always_inline int parse_ip(struct xl_rd *r, __u32 l3,
     return rd_status(err);
   __u16 sport = bpf_ntohs(uh.source);
   d->dport = bpf_ntohs(uh.dest);
-  d->flow = ((__u64)fold16(saddr, words) << 48) |
-            ((__u64)fold16(daddr, words) << 32) | ((__u64)sport << 16) |
-            d->dport;
+  d->flow =
+      make_flow(fold16(saddr, words), fold16(daddr, words), sport, d->dport);
   d->pay = l4 + 8;
   __u32 udp_len = bpf_ntohs(uh.len);
   d->pay_len = udp_len >= 8 ? udp_len - 8 : 0;

@@ -13,6 +13,14 @@
 #include "packet.h"
 #include "task.h"
 
+/* The flow this CPU last marked foreign: a marker per flow change. */
+struct {
+  __uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+  __uint(max_entries, 1);
+  __type(key, __u32);
+  __type(value, __u64);
+} FOREIGN_LAST SEC(".maps");
+
 /* Keeps the flow of the datagrams a traced socket receives, for its
  * receive calls (syscall.h): written only when it changes. */
 static __always_inline void note_flow(struct xlap_sock *ts, __u64 flow) {
@@ -61,18 +69,22 @@ int on_sock_ingress(struct __sk_buff *ctx) {
                  ret == XL_UNREADABLE ? XLAP_LOSS_FRAG : XLAP_LOSS_PARSE);
     return 1;
   }
-  struct xl_ident id = {.pid = ts ? ts->tgid : 0};
+  if (!ts) {
+    /* The recorder drops by flow: one marker per flow is enough, not one
+     * per datagram (an untraced server on a traced port may be busy). */
+    __u32 zero = 0;
+    __u64 *last = bpf_map_lookup_elem(&FOREIGN_LAST, &zero);
+    if (last && *last != d.flow) {
+      *last = d.flow;
+      struct xl_ident id = {.flow = d.flow};
+      emit(point, now, &id, 0, 0, 0, 0);
+    }
+    return 1;
+  }
+  struct xl_ident id = {.pid = ts->tgid};
   struct xl_segs *segs;
   __u32 loss = XLAP_LOSS_PARSE, beyond = 0;
   __u32 got = read_datagrams(ctx->gso_size, &r, &d, &id, &segs, &loss, &beyond);
-  if (!ts) {
-    /* The marker needs only the flow: one per datagram the device points
-     * may have stamped. */
-    struct xl_at at = {.point = point, .ts = now};
-    if (got)
-      emit_all(&at, &id, segs, got);
-    return 1;
-  }
   note_flow(ts, d.flow);
   if (beyond)
     count_losses(point, loss, beyond);

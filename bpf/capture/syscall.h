@@ -312,7 +312,7 @@ static __always_inline __u64 with_sender(__u64 local, __u64 name,
     fold = mapped ? fold16(&w[3], 1) : fold16(w, 4);
   } else
     return 0;
-  return local | (__u64)fold << 48 | (__u64)port << 16;
+  return local | make_flow(fold, 0, port, 0);
 }
 
 /* with_sender for recvfrom: src_addr and the length the kernel wrote to

@@ -71,9 +71,9 @@ static __always_inline __u64 uring_sock_flow(struct sock *sk, int out) {
     l[0] = BPF_CORE_READ(sk, __sk_common.skc_rcv_saddr);
     r[0] = BPF_CORE_READ(sk, __sk_common.skc_daddr);
   }
-  __u64 fl = fold16(l, words), fr = fold16(r, words);
-  return out ? fl << 48 | fr << 32 | (__u64)local << 16 | remote
-             : fr << 48 | fl << 32 | (__u64)remote << 16 | local;
+  __u16 fl = fold16(l, words), fr = fold16(r, words);
+  return out ? make_flow(fl, fr, local, remote)
+             : make_flow(fr, fl, remote, local);
 }
 
 /* What a send/receive request points to (struct io_sr_msg in the
