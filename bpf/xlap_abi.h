@@ -58,6 +58,7 @@ enum xlap_loss {
 #define XLAP_FLAG_FROM_USER 0x2 /* read from the syscall's user buffer */
 #define XLAP_FLAG_HW_TS 0x4     /* hw_ts_ns holds a device timestamp */
 #define XLAP_FLAG_FRAGMENT 0x8  /* a later IP fragment of the datagram */
+#define XLAP_FLAG_KIND 0x10     /* the datagram's layout has a kind field */
 
 /* Datagrams one skb (a GSO or GRO super-packet) or one syscall can carry
  * that get stamps of their own; the rest are counted as XLAP_LOSS_GSO. The
@@ -88,8 +89,10 @@ struct xlap_stamp {
   __u16 point;    /* enum xlap_point */
   __u16 cpu;
   __u16 queue; /* TX/RX queue where known */
-  __u8 kind;   /* the protocol's packet kind */
   __u8 flags;  /* XLAP_FLAG_* */
+  __u8 _pad;
+  __u32 kind; /* the protocol's packet kind, full width (XLAP_FLAG_KIND) */
+  __u32 _reserved;
 };
 
 /* xlap_stamp.flow: the source address folded to 16 bits (bits 63..48),
@@ -100,15 +103,22 @@ struct xlap_stamp {
  * both hosts. On the receive side the local half is the destination. */
 #define XLAP_FLOW_LOCAL_MASK 0x0000ffff0000ffffULL
 
-/* Where the protocol keeps seq and kind in the UDP payload. Set by userspace
- * in .rodata before load. */
-struct xlap_config {
+/* Where a protocol keeps seq and kind in the UDP payload. */
+struct xlap_layout {
   __u32 seq_offset;
   __u32 kind_offset;
+  __u32 kind_mask; /* bits of the kind field kept (RTP: 0x7f), 0 = all */
   __u8 seq_size;   /* 1, 2, 4 or 8 */
   __u8 kind_size;  /* 0 (none), 1, 2 or 4 */
   __u8 big_endian; /* byte order of both fields */
-  __u8 per_stamp;  /* 1: one ring-buffer record per stamp (no batching) */
+  __u8 _pad;
+};
+
+/* Settings, set by userspace in .rodata before load. */
+struct xlap_config {
+  struct xlap_layout layout;
+  __u8 per_stamp; /* 1: one ring-buffer record per stamp (no batching) */
+  __u8 _pad0[3];
   /* Wake the reader only once this many bytes wait in the ring buffer: a
    * wake-up per record costs microseconds (an IPI, a VM exit under KVM);
    * the reader also polls on a short timeout. */
@@ -128,7 +138,24 @@ struct xlap_sock {
   __u16 port; /* local port registered in TARGET_PORTS, 0 none yet */
   __u8 flows; /* XLAP_SOCK_* of the datagrams queued to it */
   __u8 _pad;
-  __u64 flow; /* flow of the last datagram queued to it */
+  __u64 flow;   /* flow of the last datagram queued to it */
+  __u64 cookie; /* the socket's cookie (SO_COOKIE), 0 if unknown */
+};
+
+/* The addresses behind a flow (value of the FLOWS map, keyed by the
+ * flow): noted the first time a CPU sees the flow at the first transmit
+ * device point or at the socket queue of a traced socket. Flows folded
+ * from different addresses collide: then `collided` is set and the
+ * addresses are those seen first. */
+struct xlap_flow_tuple {
+  __u8 saddr[16]; /* network order; IPv4: the first 4 bytes */
+  __u8 daddr[16];
+  __u64 tx_cookie; /* cookie of the traced socket that sent it, 0 none */
+  __u64 rx_cookie; /* cookie of the traced socket that received it */
+  __u32 addr_sig;  /* a hash of both addresses (collision check) */
+  __u8 family;     /* 4 or 6 */
+  __u8 collided;
+  __u8 _pad[2];
 };
 
 /* xlap_sock.flows: datagrams of more than one flow were queued (an

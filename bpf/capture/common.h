@@ -26,16 +26,16 @@ struct xl_ident {
   __u64 flow;
   __u32 pid;
   __u32 len;
-  __u8 kind;
+  __u32 kind;
   __u8 flags; /* XLAP_FLAG_* of the stamp */
-  __u8 _pad[6];
+  __u8 _pad[3];
 };
 
 /* The seq and kind of every datagram of a multi-datagram skb (GSO/GRO) or
  * syscall, datagram 0 first. */
 struct xl_segs {
   __u64 seq[XLAP_MAX_SEGS];
-  __u8 kind[XLAP_MAX_SEGS];
+  __u32 kind[XLAP_MAX_SEGS];
 };
 
 struct {
@@ -118,15 +118,16 @@ static __always_inline void count_loss(__u32 point, __u32 reason) {
   count_losses(point, reason, 1);
 }
 
-/* A field of `size` (1..8) bytes in the configured byte order, from bytes
+/* A field of `size` (1..8) bytes in the given byte order, from bytes
  * already read (packet or user memory). */
-static __always_inline __u64 field_from_bytes(const __u8 *b, __u8 size) {
+static __always_inline __u64 field_from_bytes(const __u8 *b, __u8 size,
+                                              __u8 big_endian) {
   __u64 v = 0;
 #pragma unroll
   for (int i = 0; i < 8; i++) {
     if (i >= size)
       break;
-    if (CFG.big_endian)
+    if (big_endian)
       v = (v << 8) | b[i];
     else
       v |= (__u64)b[i] << (8 * i);
@@ -192,6 +193,8 @@ static __always_inline void fill(struct xlap_stamp *s, __u16 point, __u64 ts,
   s->cpu = bpf_get_smp_processor_id();
   s->queue = queue;
   s->kind = id->kind;
+  s->_pad = 0;
+  s->_reserved = 0;
   s->flags = id->flags | (hw_ts ? XLAP_FLAG_HW_TS : 0);
 }
 

@@ -11,6 +11,7 @@
 #define XLAP_CAPTURE_DEV_TX_H
 
 #include "common.h"
+#include "flows.h"
 #include "packet.h"
 #include "task.h"
 
@@ -94,7 +95,7 @@ static __always_inline void send_append(struct xl_send_ctx *sc,
       break;
     }
     __u64 seq = i == 0 || !segs ? id->seq : segs->seq[i];
-    __u8 kind = i == 0 || !segs ? id->kind : segs->kind[i];
+    __u32 kind = i == 0 || !segs ? id->kind : segs->kind[i];
     if (at == 0)
       sc->id = *id;
     sc->n = at + 1;
@@ -109,7 +110,8 @@ static __always_inline void send_append(struct xl_send_ctx *sc,
 
 /* Takes the identity of an skb of a traced process at its first device. */
 static __always_inline void tx_first_queue(struct sk_buff *skb, __u64 key,
-                                           __u32 tgid, struct xl_send_ctx *sc,
+                                           __u32 tgid, __u64 cookie,
+                                           struct xl_send_ctx *sc,
                                            __u16 point) {
   struct xl_rd r;
   struct xl_dgram d = {};
@@ -148,6 +150,7 @@ static __always_inline void tx_first_queue(struct sk_buff *skb, __u64 key,
     count_losses(point, loss, 1 + beyond);
     return;
   }
+  note_tuple(&r, &d, cookie, 0);
   struct xl_tx e = {.id = id,
                     .sk = (__u64)skb->sk,
                     .nseg = got,
@@ -183,12 +186,13 @@ static __always_inline void tx_first_queue(struct sk_buff *skb, __u64 key,
  * its port only now (autobound by this send or a connect) is registered
  * for the replies. */
 static __always_inline __u32 tx_owner(struct sk_buff *skb,
-                                      struct xl_send_ctx **sc) {
+                                      struct xl_send_ctx **sc, __u64 *cookie) {
   *sc = 0;
   struct sock *sk = skb->sk;
   struct xlap_sock *s = traced_sock(sk);
   if (!s)
     return 0;
+  *cookie = s->cookie;
   __u16 port = sk->__sk_common.skc_num;
   if (port != s->port)
     register_port(s, sk->__sk_common.skc_net.net->ns.inum, port);
@@ -217,9 +221,10 @@ int BPF_PROG(on_net_dev_queue, struct sk_buff *skb) {
   if (e)
     tx_forget(key, e); /* a freed skb's address, reused */
   struct xl_send_ctx *sc;
-  __u32 tgid = tx_owner(skb, &sc);
+  __u64 cookie = 0;
+  __u32 tgid = tx_owner(skb, &sc, &cookie);
   if (tgid)
-    tx_first_queue(skb, key, tgid, sc, XLAP_POINT_DEV_QUEUE);
+    tx_first_queue(skb, key, tgid, cookie, sc, XLAP_POINT_DEV_QUEUE);
   return 0;
 }
 
@@ -240,9 +245,10 @@ int BPF_PROG(on_net_dev_start_xmit, struct sk_buff *skb,
   if (!skb->sk)
     return 0;
   struct xl_send_ctx *sc;
-  __u32 tgid = tx_owner(skb, &sc);
+  __u64 cookie = 0;
+  __u32 tgid = tx_owner(skb, &sc, &cookie);
   if (tgid)
-    tx_first_queue(skb, key, tgid, 0, XLAP_POINT_DEV_START_XMIT);
+    tx_first_queue(skb, key, tgid, cookie, 0, XLAP_POINT_DEV_START_XMIT);
   return 0;
 }
 

@@ -165,7 +165,7 @@ static __always_inline int rd_read(struct xl_rd *r, __u32 off, void *buf,
 
 /* A field of `size` (1..8) bytes at off, in the configured byte order. */
 static __always_inline int rd_field(struct xl_rd *r, __u32 off, __u8 size,
-                                    __u64 *out) {
+                                    __u8 big_endian, __u64 *out) {
   __u8 b[8] = {};
   if (size == 0 || size > 8)
     return -1;
@@ -173,7 +173,7 @@ static __always_inline int rd_field(struct xl_rd *r, __u32 off, __u8 size,
   int err = rd_read(r, off, b, size & 0xf);
   if (err)
     return err;
-  *out = field_from_bytes(b, size);
+  *out = field_from_bytes(b, size, big_endian);
   return 0;
 }
 
@@ -184,6 +184,7 @@ struct xl_dgram {
   __u32 pay_len;  /* payload bytes of the first datagram, whole datagram */
   __u32 pay_all;  /* payload bytes in the skb (GSO/GRO: every segment) */
   __u32 frag_key; /* IP id (v4) or fragment id (v6) of a fragment */
+  __u32 l3;       /* offset of the (inner) IP header (flows.h) */
   __u16 dport;
   __u8 frag;   /* 0 whole, 1 first fragment, 2 later fragment */
   __u8 tunnel; /* keyed by the datagram inside a UDP tunnel */
@@ -306,6 +307,9 @@ static __always_inline int parse_ip(struct xl_rd *r, __u32 l3,
   d->flow =
       make_flow(fold16(saddr, words), fold16(daddr, words), sport, d->dport);
   d->pay = l4 + 8;
+  /* Only the flow table reads it, after checking it: a value the verifier
+   * need not carry along the parser's paths. */
+  d->l3 = xl_opaque(l3);
   __u32 udp_len = bpf_ntohs(uh.len);
   d->pay_len = udp_len >= 8 ? udp_len - 8 : 0;
   d->pay_all = r->len > d->pay ? r->len - d->pay : 0;
@@ -406,16 +410,19 @@ static __always_inline int parse_rx(struct sk_buff *skb, struct xl_rd *r,
 static __always_inline int read_ident_at(struct xl_rd *r, __u32 pay,
                                          __u32 pay_len, __u64 *seq,
                                          __u64 *kind) {
-  __u32 so = CFG.seq_offset, ss = CFG.seq_size;
-  __u32 ko = CFG.kind_offset, ks = CFG.kind_size;
+  __u32 so = CFG.layout.seq_offset, ss = CFG.layout.seq_size;
+  __u32 ko = CFG.layout.kind_offset, ks = CFG.layout.kind_size;
   int err;
   if ((__u64)so + ss > pay_len || (ks && (__u64)ko + ks > pay_len))
     return XL_TRUNCATED;
-  if ((err = rd_field(r, pay + so, ss, seq)))
+  __u8 be = CFG.layout.big_endian;
+  if ((err = rd_field(r, pay + so, ss, be, seq)))
     return rd_status(err);
   *kind = 0;
-  if (ks && (err = rd_field(r, pay + ko, ks, kind)))
+  if (ks && (err = rd_field(r, pay + ko, ks, be, kind)))
     return rd_status(err);
+  if (CFG.layout.kind_mask)
+    *kind &= CFG.layout.kind_mask;
   return 0;
 }
 
@@ -453,6 +460,19 @@ static __always_inline void skb_shinfo_read(struct sk_buff *skb,
   out->gso_size = skb_gso_size(skb);
   out->hw_ts = (__u64)BPF_CORE_READ(s, hwtstamps.hwtstamp);
 }
+
+/* 64 bytes of a datagram (the parse cache, or a copy). */
+struct xl_bytes64 {
+  __u8 b[XL_CACHE];
+};
+
+/* Per-CPU room for bytes the parse cache does not hold. */
+struct {
+  __uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+  __uint(max_entries, 1);
+  __type(key, __u32);
+  __type(value, struct xl_bytes64);
+} BYTES_SCRATCH SEC(".maps");
 
 /* Scratch space for the datagrams of one GSO/GRO skb (too big for the
  * stack). */
@@ -519,6 +539,8 @@ static __always_inline __u32 read_datagrams(__u32 gso, struct xl_rd *r,
   id->seq = seq;
   id->kind = kind;
   id->flags |= XLAP_FLAG_SEQ_VALID;
+  if (CFG.layout.kind_size)
+    id->flags |= XLAP_FLAG_KIND;
   if (n == 1)
     return 1;
   __u32 zero = 0;

@@ -10,6 +10,7 @@
 #define XLAP_CAPTURE_SOCK_RX_H
 
 #include "common.h"
+#include "flows.h"
 #include "packet.h"
 #include "task.h"
 
@@ -86,6 +87,7 @@ int on_sock_ingress(struct __sk_buff *ctx) {
   __u32 loss = XLAP_LOSS_PARSE, beyond = 0;
   __u32 got = read_datagrams(ctx->gso_size, &r, &d, &id, &segs, &loss, &beyond);
   note_flow(ts, d.flow);
+  note_tuple(&r, &d, ts->cookie, 1);
   if (beyond)
     count_losses(point, loss, beyond);
   if (!got) {

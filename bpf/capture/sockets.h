@@ -15,8 +15,10 @@ int on_sock_create(struct bpf_sock *sk) {
     return 1;
   struct xlap_sock *s =
       bpf_sk_storage_get(&SOCKS, sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
-  if (s)
+  if (s) {
     s->tgid = tgid;
+    s->cookie = bpf_get_socket_cookie(sk);
+  }
   return 1; /* never refuses a socket */
 }
 

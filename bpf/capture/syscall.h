@@ -35,10 +35,11 @@
 
 /* Reads a field of 1..8 bytes from user memory in the configured order. */
 static __always_inline int user_field(const void *src, __u8 size, __u64 *out) {
+  __u8 be = CFG.layout.big_endian;
   __u8 b[8] = {};
   if (size == 0 || size > 8 || bpf_probe_read_user(b, size & 0xf, src))
     return -1;
-  *out = field_from_bytes(b, size);
+  *out = field_from_bytes(b, size, be);
   return 0;
 }
 
@@ -70,14 +71,18 @@ static __always_inline int view_field(const struct xl_uview *v, __u64 off,
  * view. */
 static __always_inline int user_ident(const struct xl_uview *v, __u64 at,
                                       __u64 avail, __u64 *seq, __u64 *kind) {
-  if ((__u64)CFG.seq_offset + CFG.seq_size > avail ||
-      (CFG.kind_size && (__u64)CFG.kind_offset + CFG.kind_size > avail))
+  if ((__u64)CFG.layout.seq_offset + CFG.layout.seq_size > avail ||
+      (CFG.layout.kind_size &&
+       (__u64)CFG.layout.kind_offset + CFG.layout.kind_size > avail))
     return -1;
-  if (view_field(v, at + CFG.seq_offset, CFG.seq_size, seq))
+  if (view_field(v, at + CFG.layout.seq_offset, CFG.layout.seq_size, seq))
     return -1;
   *kind = 0;
-  if (CFG.kind_size && view_field(v, at + CFG.kind_offset, CFG.kind_size, kind))
+  if (CFG.layout.kind_size &&
+      view_field(v, at + CFG.layout.kind_offset, CFG.layout.kind_size, kind))
     return -1;
+  if (CFG.layout.kind_mask)
+    *kind &= CFG.layout.kind_mask;
   return 0;
 }
 
@@ -244,6 +249,8 @@ static __always_inline void emit_recv(const struct xl_uview *v, __u64 at,
   id.seq = seq;
   id.kind = kind;
   id.flags |= XLAP_FLAG_SEQ_VALID;
+  if (CFG.layout.kind_size)
+    id.flags |= XLAP_FLAG_KIND;
   emit(XLAP_POINT_SOCK_RECV_EXIT, ts, &id, tid, 0, 0, 0);
 }
 

@@ -129,6 +129,8 @@ int BPF_PROG(on_io_uring_submit_req, struct io_kiocb *req) {
   e.id.pid = tgid;
   e.id.len = len;
   e.id.flags = XLAP_FLAG_SEQ_VALID | XLAP_FLAG_FROM_USER;
+  if (CFG.layout.kind_size)
+    e.id.flags |= XLAP_FLAG_KIND;
   __u64 key = (__u64)req;
   if (bpf_map_update_elem(&URING_SENDS, &key, &e, BPF_ANY))
     count_loss(XLAP_POINT_SOCK_SEND_ENTER, XLAP_LOSS_MAP_FULL);

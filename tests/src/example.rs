@@ -9,6 +9,17 @@ use xlap_stage::Stage;
 pub const RECEIVER_PORT: u16 = 9000;
 pub const SENDER_PORT: u16 = 9001;
 
+/// The kind byte the example protocol puts on the wire for a kind its logs
+/// name (the xlap-example preset reads it as the packet's kind).
+pub fn kind_code(name: &str) -> u32 {
+    match name {
+        "data" => 1,
+        "redundancy" => 2,
+        "feedback" => 3,
+        other => panic!("unexpected kind {other} in the protocol's log"),
+    }
+}
+
 #[derive(Clone, Debug)]
 pub struct ExampleOptions {
     pub count: u32,

@@ -2,7 +2,7 @@
 
 use crate::bin;
 use arrow_array::{
-    Array, BooleanArray, Int64Array, StringArray, UInt32Array, UInt64Array, UInt8Array,
+    Array, BooleanArray, Int64Array, StringArray, UInt16Array, UInt32Array, UInt64Array,
 };
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use serde_json::Value;
@@ -15,8 +15,15 @@ pub struct Row {
     pub point: String,
     pub ts_ns: i64,
     pub seq: Option<u64>,
-    pub kind: Option<u8>,
+    pub kind: Option<u32>,
     pub flow: u64,
+    /// The flow's addresses as the capture noted them (text).
+    pub src_addr: Option<String>,
+    pub dst_addr: Option<String>,
+    pub src_port: Option<u16>,
+    pub dst_port: Option<u16>,
+    /// The traced socket on the stamp's side.
+    pub socket_cookie: Option<u64>,
     pub pid: u32,
     pub ifindex: Option<u32>,
     /// A later IP fragment's extra stamp.
@@ -136,7 +143,17 @@ pub fn read_stamps(path: &Path) -> Vec<Row> {
         let seq = col("seq");
         let seq = seq.as_any().downcast_ref::<UInt64Array>().unwrap();
         let kind = col("kind");
-        let kind = kind.as_any().downcast_ref::<UInt8Array>().unwrap();
+        let kind = kind.as_any().downcast_ref::<UInt32Array>().unwrap();
+        let src_addr = col("src_addr");
+        let src_addr = src_addr.as_any().downcast_ref::<StringArray>().unwrap();
+        let dst_addr = col("dst_addr");
+        let dst_addr = dst_addr.as_any().downcast_ref::<StringArray>().unwrap();
+        let src_port = col("src_port");
+        let src_port = src_port.as_any().downcast_ref::<UInt16Array>().unwrap();
+        let dst_port = col("dst_port");
+        let dst_port = dst_port.as_any().downcast_ref::<UInt16Array>().unwrap();
+        let cookie = col("socket_cookie");
+        let cookie = cookie.as_any().downcast_ref::<UInt64Array>().unwrap();
         let flow = col("flow");
         let flow = flow.as_any().downcast_ref::<UInt64Array>().unwrap();
         let pid = col("pid");
@@ -152,6 +169,11 @@ pub fn read_stamps(path: &Path) -> Vec<Row> {
                 seq: (!seq.is_null(i)).then(|| seq.value(i)),
                 kind: (!kind.is_null(i)).then(|| kind.value(i)),
                 flow: flow.value(i),
+                src_addr: (!src_addr.is_null(i)).then(|| src_addr.value(i).to_string()),
+                dst_addr: (!dst_addr.is_null(i)).then(|| dst_addr.value(i).to_string()),
+                src_port: (!src_port.is_null(i)).then(|| src_port.value(i)),
+                dst_port: (!dst_port.is_null(i)).then(|| dst_port.value(i)),
+                socket_cookie: (!cookie.is_null(i)).then(|| cookie.value(i)),
                 pid: pid.value(i),
                 ifindex: (!ifindex.is_null(i)).then(|| ifindex.value(i)),
                 fragment: fragment.value(i),

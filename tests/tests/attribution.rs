@@ -17,24 +17,25 @@ use std::path::PathBuf;
 use std::process::Stdio;
 use xlap_stage::{Host, Stage};
 use xlap_tests::example::events;
+use xlap_tests::example::kind_code;
 use xlap_tests::trace::{read_stamps, run_meta, Recorder, Row};
 use xlap_tests::{bin, privileged, read_jsonl, wait_for_file, KillOnDrop, Scratch};
 
-const DATA: u8 = 1;
-const FEEDBACK: u8 = 3;
+const DATA: u32 = 1;
+const FEEDBACK: u32 = 3;
 
 fn plain() -> std::path::PathBuf {
     bin("xlap-example-plain")
 }
 
-fn seqs<'a>(log: &'a [Value], event: &'a str, kind: Option<u8>) -> BTreeSet<u64> {
+fn seqs<'a>(log: &'a [Value], event: &'a str, kind: Option<u32>) -> BTreeSet<u64> {
     events(log, event)
         .filter(|e| kind.is_none_or(|k| e["kind"].as_u64() == Some(k as u64)))
         .map(|e| e["seq"].as_u64().unwrap())
         .collect()
 }
 
-fn stamped(rows: &[Row], point: &str, kind: u8, pid: Option<u32>) -> BTreeSet<u64> {
+fn stamped(rows: &[Row], point: &str, kind: u32, pid: Option<u32>) -> BTreeSet<u64> {
     rows.iter()
         .filter(|r| r.point == point && r.kind == Some(kind) && !r.fragment)
         .filter(|r| pid.is_none_or(|p| r.pid == p))
@@ -61,15 +62,6 @@ fn receiver(host: &Host, scratch: &Scratch, name: &str, args: &[&str]) -> (KillO
     );
     wait_for_file(&ready, 20);
     (child, log)
-}
-
-fn kind_code(name: &str) -> u8 {
-    match name {
-        "data" => 1,
-        "redundancy" => 2,
-        "feedback" => 3,
-        other => panic!("unexpected kind {other}"),
-    }
 }
 
 #[test]
@@ -140,7 +132,7 @@ fn a_late_autobound_client_forked_by_a_traced_shell_is_traced_from_its_first_dat
 
     // Every datagram the client sent, at its send and device points, as
     // the client's own.
-    let mut sent_by_kind: BTreeMap<u8, BTreeSet<u64>> = BTreeMap::new();
+    let mut sent_by_kind: BTreeMap<u32, BTreeSet<u64>> = BTreeMap::new();
     for e in events(&sent, "sent") {
         sent_by_kind
             .entry(kind_code(e["kind"].as_str().unwrap()))
@@ -478,7 +470,7 @@ fn two_traced_receivers_on_one_port_in_two_namespaces_never_cross() {
     let dir = rec.dir.clone();
     rec.wait();
     let rows = read_stamps(&dir.join("stamps.parquet"));
-    let tally = |log: &[Value], event: &str| -> BTreeMap<(u8, u64), usize> {
+    let tally = |log: &[Value], event: &str| -> BTreeMap<(u32, u64), usize> {
         events(log, event)
             .filter(|e| e["kind"] != "feedback")
             .fold(BTreeMap::new(), |mut m, e| {
@@ -505,7 +497,7 @@ fn two_traced_receivers_on_one_port_in_two_namespaces_never_cross() {
             "sock.queue",
             "sock.recv_exit",
         ] {
-            let mut got: BTreeMap<(u8, u64), usize> = BTreeMap::new();
+            let mut got: BTreeMap<(u32, u64), usize> = BTreeMap::new();
             for r in rows.iter().filter(|r| r.point == point && r.pid == pid) {
                 if let (Some(kind), Some(seq)) = (r.kind, r.seq) {
                     if kind == DATA || kind == 2 {

@@ -25,7 +25,7 @@ const RX_POINTS: &[&str] = &[
     "sock.queue",
     "sock.recv_exit",
 ];
-const DATA: u8 = 1;
+const DATA: u32 = 1;
 
 fn stage_with_tbf_on_sender() -> Stage {
     Stage::build(&StageConfig {

@@ -14,12 +14,13 @@
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
 use xlap_stage::{Link, Qdisc, Stage, StageConfig};
+use xlap_tests::example::kind_code;
 use xlap_tests::example::{events, ExampleOptions, RECEIVER_PORT, SENDER_PORT};
 use xlap_tests::privileged;
 use xlap_tests::trace::{trace_example, Row, Traced};
 
 /// A datagram: (seq, kind) as the protocol logs it.
-type Datagram = (u64, u8);
+type Datagram = (u64, u32);
 
 struct Cell {
     name: &'static str,
@@ -81,14 +82,6 @@ impl Default for Cell {
             tx_devices: 1,
             rx_devices: 1,
         }
-    }
-}
-
-fn kind_code(name: &str) -> u8 {
-    match name {
-        "data" => 1,
-        "redundancy" => 2,
-        other => panic!("unexpected kind {other} in the protocol's log"),
     }
 }
 
@@ -297,6 +290,79 @@ fn check_order(
     }
 }
 
+/// The socket a side logged (its `socket` line): address and cookie.
+fn logged_socket(log: &[Value]) -> (std::net::SocketAddr, u64) {
+    let e = events(log, "socket").next().expect("a socket line");
+    (
+        e["local"].as_str().unwrap().parse().expect("local address"),
+        e["cookie"].as_u64().expect("cookie"),
+    )
+}
+
+/// The 5-tuple and socket columns against the sockets both ends logged:
+/// every stamp of the sender->receiver flow that has addresses names the
+/// sender's and receiver's, the socket on its side; the points that note
+/// them (the first device and the socket queue) have them for every
+/// datagram.
+fn check_tuples(cell: &Cell, t: &Traced, rows: &[Row]) -> Vec<String> {
+    let (tx_addr, tx_cookie) = logged_socket(&t.sent);
+    let (rx_local, rx_cookie) = logged_socket(&t.received);
+    let mut problems = Vec::new();
+    let flow_rows: Vec<&Row> = rows
+        .iter()
+        .filter(|r| r.sport() == SENDER_PORT && r.dport() == RECEIVER_PORT)
+        .collect();
+    let wrong_addr = flow_rows
+        .iter()
+        .filter(|r| r.src_addr.is_some())
+        .filter(|r| {
+            r.src_addr.as_deref() != Some(&tx_addr.ip().to_string())
+                || r.src_port != Some(tx_addr.port())
+                || r.dst_port != Some(rx_local.port())
+        })
+        .count();
+    if wrong_addr > 0 {
+        let r = flow_rows.iter().find(|r| r.src_addr.is_some()).unwrap();
+        problems.push(format!(
+            "{}: {wrong_addr} stamps name another sender than the logged {tx_addr}, e.g. {:?} {:?}:{:?} -> {:?}:{:?}",
+            cell.name, r.point, r.src_addr, r.src_port, r.dst_addr, r.dst_port
+        ));
+    }
+    let dst: BTreeSet<&str> = flow_rows
+        .iter()
+        .filter_map(|r| r.dst_addr.as_deref())
+        .collect();
+    if dst.len() != 1 {
+        problems.push(format!(
+            "{}: destination addresses {dst:?}, want one",
+            cell.name
+        ));
+    }
+    for (point, pid, cookie) in [
+        ("dev.queue", t.pids.0, tx_cookie),
+        ("sock.send_exit", t.pids.0, tx_cookie),
+        ("sock.queue", t.pids.1, rx_cookie),
+    ] {
+        let at: Vec<&&Row> = flow_rows
+            .iter()
+            .filter(|r| r.point == point && r.pid == pid && !r.fragment)
+            .collect();
+        let bare = at
+            .iter()
+            .filter(|r| r.src_addr.is_none() || r.socket_cookie != Some(cookie))
+            .count();
+        if at.is_empty() || bare > 0 {
+            problems.push(format!(
+                "{}: {point}: {bare} of {} stamps without the addresses or the logged socket cookie {cookie}, e.g. {:?}",
+                cell.name,
+                at.len(),
+                at.iter().find(|r| r.socket_cookie != Some(cookie)).map(|r| (r.src_addr.clone(), r.socket_cookie))
+            ));
+        }
+    }
+    problems
+}
+
 fn run_cell(cell: &Cell) -> Vec<String> {
     let stage = Stage::build(&StageConfig {
         hosts: 2,
@@ -353,6 +419,7 @@ fn run_cell(cell: &Cell) -> Vec<String> {
         &t.meta,
     ));
     problems.extend(check_order(cell, &tx, &rx, &received));
+    problems.extend(check_tuples(cell, &t, &rows));
     if !problems.is_empty() {
         eprintln!("{}: run.json points: {}", cell.name, t.meta["points"]);
         eprintln!("{}: xlap-trace stderr: {}", cell.name, t.stderr);

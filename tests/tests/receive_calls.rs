@@ -8,20 +8,13 @@
 use serde_json::Value;
 use std::collections::BTreeMap;
 use xlap_stage::Stage;
+use xlap_tests::example::kind_code;
 use xlap_tests::example::{events, ExampleOptions};
 use xlap_tests::privileged;
 use xlap_tests::trace::trace_example;
 
 /// (seq, kind) -> how many times.
-type Multiset = BTreeMap<(u64, u8), usize>;
-
-fn kind_code(name: &str) -> u8 {
-    match name {
-        "data" => 1,
-        "redundancy" => 2,
-        other => panic!("unexpected kind {other} in the receiver's log"),
-    }
-}
+type Multiset = BTreeMap<(u64, u32), usize>;
 
 /// Asserts two multisets are equal, naming only the differences.
 fn assert_same(stamped: &Multiset, logged: &Multiset, what: &str) {

@@ -223,6 +223,10 @@ pub fn run<M: Markers>(cfg: &ReceiverConfig, log: &EventLog) -> Result<()> {
     }
     .with_context(|| format!("cannot bind the receiver to {}", cfg.bind))?;
     socket.set_read_timeout(Some(Duration::from_millis(5)))?;
+    log.record(json!({
+        "event": "socket", "local": socket.local_addr()?.to_string(),
+        "cookie": udp::cookie(&socket)?, "pid": std::process::id(),
+    }));
     enlarge_receive_buffer(&socket, RECEIVE_BUFFER_BYTES);
     if cfg.udp_gro {
         udp::enable_gro(&socket).context("cannot enable UDP_GRO on the receiver's socket")?;

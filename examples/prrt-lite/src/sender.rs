@@ -118,9 +118,11 @@ pub fn run<M: Markers>(cfg: &SenderConfig, log: &EventLog) -> Result<()> {
     socket
         .connect(cfg.dest)
         .with_context(|| format!("cannot connect the sender to {}", cfg.dest))?;
-    if cfg.late_socket {
-        log.record(serde_json::json!({"event": "socket", "local": socket.local_addr()?.to_string(), "pid": std::process::id()}));
-    }
+    // The socket as the kernel knows it: its address and cookie.
+    log.record(serde_json::json!({
+        "event": "socket", "local": socket.local_addr()?.to_string(),
+        "peer": cfg.dest.to_string(), "cookie": udp::cookie(&socket)?, "pid": std::process::id(),
+    }));
     if let Some(ext) = cfg.ipv6_ext {
         anyhow::ensure!(
             is_ipv6_destination(cfg.dest),

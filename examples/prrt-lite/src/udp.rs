@@ -487,6 +487,27 @@ pub fn reuseport_socket(addr: SocketAddr) -> io::Result<UdpSocket> {
     Ok(socket)
 }
 
+/// The socket's cookie (SO_COOKIE): the kernel's identity of the socket,
+/// logged so that a tracer's per-socket attribution can be checked.
+pub fn cookie(socket: &UdpSocket) -> io::Result<u64> {
+    let mut value: u64 = 0;
+    let mut len = std::mem::size_of::<u64>() as libc::socklen_t;
+    // SAFETY: getsockopt writes at most `len` bytes into `value`.
+    let rc = unsafe {
+        libc::getsockopt(
+            socket.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_COOKIE,
+            (&mut value as *mut u64).cast(),
+            &mut len,
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(value)
+}
+
 pub fn enable_gro(socket: &UdpSocket) -> io::Result<()> {
     set_option(socket, libc::SOL_UDP, libc::UDP_GRO, &1i32.to_ne_bytes())
 }

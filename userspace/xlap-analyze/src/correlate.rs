@@ -19,6 +19,10 @@
 //!    without crossing the wire), `duplicate` (received more than once, with
 //!    the skew of the copies), `reordered` (a later seq arrived before it),
 //!    `retransmitted` (sent more than once), `deadline_missed`.
+//!    The flow's 5-tuple rides along: `src_addr`/`dst_addr` (null where the
+//!    capture could not note them), `src_port`/`dst_port`, and the cookies
+//!    of the traced sockets that sent and received it; `kind` is null for
+//!    a layout without a kind field.
 
 use crate::clock::{self, Mapping};
 use crate::runs::Run;
@@ -124,6 +128,13 @@ pub fn correlate(
         [],
         |r| r.get(0),
     )?;
+    // Addresses and sockets per flow (runs from before they were recorded
+    // have none).
+    let has_addresses: bool = conn.query_row(
+        "SELECT count(*) > 0 FROM (DESCRIBE stamps) WHERE column_name = 'src_addr'",
+        [],
+        |r| r.get(0),
+    )?;
     let whole = if has_fragment {
         "AND NOT s.fragment"
     } else {
@@ -134,7 +145,7 @@ pub fn correlate(
          INSERT INTO run_domain VALUES {domains_values};
          -- 1. domains and flows
          CREATE OR REPLACE TEMP TABLE s0 AS
-           SELECT s.run_id, s.host, s.point, s.side, s.ts_ns, s.seq::HUGEINT AS seq, s.kind, s.flow, s.pid, s.ifindex, d.domain, d.span
+           SELECT s.run_id, s.host, s.point, s.side, s.ts_ns, s.seq::HUGEINT AS seq, coalesce(s.kind::BIGINT, -1) AS kind, s.flow, s.pid, s.ifindex, d.domain, d.span
            FROM stamps s JOIN run_domain d USING (run_id) WHERE s.seq IS NOT NULL {whole};
          CREATE OR REPLACE TEMP TABLE kflow AS
            SELECT run_id, pid, kind, seq, flow, min(ts_ns) AS t FROM s0 WHERE flow <> 0 GROUP BY ALL;
@@ -348,10 +359,19 @@ pub fn correlate(
         .iter()
         .find(|p| cols.iter().any(|(c, _)| c == &format!("{p}_ns")));
     let dup_source = rx_count_point.map_or(
-        "SELECT NULL::UBIGINT flow, NULL::UTINYINT kind, NULL::HUGEINT useq, 0 AS copies, NULL::BIGINT AS skew WHERE false".to_string(),
+        "SELECT NULL::UBIGINT flow, NULL::BIGINT kind, NULL::HUGEINT useq, 0 AS copies, NULL::BIGINT AS skew WHERE false".to_string(),
         |p| format!("SELECT flow, kind, useq, count(*) AS copies, max(t) - min(t) AS skew FROM s5 WHERE col = '{p}_ns' GROUP BY ALL"),
     );
     let sends_source = "SELECT flow, kind, useq, count(*) AS sends FROM s5 WHERE point = 'sock.send_enter' GROUP BY ALL";
+    let addr_source = if has_addresses {
+        "SELECT flow, any_value(src_addr) AS src_addr, any_value(dst_addr) AS dst_addr,
+                max(socket_cookie) FILTER (WHERE side = 'tx') AS tx_socket_cookie,
+                max(socket_cookie) FILTER (WHERE side = 'rx') AS rx_socket_cookie
+         FROM stamps WHERE flow <> 0 GROUP BY flow"
+    } else {
+        "SELECT NULL::UBIGINT flow, NULL::VARCHAR src_addr, NULL::VARCHAR dst_addr,
+                NULL::UBIGINT tx_socket_cookie, NULL::UBIGINT rx_socket_cookie WHERE false"
+    };
     let pivot_cols = cols
         .iter()
         .map(|(c, _)| format!("min(t) FILTER (WHERE col = '{c}') AS {}", q(c)))
@@ -362,7 +382,11 @@ pub fn correlate(
          SELECT flow, kind, useq, {pivot_cols}
          FROM s5 GROUP BY flow, kind, useq;
          CREATE OR REPLACE TABLE packets AS
-         SELECT e.tx_run AS run_id, p.flow, p.kind, p.useq::UBIGINT AS seq,
+         SELECT e.tx_run AS run_id, p.flow, nullif(p.kind, -1)::UINTEGER AS kind, p.useq::UBIGINT AS seq,
+                fa.src_addr, fa.dst_addr,
+                nullif((p.flow >> 16) & 65535, 0)::USMALLINT AS src_port,
+                nullif(p.flow & 65535, 0)::USMALLINT AS dst_port,
+                fa.tx_socket_cookie, fa.rx_socket_cookie,
                 e.tx_host, e.rx_host, e.tx_pid, e.rx_pid,
                 {tx_first} AS sent_ns,
                 p.* EXCLUDE (flow, kind, useq),
@@ -381,6 +405,7 @@ pub fn correlate(
          FROM pk p JOIN ends e USING (flow)
          LEFT JOIN ({dup_source}) d USING (flow, kind, useq)
          LEFT JOIN ({sends_source}) sn USING (flow, kind, useq)
+         LEFT JOIN ({addr_source}) fa USING (flow)
          ORDER BY p.flow, p.kind, p.useq;",
         stages = if stages.is_empty() { "NULL AS no_stages".to_string() } else { stages.join(",\n                ") }
     ))?;

@@ -54,6 +54,10 @@ impl Run {
     }
 }
 
+/// The run (stamps) schema versions this analyser reads: xlap-records'
+/// current one and those before it.
+pub const READS_RUN_VERSIONS: &[&str] = &["1", "2"];
+
 /// A run's `run.json`, refused unless it is JSON of the version we read.
 pub fn read_meta(path: &Path) -> Result<serde_json::Value> {
     let err = |what: String| AnalyzeError::Input {
@@ -64,10 +68,13 @@ pub fn read_meta(path: &Path) -> Result<serde_json::Value> {
         .map_err(|e| err(format!("not an xlap-trace run directory (run.json: {e})")))?;
     let meta: serde_json::Value =
         serde_json::from_str(&text).map_err(|e| err(format!("run.json is not valid JSON: {e}")))?;
+    // Version 1 stamps lack the address and socket columns and have 8-bit
+    // kinds; both still read.
     let version = meta["schema_version"].as_str().unwrap_or("?");
-    if version != "1" {
+    if !READS_RUN_VERSIONS.contains(&version) {
         return Err(err(format!(
-            "run.json has schema version {version}; this xlap-trace reads version 1 (use a matching xlap-trace)"
+            "run.json has schema version {version}; this xlap-trace reads versions {} (use a matching xlap-trace)",
+            READS_RUN_VERSIONS.join(", ")
         )));
     }
     Ok(meta)

@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 /// Bumped on any incompatible change; readers refuse newer versions.
-pub const SCHEMA_VERSION: &str = "1";
+pub const SCHEMA_VERSION: &str = "2";
 pub const META_TABLE: &str = "xlap.table";
 pub const META_VERSION: &str = "xlap.schema_version";
 
@@ -22,6 +22,13 @@ fn with_meta(table: &str, fields: Vec<Field>) -> Schema {
 }
 
 /// `stamps`: one row per stamp point passed by one packet on one host.
+///
+/// `flow` is the datagram's ports and folded addresses (the join key);
+/// `src_port`/`dst_port` come from it (null where the stamp's flow does not
+/// know them), `src_addr`/`dst_addr` (text) and `socket_cookie` (the traced
+/// socket on the stamp's side, `SO_COOKIE`) from the flow table the capture
+/// keeps, filled in when the run ends: null in the live stream, and for a
+/// flow whose folded key two address pairs shared.
 pub fn stamps() -> Arc<Schema> {
     Arc::new(with_meta(
         "stamps",
@@ -33,8 +40,13 @@ pub fn stamps() -> Arc<Schema> {
             Field::new("side", DataType::Utf8, true),
             Field::new("ts_ns", DataType::Int64, false),
             Field::new("seq", DataType::UInt64, true),
-            Field::new("kind", DataType::UInt8, true),
+            Field::new("kind", DataType::UInt32, true),
             Field::new("flow", DataType::UInt64, false),
+            Field::new("src_addr", DataType::Utf8, true),
+            Field::new("dst_addr", DataType::Utf8, true),
+            Field::new("src_port", DataType::UInt16, true),
+            Field::new("dst_port", DataType::UInt16, true),
+            Field::new("socket_cookie", DataType::UInt64, true),
             Field::new("pid", DataType::UInt32, false),
             Field::new("tid", DataType::UInt32, false),
             Field::new("cpu", DataType::UInt16, false),

@@ -1,7 +1,8 @@
 //! A decoded stamp: one point passed by one packet.
 
 use xlap_abi::{
-    xlap_stamp, XLAP_FLAG_FRAGMENT, XLAP_FLAG_FROM_USER, XLAP_FLAG_HW_TS, XLAP_FLAG_SEQ_VALID,
+    xlap_stamp, XLAP_FLAG_FRAGMENT, XLAP_FLAG_FROM_USER, XLAP_FLAG_HW_TS, XLAP_FLAG_KIND,
+    XLAP_FLAG_SEQ_VALID,
 };
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -9,10 +10,12 @@ pub struct Stamp {
     /// `CLOCK_MONOTONIC` ns of the host that recorded it.
     pub ts_ns: u64,
     pub point: u16,
-    /// The protocol's sequence number and kind; `None` when they could not be
-    /// read (counted as parse losses).
+    /// The protocol's sequence number; `None` when it could not be read
+    /// (counted as a parse loss).
     pub seq: Option<u64>,
-    pub kind: Option<u8>,
+    /// The packet kind, in its full width; `None` when the datagram's
+    /// layout has no kind field (or the seq could not be read).
+    pub kind: Option<u32>,
     pub flow: u64,
     pub pid: u32,
     pub tid: u32,
@@ -36,7 +39,7 @@ impl Stamp {
             ts_ns: raw.ts_ns,
             point: raw.point,
             seq: seq_valid.then_some(raw.seq),
-            kind: seq_valid.then_some(raw.kind),
+            kind: (seq_valid && flags & XLAP_FLAG_KIND != 0).then_some(raw.kind),
             flow: raw.flow,
             pid: raw.pid,
             tid: raw.tid,
@@ -69,11 +72,18 @@ mod tests {
             point: 7,
             cpu: 1,
             queue: 0,
-            kind: 1,
-            flags: (XLAP_FLAG_SEQ_VALID | XLAP_FLAG_FROM_USER) as u8,
+            kind: 70_000,
+            flags: (XLAP_FLAG_SEQ_VALID | XLAP_FLAG_FROM_USER | XLAP_FLAG_KIND) as u8,
+            ..Default::default()
         };
         let s = Stamp::decode(&raw);
-        assert_eq!((s.seq, s.kind, s.from_user), (Some(42), Some(1), true));
+        assert_eq!((s.seq, s.kind, s.from_user), (Some(42), Some(70_000), true));
+        // A layout without a kind field: no kind, not kind 0.
+        let s = Stamp::decode(&xlap_stamp {
+            flags: XLAP_FLAG_SEQ_VALID as u8,
+            ..raw
+        });
+        assert_eq!((s.seq, s.kind), (Some(42), None));
         assert_eq!((s.ifindex, s.queue, s.hw_ts_ns), (None, None, None));
         let s = Stamp::decode(&xlap_stamp {
             flags: XLAP_FLAG_HW_TS as u8,

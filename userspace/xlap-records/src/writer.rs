@@ -7,7 +7,6 @@ use crate::schema;
 use crate::stamp::Stamp;
 use arrow_array::builder::{
     BooleanBuilder, Int64Builder, StringBuilder, UInt16Builder, UInt32Builder, UInt64Builder,
-    UInt8Builder,
 };
 use arrow_array::{Array, ArrayRef, BooleanArray, RecordBatch, StringArray, UInt64Array};
 use arrow_ipc::reader::StreamReader;
@@ -15,9 +14,10 @@ use arrow_ipc::writer::StreamWriter;
 use parquet::arrow::ArrowWriter;
 use parquet::basic::{Compression, ZstdLevel};
 use parquet::file::properties::WriterProperties;
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs::File;
 use std::io::BufReader;
+use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -57,8 +57,13 @@ pub struct StampBatcher {
     sides: StringBuilder,
     ts: Int64Builder,
     seqs: UInt64Builder,
-    kinds: UInt8Builder,
+    kinds: UInt32Builder,
     flows: UInt64Builder,
+    src_addrs: StringBuilder,
+    dst_addrs: StringBuilder,
+    src_ports: UInt16Builder,
+    dst_ports: UInt16Builder,
+    cookies: UInt64Builder,
     pids: UInt32Builder,
     tids: UInt32Builder,
     cpus: UInt16Builder,
@@ -86,8 +91,13 @@ impl StampBatcher {
             sides: StringBuilder::new(),
             ts: Int64Builder::new(),
             seqs: UInt64Builder::new(),
-            kinds: UInt8Builder::new(),
+            kinds: UInt32Builder::new(),
             flows: UInt64Builder::new(),
+            src_addrs: StringBuilder::new(),
+            dst_addrs: StringBuilder::new(),
+            src_ports: UInt16Builder::new(),
+            dst_ports: UInt16Builder::new(),
+            cookies: UInt64Builder::new(),
             pids: UInt32Builder::new(),
             tids: UInt32Builder::new(),
             cpus: UInt16Builder::new(),
@@ -132,6 +142,13 @@ impl StampBatcher {
         self.seqs.append_option(s.seq);
         self.kinds.append_option(s.kind);
         self.flows.append_value(s.flow);
+        // Addresses and sockets are known when the run ends (FlowTable).
+        self.src_addrs.append_null();
+        self.dst_addrs.append_null();
+        let (sport, dport) = flow_ports(s.flow);
+        self.src_ports.append_option(sport);
+        self.dst_ports.append_option(dport);
+        self.cookies.append_null();
         self.pids.append_value(s.pid);
         self.tids.append_value(s.tid);
         self.cpus.append_value(s.cpu);
@@ -156,6 +173,11 @@ impl StampBatcher {
             Arc::new(self.seqs.finish()),
             Arc::new(self.kinds.finish()),
             Arc::new(self.flows.finish()),
+            Arc::new(self.src_addrs.finish()),
+            Arc::new(self.dst_addrs.finish()),
+            Arc::new(self.src_ports.finish()),
+            Arc::new(self.dst_ports.finish()),
+            Arc::new(self.cookies.finish()),
             Arc::new(self.pids.finish()),
             Arc::new(self.tids.finish()),
             Arc::new(self.cpus.finish()),
@@ -169,6 +191,14 @@ impl StampBatcher {
         self.rows = 0;
         RecordBatch::try_new(schema::stamps(), columns).expect("builders match the stamps schema")
     }
+}
+
+/// The ports a flow key holds (XLAP_FLOW_*: source port in bits 31..16,
+/// destination port in 15..0); a zero port is one the stamp did not know.
+pub fn flow_ports(flow: u64) -> (Option<u16>, Option<u16>) {
+    let sport = (flow >> 16) as u16;
+    let dport = flow as u16;
+    ((sport != 0).then_some(sport), (dport != 0).then_some(dport))
 }
 
 /// An Arrow IPC stream of stamps, flushed after every batch.
@@ -253,19 +283,87 @@ impl DropFlows<'_> {
     }
 }
 
+/// The addresses and traced sockets behind a flow, as the capture noted
+/// them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FlowInfo {
+    pub src_addr: IpAddr,
+    pub dst_addr: IpAddr,
+    /// Cookie of the traced socket that sent the flow's datagrams.
+    pub tx_cookie: Option<u64>,
+    /// Cookie of the traced socket that received them.
+    pub rx_cookie: Option<u64>,
+}
+
+/// Flow key → what is behind it (flows two address pairs shared are left
+/// out: their stamps get no addresses rather than wrong ones).
+pub type FlowTable = HashMap<u64, FlowInfo>;
+
+/// Fills `src_addr`, `dst_addr` and `socket_cookie` (the socket on the
+/// stamp's side) from the flow table.
+fn fill_flows(batch: RecordBatch, table: &FlowTable) -> RecordBatch {
+    if table.is_empty() {
+        return batch;
+    }
+    let schema = batch.schema();
+    let (Some(flow), Some(side), Ok(src_i), Ok(dst_i), Ok(cookie_i)) = (
+        batch
+            .column_by_name("flow")
+            .and_then(|c| c.as_any().downcast_ref::<UInt64Array>()),
+        batch
+            .column_by_name("side")
+            .and_then(|c| c.as_any().downcast_ref::<StringArray>()),
+        schema.index_of("src_addr"),
+        schema.index_of("dst_addr"),
+        schema.index_of("socket_cookie"),
+    ) else {
+        return batch;
+    };
+    let mut src = StringBuilder::new();
+    let mut dst = StringBuilder::new();
+    let mut cookie = UInt64Builder::new();
+    for i in 0..batch.num_rows() {
+        match table.get(&flow.value(i)) {
+            Some(f) => {
+                src.append_value(f.src_addr.to_string());
+                dst.append_value(f.dst_addr.to_string());
+                let c = match (side.is_valid(i).then(|| side.value(i)), f) {
+                    (Some("tx"), f) => f.tx_cookie,
+                    (Some("rx"), f) => f.rx_cookie,
+                    _ => None,
+                };
+                cookie.append_option(c);
+            }
+            None => {
+                src.append_null();
+                dst.append_null();
+                cookie.append_null();
+            }
+        }
+    }
+    let mut columns = batch.columns().to_vec();
+    columns[src_i] = Arc::new(src.finish());
+    columns[dst_i] = Arc::new(dst.finish());
+    columns[cookie_i] = Arc::new(cookie.finish());
+    RecordBatch::try_new(schema, columns).unwrap_or(batch)
+}
+
 /// Converts an IPC stream (complete or cut short by a crash) into Parquet at
 /// `parquet`, written to `<parquet>.tmp` and renamed when complete. Returns
 /// the number of rows.
 pub fn stream_to_parquet(stream: &Path, parquet: &Path) -> Result<u64, WriteError> {
-    stream_to_parquet_dropping(stream, parquet, &DropFlows::default()).map(|(rows, _)| rows)
+    stream_to_parquet_with(stream, parquet, &DropFlows::default(), &FlowTable::new())
+        .map(|(rows, _)| rows)
 }
 
-/// [`stream_to_parquet`] without the stamps `drop` names. Returns the rows
-/// written and the stamps left out per point.
-pub fn stream_to_parquet_dropping(
+/// [`stream_to_parquet`] without the stamps `drop` names, with the
+/// addresses and sockets of `flows` filled in. Returns the rows written and
+/// the stamps left out per point.
+pub fn stream_to_parquet_with(
     stream: &Path,
     parquet: &Path,
     drop: &DropFlows,
+    flows: &FlowTable,
 ) -> Result<(u64, BTreeMap<String, u64>), WriteError> {
     let io = |path: &Path| {
         let path = path.to_path_buf();
@@ -297,11 +395,116 @@ pub fn stream_to_parquet_dropping(
         // A stream cut short by a crash ends in a partial message: keep every
         // complete batch before it.
         let Ok(batch) = batch else { break };
-        let batch = drop.apply(batch, &mut removed);
+        let batch = fill_flows(drop.apply(batch, &mut removed), flows);
         rows += batch.num_rows() as u64;
         writer.write(&batch).map_err(pq)?;
     }
     writer.close().map_err(pq)?;
     std::fs::rename(&tmp, parquet).map_err(io(parquet))?;
     Ok((rows, removed))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::stamp::Stamp;
+
+    fn stamp(point: u16, flow: u64) -> Stamp {
+        Stamp {
+            ts_ns: 1,
+            point,
+            seq: Some(7),
+            kind: None,
+            flow,
+            pid: 1,
+            tid: 1,
+            cpu: 0,
+            len: 64,
+            ifindex: None,
+            queue: None,
+            hw_ts_ns: None,
+            from_user: false,
+            fragment: false,
+        }
+    }
+
+    /// A stream converted with a flow table: addresses on the flow's
+    /// stamps, the socket of each stamp's side, ports from the key even
+    /// without a table entry, nothing invented for an unknown flow.
+    #[test]
+    fn flow_table_fills_addresses_and_the_sides_socket() {
+        let dir = std::env::temp_dir().join(format!("xlap-fill-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (stream, parquet) = (dir.join("s.arrows"), dir.join("s.parquet"));
+        let known: u64 = 0x1111_2222_2329_2328; // ports 9001 -> 9000
+        let unknown: u64 = 0x3333_4444_0050_0035; // ports 80 -> 53
+        let mut batcher = StampBatcher::new("r", "h", vec![]);
+        let (tx, rx) = (
+            xlap_abi::xlap_point::XLAP_POINT_DEV_QUEUE as u16,
+            xlap_abi::xlap_point::XLAP_POINT_SOCK_QUEUE as u16,
+        );
+        batcher.push(&stamp(tx, known));
+        batcher.push(&stamp(rx, known));
+        batcher.push(&stamp(rx, unknown));
+        let mut s = StampStream::create(&stream).unwrap();
+        s.write(&batcher.finish()).unwrap();
+        s.finish().unwrap();
+        let table = FlowTable::from([(
+            known,
+            FlowInfo {
+                src_addr: "10.0.0.1".parse().unwrap(),
+                dst_addr: "fd00::2".parse().unwrap(),
+                tx_cookie: Some(41),
+                rx_cookie: Some(42),
+            },
+        )]);
+        stream_to_parquet_with(&stream, &parquet, &DropFlows::default(), &table).unwrap();
+        let batch = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(
+            File::open(&parquet).unwrap(),
+        )
+        .unwrap()
+        .build()
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap();
+        let text = |name: &str| {
+            let c = batch.column_by_name(name).unwrap();
+            let a = c.as_any().downcast_ref::<StringArray>().unwrap();
+            (0..3)
+                .map(|i| a.is_valid(i).then(|| a.value(i).to_string()))
+                .collect::<Vec<_>>()
+        };
+        let num = |name: &str| {
+            let c = batch.column_by_name(name).unwrap();
+            (0..3)
+                .map(|i| {
+                    c.is_valid(i).then(|| {
+                        if let Some(a) = c.as_any().downcast_ref::<UInt64Array>() {
+                            a.value(i)
+                        } else {
+                            let a = c
+                                .as_any()
+                                .downcast_ref::<arrow_array::UInt16Array>()
+                                .unwrap();
+                            a.value(i) as u64
+                        }
+                    })
+                })
+                .collect::<Vec<_>>()
+        };
+        let some = |s: &str| Some(s.to_string());
+        assert_eq!(
+            text("src_addr"),
+            vec![some("10.0.0.1"), some("10.0.0.1"), None]
+        );
+        assert_eq!(
+            text("dst_addr"),
+            vec![some("fd00::2"), some("fd00::2"), None]
+        );
+        assert_eq!(num("socket_cookie"), vec![Some(41), Some(42), None]);
+        assert_eq!(num("src_port"), vec![Some(9001), Some(9001), Some(80)]);
+        assert_eq!(num("dst_port"), vec![Some(9000), Some(9000), Some(53)]);
+        std::fs::remove_dir_all(&dir).ok();
+    }
 }

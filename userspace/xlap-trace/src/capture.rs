@@ -41,6 +41,14 @@ struct SockMark(xlap_abi::xlap_sock);
 // SAFETY: plain C struct of integers, padding zeroed (Default).
 unsafe impl aya::Pod for SockMark {}
 
+/// A FLOWS value: the addresses and sockets behind a flow.
+#[derive(Clone, Copy)]
+#[repr(transparent)]
+struct FlowTuple(xlap_abi::xlap_flow_tuple);
+
+// SAFETY: plain C struct of integers and byte arrays.
+unsafe impl aya::Pod for FlowTuple {}
+
 /// A --iface device as a map key.
 #[derive(Clone, Copy)]
 #[repr(transparent)]
@@ -163,7 +171,10 @@ pub const DEFAULT_TUNNEL_PORTS: [u16; 2] = [4789, 8472];
 
 impl Capture {
     pub fn load(settings: &Settings) -> Result<Capture> {
-        let mut config = settings.layout.to_abi();
+        let mut config = xlap_abi::xlap_config {
+            layout: settings.layout.to_abi(),
+            ..Default::default()
+        };
         config.wakeup_bytes = settings.ringbuf_bytes / 8;
         config.per_stamp = settings.per_stamp as u8;
         config.iface_filter = settings.iface_filter as u8;
@@ -241,13 +252,14 @@ impl Capture {
             SkStorage::try_from(self.bpf.map_mut("SOCKS").context("SOCKS map")?)?;
         let mut failed = Vec::new();
         for s in sockets {
-            let mark = SockMark(xlap_abi::xlap_sock {
-                tgid: s.pid,
-                ..Default::default()
-            });
             let result = crate::sockets::duplicate(s.pid, s.fd)
                 .map_err(|e| format!("cannot duplicate it (pidfd_getfd): {e}"))
                 .and_then(|fd| {
+                    let mark = SockMark(xlap_abi::xlap_sock {
+                        tgid: s.pid,
+                        cookie: crate::sockets::cookie(&fd).unwrap_or(0),
+                        ..Default::default()
+                    });
                     // BPF_NOEXIST: a socket the BPF side marked already (at
                     // creation) keeps its record; overwriting it would reset
                     // the flow and port it holds while datagrams flow.
@@ -426,6 +438,64 @@ impl Capture {
         let map = self.bpf.take_map("LOSSES").context("LOSSES map")?;
         Ok(PerCpuArray::try_from(map)?)
     }
+
+    /// The flow table's maps, to be read once the programs are gone.
+    pub fn take_flows(&mut self) -> Result<FlowMaps> {
+        let tuples = self.bpf.take_map("FLOWS").context("FLOWS map")?;
+        let full = self.bpf.take_map("FLOWS_FULL").context("FLOWS_FULL map")?;
+        Ok(FlowMaps {
+            tuples: BpfHashMap::try_from(tuples)?,
+            full: PerCpuArray::try_from(full)?,
+        })
+    }
+}
+
+/// The maps behind [`flows`].
+pub struct FlowMaps {
+    tuples: BpfHashMap<MapData, u64, FlowTuple>,
+    full: PerCpuArray<MapData, u64>,
+}
+
+/// The addresses and sockets behind the run's flows.
+#[derive(Debug, Default)]
+pub struct Flows {
+    pub table: xlap_records::writer::FlowTable,
+    /// Flow keys two address pairs shared (their stamps get no addresses).
+    pub collided: u64,
+    /// Times a flow found the table full (its stamps get no addresses).
+    pub not_noted: u64,
+}
+
+pub fn flows(maps: &FlowMaps) -> Result<Flows> {
+    use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+    let mut out = Flows {
+        not_noted: maps.full.get(&0, 0)?.iter().sum(),
+        ..Default::default()
+    };
+    for entry in maps.tuples.iter() {
+        let (flow, FlowTuple(t)) = entry?;
+        if t.collided != 0 {
+            out.collided += 1;
+            continue;
+        }
+        let addr = |b: [u8; 16]| -> IpAddr {
+            if t.family == 6 {
+                Ipv6Addr::from(b).into()
+            } else {
+                Ipv4Addr::new(b[0], b[1], b[2], b[3]).into()
+            }
+        };
+        out.table.insert(
+            flow,
+            xlap_records::writer::FlowInfo {
+                src_addr: addr(t.saddr),
+                dst_addr: addr(t.daddr),
+                tx_cookie: (t.tx_cookie != 0).then_some(t.tx_cookie),
+                rx_cookie: (t.rx_cookie != 0).then_some(t.rx_cookie),
+            },
+        );
+    }
+    Ok(out)
 }
 
 /// Loss counters summed over CPUs: `[point row][reason]`; the last row

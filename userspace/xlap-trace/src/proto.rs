@@ -3,7 +3,7 @@
 
 use crate::exit::{failure, Code};
 use anyhow::Result;
-use xlap_abi::xlap_config;
+use xlap_abi::xlap_layout;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct Layout {
@@ -12,6 +12,9 @@ pub struct Layout {
     pub kind_offset: u32,
     /// 0: the protocol has no kind field.
     pub kind_size: u8,
+    /// Bits of the kind field that make the kind (RTP: the payload type,
+    /// 0x7f, without the marker bit); 0 keeps all.
+    pub kind_mask: u32,
     pub big_endian: bool,
     /// Names of the kind values (run.json carries them; the analyses accept
     /// `--kind data`).
@@ -30,6 +33,7 @@ pub const PRESETS: &[(&str, Layout, &str)] = &[
             seq_size: 4,
             kind_offset: 0,
             kind_size: 1,
+            kind_mask: 0,
             big_endian: true,
             kind_names: &[(1, "data"), (2, "parity"), (3, "feedback")],
         },
@@ -42,6 +46,7 @@ pub const PRESETS: &[(&str, Layout, &str)] = &[
             seq_size: 4,
             kind_offset: 0,
             kind_size: 0,
+            kind_mask: 0,
             big_endian: true,
             kind_names: &[],
         },
@@ -54,6 +59,7 @@ pub const PRESETS: &[(&str, Layout, &str)] = &[
             seq_size: 8,
             kind_offset: 0,
             kind_size: 0,
+            kind_mask: 0,
             big_endian: true,
             kind_names: &[],
         },
@@ -66,10 +72,52 @@ pub const PRESETS: &[(&str, Layout, &str)] = &[
             seq_size: 8,
             kind_offset: 8,
             kind_size: 2,
+            kind_mask: 0,
             big_endian: true,
             kind_names: &[],
         },
         "sockperf 3.x: sequence number u64 big-endian at 0, message flags u16 big-endian at 8 as kind",
+    ),
+    (
+        "rtp",
+        Layout {
+            seq_offset: 2,
+            seq_size: 2,
+            kind_offset: 1,
+            kind_size: 1,
+            kind_mask: 0x7f,
+            big_endian: true,
+            kind_names: &[
+                (0, "PCMU"),
+                (8, "PCMA"),
+                (9, "G722"),
+                (26, "JPEG"),
+                (31, "H261"),
+                (32, "MPV"),
+                (33, "MP2T"),
+                (34, "H263"),
+            ],
+        },
+        "RTP (RFC 3550): sequence number u16 big-endian at 2 (wraps: unwrapped per flow), payload type (byte 1 without the marker bit) as kind",
+    ),
+    (
+        "rtcp",
+        Layout {
+            seq_offset: 10,
+            seq_size: 4,
+            kind_offset: 1,
+            kind_size: 1,
+            kind_mask: 0,
+            big_endian: true,
+            kind_names: &[
+                (200, "SR"),
+                (201, "RR"),
+                (202, "SDES"),
+                (203, "BYE"),
+                (204, "APP"),
+            ],
+        },
+        "RTCP (RFC 3550): packet type as kind; as seq the middle 32 bits of a sender report's NTP timestamp (what receivers echo as LSR)",
     ),
 ];
 
@@ -110,10 +158,11 @@ impl Layout {
         Ok(())
     }
 
-    pub fn to_abi(self) -> xlap_config {
-        xlap_config {
+    pub fn to_abi(self) -> xlap_layout {
+        xlap_layout {
             seq_offset: self.seq_offset,
             kind_offset: self.kind_offset,
+            kind_mask: self.kind_mask,
             seq_size: self.seq_size,
             kind_size: self.kind_size,
             big_endian: self.big_endian as u8,

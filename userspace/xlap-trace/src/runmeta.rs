@@ -88,6 +88,17 @@ pub struct ProgramStats {
     pub recursion_misses: Option<u64>,
 }
 
+/// What the flow table held at the end of a run.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct FlowCounts {
+    /// Flows with their addresses known.
+    pub known: u64,
+    /// Flow keys two address pairs shared (their stamps have no addresses).
+    pub collided: u64,
+    /// Times a flow found the table full (its stamps have no addresses).
+    pub not_noted: u64,
+}
+
 #[derive(Debug, Serialize)]
 pub struct RunMeta {
     pub schema_version: &'static str,
@@ -111,6 +122,8 @@ pub struct RunMeta {
     /// socket not traced (an SO_REUSEPORT group, a more specific bind on
     /// the port), left out of stamps.parquet.
     pub foreign_stamps_dropped: u64,
+    /// The flow table behind stamps' `src_addr`/`dst_addr`/`socket_cookie`.
+    pub flows: FlowCounts,
     /// Ports of traced sockets the kernel's port table had no room for
     /// (their receive-device points are missing).
     pub ports_not_traced: Vec<u16>,
@@ -170,4 +183,15 @@ pub fn hostname() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|s| s.trim().to_string())
         .unwrap_or_else(|_| "localhost".to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    /// The analyser reads what the recorder writes.
+    #[test]
+    fn the_analyser_reads_the_current_run_version() {
+        assert!(
+            xlap_analyze::runs::READS_RUN_VERSIONS.contains(&xlap_records::schema::SCHEMA_VERSION)
+        );
+    }
 }

@@ -121,6 +121,27 @@ pub fn duplicate(pid: u32, fd: i32) -> io::Result<OwnedFd> {
     }
 }
 
+/// The socket's cookie (SO_COOKIE): the kernel's identity of the socket,
+/// the one the capture records for the sockets it sees created.
+pub fn cookie(fd: &OwnedFd) -> io::Result<u64> {
+    let mut value: u64 = 0;
+    let mut len = std::mem::size_of::<u64>() as libc::socklen_t;
+    // SAFETY: getsockopt writes at most `len` bytes into `value`.
+    let rc = unsafe {
+        libc::getsockopt(
+            std::os::fd::AsRawFd::as_raw_fd(fd),
+            libc::SOL_SOCKET,
+            libc::SO_COOKIE,
+            (&mut value as *mut u64).cast(),
+            &mut len,
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(value)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

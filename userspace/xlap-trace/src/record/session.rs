@@ -24,7 +24,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use xlap_abi::{xlap_loss, xlap_point, xlap_stamp};
 use xlap_records::points::point_info;
-use xlap_records::writer::{stream_to_parquet_dropping, DropFlows, StampBatcher, StampStream};
+use xlap_records::writer::{stream_to_parquet_with, DropFlows, StampBatcher, StampStream};
 use xlap_records::Stamp;
 
 /// Rows per Arrow batch; a batch is also cut every `FLUSH_EVERY`.
@@ -155,6 +155,7 @@ impl Session {
         let ring = self.capture.take_ring()?;
         let batches = self.capture.take_batches()?;
         let losses = self.capture.take_losses()?;
+        let flow_maps = self.capture.take_flows()?;
 
         let run_id = format!(
             "{}-{}",
@@ -176,6 +177,7 @@ impl Session {
             ring,
             batches,
             losses,
+            flow_maps,
             sink: Sink {
                 batcher: StampBatcher::new(&run_id, &host, usdt.app_names.clone()),
                 stream: StampStream::create(&plan.files.stream)?,
@@ -258,6 +260,7 @@ pub struct Live {
     ring: RingBuf<MapData>,
     batches: PerCpuArray<MapData, Batch>,
     losses: PerCpuArray<MapData, u64>,
+    flow_maps: capture::FlowMaps,
     sink: Sink,
     info: RunInfo,
 }
@@ -358,6 +361,7 @@ impl Live {
             mut ring,
             batches,
             losses,
+            flow_maps,
             mut sink,
             info,
         } = self;
@@ -378,11 +382,13 @@ impl Live {
             sink.take(&raw);
         }
         let losses = capture::losses(&losses)?;
+        let flows = capture::flows(&flow_maps)?;
         Ok(Detached {
             following,
             sink,
             info,
             losses,
+            flows,
             program_stats,
             unavailable,
         })
@@ -395,6 +401,7 @@ pub struct Detached {
     sink: Sink,
     info: RunInfo,
     losses: Vec<[u64; xlap_loss::XLAP_LOSS_COUNT as usize]>,
+    flows: capture::Flows,
     program_stats: Vec<(String, ProgramStats)>,
     unavailable: BTreeMap<String, String>,
 }
@@ -408,6 +415,7 @@ impl Detached {
             mut sink,
             info,
             losses,
+            flows,
             program_stats,
             unavailable,
         } = self;
@@ -423,7 +431,13 @@ impl Detached {
             points: BY_PORT_POINTS,
         };
         let (_, dropped) =
-            stream_to_parquet_dropping(&plan.files.stream, &plan.files.parquet, &drop)?;
+            stream_to_parquet_with(&plan.files.stream, &plan.files.parquet, &drop, &flows.table)?;
+        if (flows.collided > 0 || flows.not_noted > 0) && !args.quiet {
+            eprintln!(
+                "xlap-trace: warning: the addresses of some flows are unknown ({} flow keys shared by two address pairs, {} flows found the flow table full): their stamps have no src_addr/dst_addr (run.json: flows)",
+                flows.collided, flows.not_noted
+            );
+        }
         let mut tally = sink.tally;
         tally
             .packets
@@ -507,6 +521,11 @@ impl Detached {
                 .collect(),
             followed: following.children.values().cloned().collect(),
             foreign_stamps_dropped: dropped_stamps,
+            flows: runmeta::FlowCounts {
+                known: flows.table.len() as u64,
+                collided: flows.collided,
+                not_noted: flows.not_noted,
+            },
             ports_not_traced: following.ports_not_traced.iter().map(|(_, p)| *p).collect(),
             points,
             unavailable_points: unavailable,

@@ -12,9 +12,9 @@ pub struct Tally {
     /// Stamps per point id (kernel and app ids are small).
     per_point: Vec<u64>,
     /// Distinct (flow, kind, seq) of stamps that know their flow.
-    pub packets: HashSet<(u64, u8, u64), std::hash::BuildHasherDefault<FastHasher>>,
+    pub packets: HashSet<(u64, u32, u64), std::hash::BuildHasherDefault<FastHasher>>,
     /// The packet added last: a batch carries a packet's stamps together.
-    last_packet: Option<(u64, u8, u64)>,
+    last_packet: Option<(u64, u32, u64)>,
     pub stamps: u64,
 }
 
