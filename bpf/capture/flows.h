@@ -16,6 +16,20 @@
 
 #define FLOW_SEEN_SLOTS 16 /* per direction; a power of two */
 
+/* 64 bytes of a datagram from its IP header (the parse cache, or a copy). */
+struct xl_bytes64 {
+  __u8 b[XL_CACHE];
+};
+
+/* Per-CPU room for the header when the parse cache does not hold it (the
+ * inner header of a tunnel). */
+struct {
+  __uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+  __uint(max_entries, 1);
+  __type(key, __u32);
+  __type(value, struct xl_bytes64);
+} HEADER_SCRATCH SEC(".maps");
+
 struct xl_flow_seen {
   __u64 flow[2 * FLOW_SEEN_SLOTS];
   __u32 sig[2 * FLOW_SEEN_SLOTS];
@@ -52,7 +66,7 @@ struct {
 __attribute__((noinline)) int xl_note_tuple(const struct xl_bytes64 *buf,
                                             __u32 start, __u64 flow,
                                             __u64 cookie, __u32 rx) {
-  if (!buf || start > XL_CACHE - 40)
+  if (!buf || start > XL_CACHE - 20)
     return 0;
   start &= XL_CACHE - 1; /* the bound, in a form the verifier keeps */
   int v6 = buf->b[start] >> 4 == 6;
@@ -70,23 +84,13 @@ __attribute__((noinline)) int xl_note_tuple(const struct xl_bytes64 *buf,
   if (at != off)
     return 0;
   const __u32 *w = (const __u32 *)(buf->b + at);
-  __u32 *a = (__u32 *)seen->t.saddr, *b = (__u32 *)seen->t.daddr;
   __u32 sig = 0x9e3779b9;
-  if (v6) {
-    for (int i = 0; i < 4; i++) {
-      a[i] = w[i];
-      b[i] = w[4 + i];
-      sig = (sig ^ a[i]) * 0x85ebca6b + (sig >> 13);
-      sig = (sig ^ b[i]) * 0xc2b2ae35 + (sig >> 16);
-    }
-  } else {
-    a[0] = w[0];
-    b[0] = w[1];
-    a[1] = a[2] = a[3] = b[1] = b[2] = b[3] = 0;
-    sig = (sig ^ a[0]) * 0x85ebca6b + (sig >> 13);
-    sig = (sig ^ b[0]) * 0xc2b2ae35 + (sig >> 16);
+  for (int i = 0; i < 4; i++) {
+    if (i > 0 && !v6)
+      break;
+    sig = (sig ^ w[i]) * 0x85ebca6b + (sig >> 13);
+    sig = (sig ^ w[(v6 ? 4 : 1) + i]) * 0xc2b2ae35 + (sig >> 16);
   }
-  struct xlap_flow_tuple *t = &seen->t;
   __u32 slot = (__u32)(flow ^ (flow >> 16) ^ (flow >> 32) ^ (flow >> 48));
   slot = (slot & (FLOW_SEEN_SLOTS - 1)) + (rx ? FLOW_SEEN_SLOTS : 0);
   slot &= 2 * FLOW_SEEN_SLOTS - 1;
@@ -104,6 +108,13 @@ __attribute__((noinline)) int xl_note_tuple(const struct xl_bytes64 *buf,
       have->tx_cookie = cookie;
     return 0;
   }
+  /* A flow new to the table: the entry is built off the stack. */
+  struct xlap_flow_tuple *t = &seen->t;
+  __u32 *a = (__u32 *)t->saddr, *b = (__u32 *)t->daddr;
+  for (int i = 0; i < 4; i++) {
+    a[i] = v6 || i == 0 ? w[i] : 0;
+    b[i] = v6 ? w[4 + i] : i == 0 ? w[1] : 0;
+  }
   t->addr_sig = sig;
   t->family = v6 ? 6 : 4;
   t->collided = 0;
@@ -120,18 +131,21 @@ __attribute__((noinline)) int xl_note_tuple(const struct xl_bytes64 *buf,
 
 /* Notes the addresses of datagram `d` (parsed from `r`) under its flow,
  * and the traced socket (`cookie`) that sent (rx = 0) or received it:
- * straight from the parse cache when it holds the header (no helper
- * call), else from a copy. */
+ * straight from the parse cache when it holds the header's addresses (no
+ * helper call), else from a copy of the header (40 bytes; 20 for a short
+ * IPv4 datagram). */
 static __always_inline void
 note_tuple(struct xl_rd *r, const struct xl_dgram *d, __u64 cookie, int rx) {
   __u32 rel = d->l3 - r->c_off;
-  if (d->l3 >= r->c_off && rel + 40 <= r->c_len) {
+  if (d->l3 >= r->c_off && rel + 20 <= r->c_len &&
+      (r->c[rel & (XL_CACHE - 1)] >> 4 == 4 || rel + 40 <= r->c_len)) {
     xl_note_tuple((const struct xl_bytes64 *)r->c, rel, d->flow, cookie, rx);
     return;
   }
   __u32 zero = 0;
-  struct xl_bytes64 *buf = bpf_map_lookup_elem(&BYTES_SCRATCH, &zero);
-  if (buf && !rd_read_skb(r, d->l3, buf->b, 40))
+  struct xl_bytes64 *buf = bpf_map_lookup_elem(&HEADER_SCRATCH, &zero);
+  if (buf && (!rd_read_skb(r, d->l3, buf->b, 40) ||
+              !rd_read_skb(r, d->l3, buf->b, 20)))
     xl_note_tuple(buf, 0, d->flow, cookie, rx);
 }
 

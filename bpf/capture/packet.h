@@ -163,7 +163,7 @@ static __always_inline int rd_read(struct xl_rd *r, __u32 off, void *buf,
   return rd_read_skb(r, off, buf, n);
 }
 
-/* A field of `size` (1..8) bytes at off, in the configured byte order. */
+/* A field of `size` (1..8) bytes at off, in the given byte order. */
 static __always_inline int rd_field(struct xl_rd *r, __u32 off, __u8 size,
                                     __u8 big_endian, __u64 *out) {
   __u8 b[8] = {};
@@ -460,19 +460,6 @@ static __always_inline void skb_shinfo_read(struct sk_buff *skb,
   out->gso_size = skb_gso_size(skb);
   out->hw_ts = (__u64)BPF_CORE_READ(s, hwtstamps.hwtstamp);
 }
-
-/* 64 bytes of a datagram (the parse cache, or a copy). */
-struct xl_bytes64 {
-  __u8 b[XL_CACHE];
-};
-
-/* Per-CPU room for bytes the parse cache does not hold. */
-struct {
-  __uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-  __uint(max_entries, 1);
-  __type(key, __u32);
-  __type(value, struct xl_bytes64);
-} BYTES_SCRATCH SEC(".maps");
 
 /* Scratch space for the datagrams of one GSO/GRO skb (too big for the
  * stack). */

@@ -17,7 +17,6 @@ use parquet::file::properties::WriterProperties;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs::File;
 use std::io::BufReader;
-use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -284,11 +283,12 @@ impl DropFlows<'_> {
 }
 
 /// The addresses and traced sockets behind a flow, as the capture noted
-/// them.
+/// them; the addresses in their text form (formatted once per flow, not
+/// once per stamp).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct FlowInfo {
-    pub src_addr: IpAddr,
-    pub dst_addr: IpAddr,
+    pub src_addr: String,
+    pub dst_addr: String,
     /// Cookie of the traced socket that sent the flow's datagrams.
     pub tx_cookie: Option<u64>,
     /// Cookie of the traced socket that received them.
@@ -325,8 +325,8 @@ fn fill_flows(batch: RecordBatch, table: &FlowTable) -> RecordBatch {
     for i in 0..batch.num_rows() {
         match table.get(&flow.value(i)) {
             Some(f) => {
-                src.append_value(f.src_addr.to_string());
-                dst.append_value(f.dst_addr.to_string());
+                src.append_value(&f.src_addr);
+                dst.append_value(&f.dst_addr);
                 let c = match (side.is_valid(i).then(|| side.value(i)), f) {
                     (Some("tx"), f) => f.tx_cookie,
                     (Some("rx"), f) => f.rx_cookie,
@@ -452,8 +452,8 @@ mod tests {
         let table = FlowTable::from([(
             known,
             FlowInfo {
-                src_addr: "10.0.0.1".parse().unwrap(),
-                dst_addr: "fd00::2".parse().unwrap(),
+                src_addr: "10.0.0.1".into(),
+                dst_addr: "fd00::2".into(),
                 tx_cookie: Some(41),
                 rx_cookie: Some(42),
             },

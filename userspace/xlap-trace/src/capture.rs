@@ -467,7 +467,7 @@ pub struct Flows {
 }
 
 pub fn flows(maps: &FlowMaps) -> Result<Flows> {
-    use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+    use std::net::{Ipv4Addr, Ipv6Addr};
     let mut out = Flows {
         not_noted: maps.full.get(&0, 0)?.iter().sum(),
         ..Default::default()
@@ -478,11 +478,11 @@ pub fn flows(maps: &FlowMaps) -> Result<Flows> {
             out.collided += 1;
             continue;
         }
-        let addr = |b: [u8; 16]| -> IpAddr {
+        let addr = |b: [u8; 16]| -> String {
             if t.family == 6 {
-                Ipv6Addr::from(b).into()
+                Ipv6Addr::from(b).to_string()
             } else {
-                Ipv4Addr::new(b[0], b[1], b[2], b[3]).into()
+                Ipv4Addr::new(b[0], b[1], b[2], b[3]).to_string()
             }
         };
         out.table.insert(
