@@ -85,11 +85,14 @@ __attribute__((noinline)) int xl_note_tuple(const struct xl_bytes64 *buf,
     return 0;
   const __u32 *w = (const __u32 *)(buf->b + at);
   __u32 sig = 0x9e3779b9;
-  for (int i = 0; i < 4; i++) {
-    if (i > 0 && !v6)
-      break;
-    sig = (sig ^ w[i]) * 0x85ebca6b + (sig >> 13);
-    sig = (sig ^ w[(v6 ? 4 : 1) + i]) * 0xc2b2ae35 + (sig >> 16);
+  if (v6) {
+    for (int i = 0; i < 4; i++) {
+      sig = (sig ^ w[i]) * 0x85ebca6b + (sig >> 13);
+      sig = (sig ^ w[4 + i]) * 0xc2b2ae35 + (sig >> 16);
+    }
+  } else {
+    sig = (sig ^ w[0]) * 0x85ebca6b + (sig >> 13);
+    sig = (sig ^ w[1]) * 0xc2b2ae35 + (sig >> 16);
   }
   __u32 slot = (__u32)(flow ^ (flow >> 16) ^ (flow >> 32) ^ (flow >> 48));
   slot = (slot & (FLOW_SEEN_SLOTS - 1)) + (rx ? FLOW_SEEN_SLOTS : 0);
@@ -111,9 +114,15 @@ __attribute__((noinline)) int xl_note_tuple(const struct xl_bytes64 *buf,
   /* A flow new to the table: the entry is built off the stack. */
   struct xlap_flow_tuple *t = &seen->t;
   __u32 *a = (__u32 *)t->saddr, *b = (__u32 *)t->daddr;
-  for (int i = 0; i < 4; i++) {
-    a[i] = v6 || i == 0 ? w[i] : 0;
-    b[i] = v6 ? w[4 + i] : i == 0 ? w[1] : 0;
+  if (v6) {
+    for (int i = 0; i < 4; i++) {
+      a[i] = w[i];
+      b[i] = w[4 + i];
+    }
+  } else {
+    a[0] = w[0];
+    b[0] = w[1];
+    a[1] = a[2] = a[3] = b[1] = b[2] = b[3] = 0;
   }
   t->addr_sig = sig;
   t->family = v6 ? 6 : 4;
