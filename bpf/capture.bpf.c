@@ -9,7 +9,8 @@
  * syscall's user buffer. Traffic of other processes costs one map lookup.
  *
  * One file per hook family, in the order a datagram meets them; common.h
- * holds identity and the stamp path, packet.h the packet reader:
+ * holds identity and the stamp path, packet.h the packet reader, layout.h
+ * where a datagram keeps its seq and kind, flows.h its addresses:
  *
  *   syscall.h   app/socket boundary: send and receive syscalls
  *   uring.h     the same for io_uring send and receive requests

@@ -112,11 +112,25 @@ struct xlap_layout {
   __u8 kind_size;  /* 0 (none), 1, 2 or 4 */
   __u8 big_endian; /* byte order of both fields */
   __u8 _pad;
+  /* layouts[1..]: the UDP port whose datagrams (either port) use it, 0 =
+   * unused; layouts[0], the default, has 0. */
+  __u16 port;
+  __u16 _pad1;
 };
+
+/* Layouts of one run: the default and up to three per port. */
+#define XLAP_LAYOUTS 4
+/* Bytes of payload read for seq and kind: the fields of every layout lie
+ * within this window (from xlap_config.win_start). */
+#define XLAP_WINDOW 64
 
 /* Settings, set by userspace in .rodata before load. */
 struct xlap_config {
-  struct xlap_layout layout;
+  struct xlap_layout layouts[XLAP_LAYOUTS];
+  /* Payload offset of the window every layout's fields lie in, and the
+   * bytes of it that hold fields (<= XLAP_WINDOW). */
+  __u32 win_start;
+  __u32 win_len;
   __u8 per_stamp; /* 1: one ring-buffer record per stamp (no batching) */
   __u8 _pad0[3];
   /* Wake the reader only once this many bytes wait in the ring buffer: a

@@ -16,11 +16,6 @@
 
 #define FLOW_SEEN_SLOTS 16 /* per direction; a power of two */
 
-/* 64 bytes of a datagram from its IP header (the parse cache, or a copy). */
-struct xl_bytes64 {
-  __u8 b[XL_CACHE];
-};
-
 /* Per-CPU room for the header when the parse cache does not hold it (the
  * inner header of a tunnel). */
 struct {

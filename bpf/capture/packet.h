@@ -20,6 +20,7 @@
 #define XLAP_CAPTURE_PACKET_H
 
 #include "common.h"
+#include "layout.h"
 
 #define ETH_HLEN_ 14
 #define ETH_P_IP_ 0x0800
@@ -161,20 +162,6 @@ static __always_inline int rd_read(struct xl_rd *r, __u32 off, void *buf,
     return 0;
   }
   return rd_read_skb(r, off, buf, n);
-}
-
-/* A field of `size` (1..8) bytes at off, in the given byte order. */
-static __always_inline int rd_field(struct xl_rd *r, __u32 off, __u8 size,
-                                    __u8 big_endian, __u64 *out) {
-  __u8 b[8] = {};
-  if (size == 0 || size > 8)
-    return -1;
-  /* rd_read serves it from the cache in the common case. */
-  int err = rd_read(r, off, b, size & 0xf);
-  if (err)
-    return err;
-  *out = field_from_bytes(b, size, big_endian);
-  return 0;
 }
 
 /* What parsing found. */
@@ -406,24 +393,34 @@ static __always_inline int parse_rx(struct sk_buff *skb, struct xl_rd *r,
 }
 
 /* Reads the seq and kind of the datagram whose payload (of pay_len bytes)
- * starts at `pay`. Returns 0, XL_TRUNCATED or XL_UNREADABLE. */
+ * starts at `pay`, by the layout of its ports (q->ports): from the parse
+ * cache when it holds the window, else the cache is refilled with the
+ * window (no stack of its own: the programs' stacks are full). Returns 0,
+ * XL_TRUNCATED or XL_UNREADABLE. */
 static __always_inline int read_ident_at(struct xl_rd *r, __u32 pay,
-                                         __u32 pay_len, __u64 *seq,
-                                         __u64 *kind) {
-  __u32 so = CFG.layout.seq_offset, ss = CFG.layout.seq_size;
-  __u32 ko = CFG.layout.kind_offset, ks = CFG.layout.kind_size;
-  int err;
-  if ((__u64)so + ss > pay_len || (ks && (__u64)ko + ks > pay_len))
-    return XL_TRUNCATED;
-  __u8 be = CFG.layout.big_endian;
-  if ((err = rd_field(r, pay + so, ss, be, seq)))
-    return rd_status(err);
-  *kind = 0;
-  if (ks && (err = rd_field(r, pay + ko, ks, be, kind)))
-    return rd_status(err);
-  if (CFG.layout.kind_mask)
-    *kind &= CFG.layout.kind_mask;
-  return 0;
+                                         __u32 pay_len, struct xl_idq *q) {
+  __u32 ws = CFG.win_start, need = CFG.win_len;
+  __u32 off = pay + ws;
+  q->avail = pay_len > ws ? pay_len - ws : 0;
+  if (q->avail < need)
+    need = q->avail;
+  __u32 rel = off - r->c_off;
+  if (!(off >= r->c_off && (__u64)rel + need <= r->c_len)) {
+    /* The bound in the register the read uses. */
+    asm volatile("" : "+r"(need));
+    if (need > XL_CACHE)
+      need = XL_CACHE;
+    r->c_len = 0;
+    int err = rd_read_skb(r, off, r->c, need);
+    if (err)
+      return rd_status(err);
+    r->c_off = off;
+    r->c_len = need;
+    rel = 0;
+  }
+  return xl_ident((const struct xl_bytes64 *)r->c, rel, r->c_len, q)
+             ? XL_TRUNCATED
+             : 0;
 }
 
 static __always_inline __u32 skb_gso_size(struct sk_buff *skb) {
@@ -473,7 +470,7 @@ struct {
 struct xl_seg_loop {
   struct xl_rd *r;
   struct xl_segs *s;
-  __u32 pay, gso, pay_all, n, got;
+  __u32 pay, gso, pay_all, n, got, ports;
 };
 
 /* Datagram idx+1 of a GSO/GRO skb (a bpf_loop body, see emit_all). */
@@ -488,11 +485,11 @@ static long read_seg(__u32 idx, void *ctx) {
   asm volatile("" : "+r"(i));
   i &= XLAP_MAX_SEGS - 1;
   __u32 this_len = i == c->n - 1 ? c->pay_all - i * c->gso : c->gso;
-  __u64 seq, kind;
-  if (read_ident_at(c->r, c->pay + i * c->gso, this_len, &seq, &kind))
+  struct xl_idq q = {.ports = c->ports};
+  if (read_ident_at(c->r, c->pay + i * c->gso, this_len, &q))
     return 1; /* the rest is counted by the caller */
-  c->s->seq[i] = seq;
-  c->s->kind[i] = kind;
+  c->s->seq[i] = q.seq;
+  c->s->kind[i] = q.kind;
   c->got = i + 1;
   return 0;
 }
@@ -506,7 +503,7 @@ static __always_inline __u32 read_datagrams(__u32 gso, struct xl_rd *r,
                                             struct xl_ident *id,
                                             struct xl_segs **segs, __u32 *loss,
                                             __u32 *beyond) {
-  __u64 seq, kind;
+  struct xl_idq q = {.ports = (__u32)d->flow};
   __u32 pay = d->pay, pay_all = d->pay_all;
   __u32 n = 1, seg_len = d->pay_len;
   *beyond = 0;
@@ -517,17 +514,15 @@ static __always_inline __u32 read_datagrams(__u32 gso, struct xl_rd *r,
   }
   id->flow = d->flow;
   id->len = n > 1 ? seg_len : d->pay_len;
-  int err = read_ident_at(r, pay, seg_len, &seq, &kind);
+  int err = read_ident_at(r, pay, seg_len, &q);
   if (err) {
     *loss = err == XL_UNREADABLE ? XLAP_LOSS_FRAG : XLAP_LOSS_PARSE;
     *beyond = n > 1 ? n - 1 : 0;
     return 0;
   }
-  id->seq = seq;
-  id->kind = kind;
-  id->flags |= XLAP_FLAG_SEQ_VALID;
-  if (CFG.layout.kind_size)
-    id->flags |= XLAP_FLAG_KIND;
+  id->seq = q.seq;
+  id->kind = q.kind;
+  id->flags |= q.flags;
   if (n == 1)
     return 1;
   __u32 zero = 0;
@@ -537,10 +532,15 @@ static __always_inline __u32 read_datagrams(__u32 gso, struct xl_rd *r,
     *beyond = n - 1;
     return 1;
   }
-  s->seq[0] = seq;
-  s->kind[0] = kind;
-  struct xl_seg_loop c = {
-      .r = r, .s = s, .pay = pay, .gso = gso, .pay_all = pay_all, .n = n};
+  s->seq[0] = q.seq;
+  s->kind[0] = q.kind;
+  struct xl_seg_loop c = {.r = r,
+                          .s = s,
+                          .pay = pay,
+                          .gso = gso,
+                          .pay_all = pay_all,
+                          .n = n,
+                          .ports = q.ports};
   c.got = 1;
   bpf_loop(XLAP_MAX_SEGS - 1, read_seg, &c, 0);
   /* Every exit of the loop continues in one state (see xl_opaque). */

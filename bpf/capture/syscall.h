@@ -33,11 +33,14 @@
 /* Control messages looked at for UDP_GRO in one recvmsg. */
 #define CMSG_MAX 4
 
-/* Reads a field of 1..8 bytes from user memory in the configured order. */
-static __always_inline int user_field(const void *src, __u8 size, __u64 *out) {
-  __u8 be = CFG.layout.big_endian;
+/* Reads a field of 1..8 bytes from user memory in the given byte order. */
+static __always_inline int user_field(const void *src, __u32 size, __u8 be,
+                                      __u64 *out) {
   __u8 b[8] = {};
-  if (size == 0 || size > 8 || bpf_probe_read_user(b, size & 0xf, src))
+  if (size == 0 || size > 8)
+    return -1;
+  size = ((size - 1) & 7) + 1; /* 1..8 in a form the verifier keeps */
+  if (bpf_probe_read_user(b, size, src))
     return -1;
   *out = field_from_bytes(b, size, be);
   return 0;
@@ -59,30 +62,38 @@ struct xl_uview {
 /* Reads a field at offset `off` of the view; a field across the two
  * iovecs or beyond them is unreadable. */
 static __always_inline int view_field(const struct xl_uview *v, __u64 off,
-                                      __u8 size, __u64 *out) {
+                                      __u32 size, __u8 be, __u64 *out) {
   if (off + size <= v->len[0])
-    return user_field((void *)(v->base[0] + off), size, out);
+    return user_field((void *)(v->base[0] + off), size, be, out);
   if (off >= v->len[0] && off - v->len[0] + size <= v->len[1])
-    return user_field((void *)(v->base[1] + off - v->len[0]), size, out);
+    return user_field((void *)(v->base[1] + off - v->len[0]), size, be, out);
   return -1;
 }
 
-/* Seq and kind of the datagram of `avail` bytes at offset `at` of the
- * view. */
-static __always_inline int user_ident(const struct xl_uview *v, __u64 at,
-                                      __u64 avail, __u64 *seq, __u64 *kind) {
-  if ((__u64)CFG.layout.seq_offset + CFG.layout.seq_size > avail ||
-      (CFG.layout.kind_size &&
-       (__u64)CFG.layout.kind_offset + CFG.layout.kind_size > avail))
+/* Seq and kind of the datagram of q->avail bytes at offset `at` of the
+ * view, by the layout of its ports (q->ports; layout.h). A global
+ * function, for the reason layout.h gives. Returns 0 or -1. */
+__attribute__((noinline)) int xl_user_ident(const struct xl_uview *v, __u64 at,
+                                            struct xl_idq *q) {
+  if (!v || !q)
     return -1;
-  if (view_field(v, at + CFG.layout.seq_offset, CFG.layout.seq_size, seq))
+  __u32 li = layout_of(q->ports) & (XLAP_LAYOUTS - 1);
+  __u64 so = CFG.layouts[li].seq_offset, ko = CFG.layouts[li].kind_offset;
+  __u32 ss = CFG.layouts[li].seq_size, ks = CFG.layouts[li].kind_size;
+  __u8 be = CFG.layouts[li].big_endian;
+  if (so + ss > q->avail || (ks && ko + ks > q->avail))
     return -1;
-  *kind = 0;
-  if (CFG.layout.kind_size &&
-      view_field(v, at + CFG.layout.kind_offset, CFG.layout.kind_size, kind))
+  if (view_field(v, at + so, ss, be, &q->seq))
     return -1;
-  if (CFG.layout.kind_mask)
-    *kind &= CFG.layout.kind_mask;
+  q->kind = 0;
+  q->flags = XLAP_FLAG_SEQ_VALID;
+  if (ks) {
+    if (view_field(v, at + ko, ks, be, &q->kind))
+      return -1;
+    if (CFG.layouts[li].kind_mask)
+      q->kind &= CFG.layouts[li].kind_mask;
+    q->flags |= XLAP_FLAG_KIND;
+  }
   return 0;
 }
 
@@ -238,19 +249,21 @@ static __always_inline void stamp_send(struct xl_send_ctx *sc, __u32 tgid,
  * view (or its counted parse loss). */
 static __always_inline void emit_recv(const struct xl_uview *v, __u64 at,
                                       __u64 len, __u64 ts, __u32 tgid,
-                                      __u32 tid, __u64 flow) {
+                                      __u32 tid, __u64 flow, __u16 port) {
   struct xl_ident id = {
       .pid = tgid, .flow = flow, .flags = XLAP_FLAG_FROM_USER, .len = len};
-  __u64 seq, kind;
-  if (user_ident(v, at, len, &seq, &kind)) {
+  /* The layout by the flow's ports; by the socket's own (local) port when
+   * the flow is not known. */
+  struct xl_idq q = {.ports = (__u32)flow, .avail = (__u32)len};
+  if (!(q.ports & 0xffff))
+    q.ports = port;
+  if (xl_user_ident(v, at, &q)) {
     count_loss(XLAP_POINT_SOCK_RECV_EXIT, XLAP_LOSS_PARSE);
     return;
   }
-  id.seq = seq;
-  id.kind = kind;
-  id.flags |= XLAP_FLAG_SEQ_VALID;
-  if (CFG.layout.kind_size)
-    id.flags |= XLAP_FLAG_KIND;
+  id.seq = q.seq;
+  id.kind = q.kind;
+  id.flags |= q.flags;
   emit(XLAP_POINT_SOCK_RECV_EXIT, ts, &id, tid, 0, 0, 0);
 }
 
@@ -259,6 +272,7 @@ struct xl_recv_loop {
   const struct xl_uview *v;
   __u64 len, ts, flow;
   __u32 gso, n, tgid, tid;
+  __u16 port;
 };
 
 static long stamp_recv_seg(__u32 idx, void *ctx) {
@@ -268,7 +282,7 @@ static long stamp_recv_seg(__u32 idx, void *ctx) {
     return 1;
   __u64 at = (__u64)i * c->gso;
   emit_recv(c->v, at, i == c->n - 1 ? c->len - at : c->gso, c->ts, c->tgid,
-            c->tid, c->flow);
+            c->tid, c->flow, c->port);
   return 0;
 }
 
@@ -279,15 +293,16 @@ static long stamp_recv_seg(__u32 idx, void *ctx) {
  * segments made the verifier give up for some layouts). */
 static __always_inline void stamp_recv(const struct xl_uview *v, __u64 len,
                                        __u32 gso, __u32 tgid, __u32 tid,
-                                       __u64 ts, __u64 flow) {
+                                       __u64 ts, __u64 flow, __u16 port) {
   __u32 n = gso && len > gso ? (len + gso - 1) / gso : 1;
-  emit_recv(v, 0, n > 1 ? gso : len, ts, tgid, tid, flow);
+  emit_recv(v, 0, n > 1 ? gso : len, ts, tgid, tid, flow, port);
   if (n == 1)
     return;
   struct xl_recv_loop c = {.v = v,
                            .len = len,
                            .ts = ts,
                            .flow = flow,
+                           .port = port,
                            .gso = gso,
                            .n = n > XLAP_MAX_SEGS ? XLAP_MAX_SEGS : n,
                            .tgid = tgid,
@@ -339,6 +354,7 @@ struct xl_mmsg_loop {
   __u64 ts;
   __u64 flow; /* the socket's flow, or its local half (remote) */
   __u32 n, tgid, tid;
+  __u16 port; /* the socket's local port */
   __u8 remote;
 };
 
@@ -363,7 +379,7 @@ static long stamp_mmsg(__u32 i, void *ctx) {
   __u64 flow = c->remote
                    ? with_sender(c->flow, (__u64)msg.msg_name, msg.msg_namelen)
                    : c->flow;
-  emit_recv(&v, 0, mlen, c->ts, c->tgid, c->tid, flow);
+  emit_recv(&v, 0, mlen, c->ts, c->tgid, c->tid, flow, c->port);
   return 0;
 }
 
@@ -420,6 +436,7 @@ int BPF_PROG(on_sys_exit, struct pt_regs *regs, long ret) {
                              .n = ret > MMSG_MAX ? MMSG_MAX : (__u32)ret,
                              .tgid = tgid,
                              .tid = tid,
+                             .port = t->rx_port,
                              .remote = t->rx_remote};
     bpf_loop(MMSG_MAX, stamp_mmsg, &c, 0);
     if (ret > MMSG_MAX)
@@ -439,15 +456,16 @@ int BPF_PROG(on_sys_exit, struct pt_regs *regs, long ret) {
            : nr == NR_RECVMSG
                ? with_sender(flow, (__u64)msg.msg_name, msg.msg_namelen)
                : 0;
-  stamp_recv(&v, (__u64)ret, gso, tgid, tid, ts, flow);
+  stamp_recv(&v, (__u64)ret, gso, tgid, tid, ts, flow, t->rx_port);
   return 0;
 }
 
 /* A receive call's flow, as far as its socket knows it. */
-static __always_inline void note_recv_flow(struct xl_task *t,
+static __always_inline void note_recv_flow(struct xl_task *t, struct sock *sk,
                                            const struct xlap_sock *s) {
   __u8 f = s->flows;
   t->on_sock = 1;
+  t->rx_port = sk->__sk_common.skc_num;
   t->rx_remote = (f & XLAP_SOCK_MULTI_FLOW) && !(f & XLAP_SOCK_MULTI_LOCAL);
   t->rx_flow = !(f & XLAP_SOCK_MULTI_FLOW) ? s->flow
                : t->rx_remote              ? s->flow & XLAP_FLOW_LOCAL_MASK
@@ -466,7 +484,7 @@ int BPF_PROG(on_sock_recv_length, struct sock *sk, int ret, int flags) {
   struct task_struct *task = bpf_get_current_task_btf();
   struct xl_task *t = task_ctx(task);
   if (t && t->in_recv) {
-    note_recv_flow(t, s);
+    note_recv_flow(t, sk, s);
     return 0;
   }
   /* A receive call of a traced process that began before tracing did. */
@@ -480,7 +498,7 @@ int BPF_PROG(on_sock_recv_length, struct sock *sk, int ret, int flags) {
   }
   t->in_send = 0;
   t->in_recv = 1;
-  note_recv_flow(t, s);
+  note_recv_flow(t, sk, s);
   return 0;
 }
 

@@ -27,6 +27,7 @@ struct xl_task {
    * local half when the sender address the call returns completes it
    * (rx_remote), or 0 when the socket cannot tell. */
   __u8 rx_remote;
+  __u16 rx_port; /* the socket's local port (picks the payload layout) */
   __u64 rx_flow;
 };
 

@@ -3,8 +3,10 @@
  *
  * A send request (IORING_OP_SEND, IORING_OP_SENDMSG) of a traced process
  * gets sock.send_enter at the time it was submitted (io_uring_submit_req:
- * the request is prepared, its buffer known; both stamps are written at
- * completion, when its file is known to be a UDP socket) and
+ * the request is prepared, its buffers known; both stamps are written at
+ * completion, when its file is known to be a UDP socket whose ports pick
+ * the payload layout, read then from the buffers noted at submission:
+ * data buffers stay the application's until it reaps the completion) and
  * sock.send_exit when it completes; its datagram's device points follow from
  * its socket as for any other send. A receive request (IORING_OP_RECV,
  * IORING_OP_RECVMSG) gets sock.recv_exit when it completes (io_uring_complete),
@@ -24,8 +26,9 @@
  * flow) is decided at completion. */
 struct xl_uring_send {
   struct xl_ident id;
+  struct xl_uview v; /* the data buffers */
   __u64 ts_submit;
-  __u8 parsed; /* 0: the buffer held no seq/kind (a parse loss if UDP) */
+  __u8 viewed; /* 0: no buffers found (a parse loss if UDP) */
 };
 
 struct {
@@ -119,18 +122,14 @@ int BPF_PROG(on_io_uring_submit_req, struct io_kiocb *req) {
     return 0;
   struct xl_sr sr;
   uring_sr(req, &sr);
-  struct xl_uview v = {};
-  __u64 seq = 0, kind = 0, len = sr.len > 0 ? sr.len : 0;
+  __u64 len = sr.len > 0 ? sr.len : 0;
   struct xl_uring_send e = {.ts_submit = bpf_ktime_get_ns()};
-  e.parsed =
-      !uring_view(op, &sr, len, &v) && !user_ident(&v, 0, len, &seq, &kind);
-  e.id.seq = seq;
-  e.id.kind = kind;
+  /* SENDMSG's msghdr and iovec array may be gone after submission: the
+   * buffers they point to are noted now. */
+  e.viewed = !uring_view(op, &sr, len, &e.v);
   e.id.pid = tgid;
   e.id.len = len;
-  e.id.flags = XLAP_FLAG_SEQ_VALID | XLAP_FLAG_FROM_USER;
-  if (CFG.layout.kind_size)
-    e.id.flags |= XLAP_FLAG_KIND;
+  e.id.flags = XLAP_FLAG_FROM_USER;
   __u64 key = (__u64)req;
   if (bpf_map_update_elem(&URING_SENDS, &key, &e, BPF_ANY))
     count_loss(XLAP_POINT_SOCK_SEND_ENTER, XLAP_LOSS_MAP_FULL);
@@ -158,12 +157,19 @@ int BPF_PROG(on_io_uring_complete, struct io_ring_ctx *ring, void *req,
     struct sock *sk = uring_udp_sock(BPF_CORE_READ(r, file));
     if (!sk)
       return 0; /* not a UDP socket */
-    if (!s.parsed) {
+    s.id.flow = uring_sock_flow(sk, 1);
+    /* The layout by the connection's ports, else by the local port. */
+    struct xl_idq q = {.ports = (__u32)s.id.flow, .avail = s.id.len};
+    if (!q.ports)
+      q.ports = (__u32)BPF_CORE_READ(sk, __sk_common.skc_num) << 16;
+    if (!s.viewed || xl_user_ident(&s.v, 0, &q)) {
       count_loss(XLAP_POINT_SOCK_SEND_ENTER, XLAP_LOSS_PARSE);
       count_loss(XLAP_POINT_SOCK_SEND_EXIT, XLAP_LOSS_PARSE);
       return 0;
     }
-    s.id.flow = uring_sock_flow(sk, 1);
+    s.id.seq = q.seq;
+    s.id.kind = q.kind;
+    s.id.flags |= q.flags;
     emit(XLAP_POINT_SOCK_SEND_ENTER, s.ts_submit, &s.id, tid, 0, 0, 0);
     if (res >= 0)
       emit(XLAP_POINT_SOCK_SEND_EXIT, ts, &s.id, tid, 0, 0, 0);
@@ -186,7 +192,8 @@ int BPF_PROG(on_io_uring_complete, struct io_ring_ctx *ring, void *req,
     count_loss(XLAP_POINT_SOCK_RECV_EXIT, XLAP_LOSS_PARSE);
     return 0;
   }
-  emit_recv(&v, 0, (__u64)res, ts, tgid, tid, flow);
+  emit_recv(&v, 0, (__u64)res, ts, tgid, tid, flow,
+            BPF_CORE_READ(sk, __sk_common.skc_num));
   return 0;
 }
 

@@ -1,9 +1,12 @@
-//! Privileged: a third protocol layout, RTP (`--proto rtp`), from a sender
-//! that also sends RTCP sender reports on the next port up (RFC 3550),
-//! checked against both ends' own logs: every RTP packet keyed by its
-//! 16-bit sequence number across the wrap, with the payload type as kind
-//! (the marker bit masked off); the packets table unwraps the sequence and
-//! names the flow's ports and addresses.
+//! Privileged: a third-party protocol layout, RTP (`--proto rtp`), from a
+//! sender that also sends RTCP sender reports on the next port up (RFC
+//! 3550) from the same process, with a layout of their own (`--layout
+//! 5005=rtcp`), checked against both ends' own logs: every RTP packet keyed
+//! by its 16-bit sequence number across the wrap, with the payload type as
+//! kind (the marker bit masked off); every RTCP report by the middle bits
+//! of its NTP timestamp, with its packet type as kind, at every point; the
+//! packets table unwraps the RTP sequence and names each flow's ports and
+//! addresses.
 
 use serde_json::Value;
 use std::collections::BTreeMap;
@@ -14,7 +17,12 @@ use xlap_tests::trace::{read_stamps, run_meta, Recorder, Row};
 use xlap_tests::{bin, privileged, read_jsonl, wait_for_file, KillOnDrop, Scratch};
 
 const RTP_PORT: u16 = 5004;
+const RTCP_PORT: u16 = RTP_PORT + 1;
 const RTP_COUNT: u32 = 300;
+/// RTCP sender reports: one every ten RTP packets.
+const SR_COUNT: usize = RTP_COUNT as usize / 10;
+const RTP_PT: u32 = 96;
+const RTCP_SR: u32 = 200;
 
 /// (seq, kind) -> copies, as a log names them.
 type Multiset = BTreeMap<(u64, u32), usize>;
@@ -45,7 +53,7 @@ fn stamped(rows: &[Row], point: &str, pid: u32, port: u16) -> Multiset {
 }
 
 #[test]
-fn rtp_keyed_by_its_wrapping_sequence_with_the_payload_type_as_kind() {
+fn rtp_and_rtcp_of_one_process_keyed_by_their_own_layouts() {
     let Some(_guard) = privileged("rtp") else {
         return;
     };
@@ -84,7 +92,11 @@ fn rtp_keyed_by_its_wrapping_sequence_with_the_payload_type_as_kind() {
             .expect("sender"),
     );
     let pids = (sender.0.id(), receiver.0.id());
-    let rec = Recorder::start(&[pids.0, pids.1], &scratch.path("run"), &["--proto", "rtp"]);
+    let rec = Recorder::start(
+        &[pids.0, pids.1],
+        &scratch.path("run"),
+        &["--proto", "rtp", "--layout", &format!("{RTCP_PORT}=rtcp")],
+    );
     std::fs::write(&start, "go").unwrap();
     for mut p in [sender, receiver] {
         assert!(p.0.wait().unwrap().success(), "an RTP peer failed");
@@ -117,21 +129,40 @@ fn rtp_keyed_by_its_wrapping_sequence_with_the_payload_type_as_kind() {
         );
     }
 
-    // The reads, through the RTP socket's single flow (the RTCP socket's
-    // reports, read with the same layout, carry another kind).
     let mut reads = stamped(&rows, "sock.recv_exit", pids.1, RTP_PORT);
-    reads.retain(|(_, kind), _| *kind == 96);
+    reads.retain(|(_, kind), _| *kind == RTP_PT);
     assert_eq!(reads, rtp_received, "RTP sock.recv_exit");
-    assert_eq!(
-        logged(&sent, "rtcp", "ntp_mid").len(),
-        RTP_COUNT as usize / 10
-    );
+
+    // The reports, on the next port, by the RTCP layout: the same points,
+    // none read as RTP.
+    let rtcp_sent = logged(&sent, "rtcp", "ntp_mid");
+    let rtcp_received = logged(&received, "rtcp", "ntp_mid");
+    assert_eq!(rtcp_sent.len(), SR_COUNT);
+    assert!(rtcp_sent.keys().all(|(_, pt)| *pt == RTCP_SR));
+    for point in ["sock.send_enter", "dev.queue", "dev.xmit", "sock.send_exit"] {
+        assert_eq!(
+            stamped(&rows, point, pids.0, RTCP_PORT),
+            rtcp_sent,
+            "RTCP {point}"
+        );
+    }
+    for point in ["dev.receive_skb", "sock.queue"] {
+        assert_eq!(
+            stamped(&rows, point, pids.1, RTCP_PORT),
+            rtcp_received,
+            "RTCP {point}"
+        );
+    }
+    let mut reads = stamped(&rows, "sock.recv_exit", pids.1, RTCP_PORT);
+    reads.retain(|(_, kind), _| *kind == RTCP_SR);
+    assert_eq!(reads, rtcp_received, "RTCP sock.recv_exit");
 
     // The packets table: one row per RTP packet (the sequence unwrapped
     // across 65535 -> 0), on the RTP flow's ports and the stage's
     // addresses.
     let meta = run_meta(&dir);
     assert_eq!(meta["options"]["layout"]["kind_mask"], 0x7f);
+    assert_eq!(meta["options"]["port_layouts"][0]["port"], RTCP_PORT);
     let db = duckdb::Connection::open_in_memory().unwrap();
     let packets = dir.join("packets.parquet");
     let (n, ports, from, to): (i64, String, String, String) = db
@@ -149,4 +180,31 @@ fn rtp_keyed_by_its_wrapping_sequence_with_the_payload_type_as_kind() {
     assert_eq!(n, RTP_COUNT as i64, "RTP packets in the packets table");
     assert_eq!(ports, "5004>5004");
     assert_eq!((from, to), (a.ipv4.to_string(), b.ipv4.to_string()));
+    let (reports, ports): (i64, String) = db
+        .query_row(
+            &format!(
+                "SELECT count(DISTINCT seq), string_agg(DISTINCT src_port || '>' || dst_port, ',')
+                 FROM '{}' WHERE kind = {RTCP_SR}",
+                packets.display()
+            ),
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .expect("packets table");
+    assert_eq!(
+        reports, SR_COUNT as i64,
+        "RTCP reports in the packets table"
+    );
+    assert_eq!(ports, "5005>5005");
+    let names: String = db
+        .query_row(
+            &format!(
+                "SELECT string_agg(DISTINCT kind, ',' ORDER BY kind) FROM '{}'",
+                packets.display()
+            ),
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(names, format!("{RTP_PT},{RTCP_SR}"), "no other kinds");
 }

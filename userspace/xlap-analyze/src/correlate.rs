@@ -105,22 +105,47 @@ pub fn correlate(
         "CREATE OR REPLACE TEMP VIEW stamps AS SELECT * FROM read_parquet([{}]);",
         sql_list(&file_refs)
     ))?;
+    let span_of = |seq_size: u8| -> i128 {
+        if seq_size >= 8 {
+            0
+        } else {
+            1i128 << (8 * seq_size as u32)
+        }
+    };
     let domains_values = runs
         .iter()
         .map(|r| {
-            let span: i128 = if r.seq_size >= 8 {
-                0
-            } else {
-                1i128 << (8 * r.seq_size as u32)
-            };
             format!(
-                "('{}', '{}', {span})",
+                "('{}', '{}', {})",
                 r.run_id.replace('\'', ""),
-                r.boot_id.replace('\'', "")
+                r.boot_id.replace('\'', ""),
+                span_of(r.seq_size)
             )
         })
         .collect::<Vec<_>>()
         .join(", ");
+    // Datagrams of a port with a layout of its own wrap at its seq size
+    // (a flow's destination port first, as in the capture).
+    let port_spans: Vec<String> = runs
+        .iter()
+        .flat_map(|r| {
+            r.port_seq_sizes.iter().map(|(port, size)| {
+                format!(
+                    "('{}', {port}, {})",
+                    r.run_id.replace('\'', ""),
+                    span_of(*size)
+                )
+            })
+        })
+        .collect();
+    conn.execute_batch(&format!(
+        "CREATE OR REPLACE TEMP TABLE port_span (run_id VARCHAR, port BIGINT, span HUGEINT);{}",
+        if port_spans.is_empty() {
+            String::new()
+        } else {
+            format!(" INSERT INTO port_span VALUES {};", port_spans.join(", "))
+        }
+    ))?;
     // Later IP fragments are extra stamps of their datagram (runs from
     // before the column existed have none).
     let has_fragment: bool = conn.query_row(
@@ -207,8 +232,12 @@ pub fn correlate(
         "CREATE OR REPLACE TEMP TABLE clocks (domain VARCHAR, offset_ns DOUBLE, drift_ppm DOUBLE, t0_ns BIGINT);
          INSERT INTO clocks VALUES {clock_values};
          CREATE OR REPLACE TEMP TABLE s2 AS
-           SELECT s1.*, (ts_ns - c.offset_ns - c.drift_ppm * 1e-6 * (ts_ns - c.offset_ns - c.t0_ns))::BIGINT AS t
-           FROM s1 JOIN clocks c USING (domain) WHERE flow IS NOT NULL;
+           SELECT s1.* EXCLUDE (span), coalesce(pd.span, ps.span, s1.span) AS span,
+                  (ts_ns - c.offset_ns - c.drift_ppm * 1e-6 * (ts_ns - c.offset_ns - c.t0_ns))::BIGINT AS t
+           FROM s1 JOIN clocks c USING (domain)
+           LEFT JOIN port_span pd ON pd.run_id = s1.run_id AND pd.port = (s1.flow & 65535)
+           LEFT JOIN port_span ps ON ps.run_id = s1.run_id AND ps.port = ((s1.flow >> 16) & 65535)
+           WHERE flow IS NOT NULL;
          CREATE OR REPLACE TEMP TABLE s3 AS
            SELECT * EXCLUDE (d, step),
                   seq + span * sum(step) OVER (PARTITION BY run_id, flow, kind, point ORDER BY ts_ns ROWS UNBOUNDED PRECEDING) AS useq

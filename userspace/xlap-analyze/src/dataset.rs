@@ -421,9 +421,10 @@ fn load_runs(conn: &Connection, files: &[PathBuf]) -> Result<()> {
             ],
         )?;
         // The protocol's names of its kinds (from the --proto preset).
-        for pair in m["options"]["layout"]["kind_names"]
-            .as_array()
-            .into_iter()
+        let port_layouts = m["options"]["port_layouts"].as_array().cloned();
+        for pair in std::iter::once(&m["options"]["layout"])
+            .chain(port_layouts.iter().flatten())
+            .filter_map(|l| l["kind_names"].as_array())
             .flatten()
         {
             if let (Some(kind), Some(name)) = (pair[0].as_u64(), pair[1].as_str()) {

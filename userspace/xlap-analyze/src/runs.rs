@@ -12,6 +12,9 @@ pub struct Run {
     pub boot_id: String,
     /// Bytes of the protocol's sequence number (wrap-around span).
     pub seq_size: u8,
+    /// Bytes of the sequence number of datagrams to or from these ports
+    /// (`--layout PORT=...`), where it differs from the default layout.
+    pub port_seq_sizes: Vec<(u16, u8)>,
     /// (monotonic, realtime) ns of the run's first clock pair.
     pub clock_pair: (i64, i64),
     pub meta: serde_json::Value,
@@ -45,6 +48,12 @@ impl Run {
             host: s("host"),
             boot_id: s("boot_id"),
             seq_size: meta["options"]["layout"]["seq_size"].as_u64().unwrap_or(4) as u8,
+            port_seq_sizes: meta["options"]["port_layouts"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|l| Some((l["port"].as_u64()? as u16, l["seq_size"].as_u64()? as u8)))
+                .collect(),
             clock_pair: (
                 meta["clock_start"]["monotonic_ns"].as_i64().unwrap_or(0),
                 meta["clock_start"]["realtime_ns"].as_i64().unwrap_or(0),

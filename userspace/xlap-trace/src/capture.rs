@@ -1,7 +1,7 @@
 //! Loading and attaching the kernel capture programs (`bpf/capture.bpf.c`).
 
 use crate::exit::{failure, Code};
-use crate::proto::Layout;
+use crate::proto::Layouts;
 use anyhow::{Context, Result};
 use aya::maps::SkStorage;
 use aya::maps::{Array, HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf};
@@ -154,7 +154,7 @@ pub struct Capture {
 }
 
 pub struct Settings {
-    pub layout: Layout,
+    pub layouts: Layouts,
     pub ringbuf_bytes: u32,
     /// One ring-buffer record per stamp instead of per-CPU batches.
     pub per_stamp: bool,
@@ -171,8 +171,11 @@ pub const DEFAULT_TUNNEL_PORTS: [u16; 2] = [4789, 8472];
 
 impl Capture {
     pub fn load(settings: &Settings) -> Result<Capture> {
+        let (layouts, win_start, win_len) = settings.layouts.to_abi()?;
         let mut config = xlap_abi::xlap_config {
-            layout: settings.layout.to_abi(),
+            layouts,
+            win_start,
+            win_len,
             ..Default::default()
         };
         config.wakeup_bytes = settings.ringbuf_bytes / 8;
@@ -533,6 +536,7 @@ impl Capture {
                         run_count: info.run_count(),
                         run_time_ns: info.run_time().as_nanos() as u64,
                         recursion_misses,
+                        verified_insns: info.verified_instruction_count(),
                     },
                 ))
             })

@@ -225,6 +225,13 @@ pub struct RecordArgs {
     /// Bytes of the packet kind: 0 (none), 1, 2 or 4.
     #[arg(long)]
     pub kind_size: Option<u8>,
+    /// Another layout for the datagrams to or from a UDP port (repeatable,
+    /// up to 3): PORT=PRESET (e.g. 5005=rtcp) or
+    /// PORT=seq:OFFSET:SIZE[,kind:OFFSET:SIZE[:MASK]][,le]. A datagram takes
+    /// the layout of its destination port, else of its source port, else
+    /// the one of --proto/--seq-*.
+    #[arg(long = "layout", value_name = "PORT=SPEC")]
+    pub port_layouts: Vec<proto::PortLayout>,
     /// Attach this USDT probe as an app point (repeatable):
     /// PROVIDER:NAME=POINT[,seq=argN][,kind=argM]. Default: every xlap:NAME
     /// marker as app.NAME with seq=arg0, kind=arg1.
@@ -310,6 +317,16 @@ impl RecordArgs {
         }
         l.validate()?;
         Ok(l)
+    }
+
+    /// The default layout and those per port.
+    pub fn layouts(&self) -> Result<proto::Layouts> {
+        let layouts = proto::Layouts {
+            default: self.layout()?,
+            ports: self.port_layouts.clone(),
+        };
+        layouts.to_abi()?; // the limits, checked before anything starts
+        Ok(layouts)
     }
 }
 

@@ -86,6 +86,10 @@ pub struct ProgramStats {
     /// CPU (a tracepoint hit inside our own program). Their stamps are
     /// missing; None where the kernel does not say.
     pub recursion_misses: Option<u64>,
+    /// Instructions the verifier processed to accept it (its limit is 1M:
+    /// how close a program is to being refused). None where the kernel
+    /// does not say.
+    pub verified_insns: Option<u32>,
 }
 
 /// What the flow table held at the end of a run.

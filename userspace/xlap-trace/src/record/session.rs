@@ -10,7 +10,7 @@ use super::{brief_reason, protocols, RunFiles};
 use crate::capture::{self, Batch, Capture, Settings};
 use crate::cli::RecordArgs;
 use crate::exit::{failure, Code};
-use crate::proto::Layout;
+use crate::proto::Layouts;
 use crate::reader_priority::{thread_cpu_s, ReaderPriority};
 use crate::runmeta::{self, ClockPair, PointStats, ProgramStats, RunMeta, Target};
 use crate::{preflight, targets};
@@ -36,7 +36,7 @@ const POLL_MS: i32 = 20;
 /// What the user asked for, checked before anything is loaded.
 pub struct Plan<'a> {
     pub args: &'a RecordArgs,
-    layout: Layout,
+    layouts: Layouts,
     ringbuf_bytes: u32,
     files: RunFiles,
     tunnel_ports: Vec<u16>,
@@ -52,7 +52,7 @@ impl<'a> Plan<'a> {
                 "name the process to trace with --pid PID (repeatable)",
             ));
         }
-        let layout = args.layout()?;
+        let layouts = args.layouts()?;
         let ringbuf_bytes = args
             .ringbuf_kib
             .checked_mul(1024)
@@ -81,7 +81,7 @@ impl<'a> Plan<'a> {
         }
         Ok(Plan {
             args,
-            layout,
+            layouts,
             ringbuf_bytes,
             files,
             tunnel_ports,
@@ -107,7 +107,7 @@ impl Session {
         let args = plan.args;
         let stats = (!args.no_bpf_stats).then(capture::enable_stats).flatten();
         let mut capture = Capture::load(&Settings {
-            layout: plan.layout,
+            layouts: plan.layouts.clone(),
             ringbuf_bytes: plan.ringbuf_bytes,
             per_stamp: args.per_stamp_records,
             tunnel_ports: plan.tunnel_ports.clone(),
@@ -492,7 +492,8 @@ impl Detached {
             clock_end,
             options: serde_json::json!({
                 "pids": args.pids,
-                "layout": plan.layout,
+                "layout": plan.layouts.default,
+                "port_layouts": plan.layouts.ports,
                 "ringbuf_bytes": plan.ringbuf_bytes,
                 "per_stamp_records": args.per_stamp_records,
                 "duration_s": args.duration,
