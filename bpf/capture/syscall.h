@@ -11,6 +11,8 @@
 /* Syscall numbers (x86-64). */
 #define NR_READ 0
 #define NR_WRITE 1
+#define NR_WRITEV 20
+#define NR_SENDFILE 40
 #define NR_SENDTO 44
 #define NR_RECVFROM 45
 #define NR_SENDMSG 46
@@ -166,7 +168,7 @@ static __always_inline __u32 udp_gro_size(const struct user_msghdr *msg) {
 
 static __always_inline int is_send(__u32 nr) {
   return nr == NR_SENDTO || nr == NR_SENDMSG || nr == NR_SENDMMSG ||
-         nr == NR_WRITE;
+         nr == NR_WRITE || nr == NR_WRITEV || nr == NR_SENDFILE;
 }
 
 static __always_inline int is_recv(__u32 nr) {

@@ -1,7 +1,8 @@
 /* uring.h: datagrams sent and received through io_uring, where no send or
  * receive syscall frames them (io_uring_enter submits and reaps many).
  *
- * A send request (IORING_OP_SEND, IORING_OP_SENDMSG) of a traced process
+ * A send request (IORING_OP_SEND, IORING_OP_SENDMSG, their zero-copy forms)
+ * of a traced process
  * gets sock.send_enter at the time it was submitted (io_uring_submit_req:
  * the request is prepared, its buffers known; both stamps are written at
  * completion, when its file is known to be a UDP socket whose ports pick
@@ -40,8 +41,11 @@ struct {
 
 #define IORING_CQE_F_BUFFER_ 1
 
+/* The zero-copy sends keep their request in the same io_sr_msg; their
+ * second completion (the buffer notification) is another request. */
 static __always_inline int uring_op_send(__u8 op) {
-  return op == IORING_OP_SEND || op == IORING_OP_SENDMSG;
+  return op == IORING_OP_SEND || op == IORING_OP_SENDMSG ||
+         op == IORING_OP_SEND_ZC || op == IORING_OP_SENDMSG_ZC;
 }
 
 static __always_inline int uring_op_recv(__u8 op) {
@@ -99,7 +103,7 @@ static __always_inline int uring_view(__u8 op, const struct xl_sr *sr,
                                       __u64 len, struct xl_uview *v) {
   if (!sr->buf)
     return -1;
-  if (op == IORING_OP_SEND || op == IORING_OP_RECV) {
+  if (op == IORING_OP_SEND || op == IORING_OP_SEND_ZC || op == IORING_OP_RECV) {
     v->base[0] = sr->buf;
     v->len[0] = len;
     v->base[1] = 0;

@@ -1,6 +1,6 @@
 //! Privileged: a UDP sender and receiver that use only io_uring
-//! (IORING_OP_SEND; IORING_OP_RECV on a connected socket, IORING_OP_RECVMSG
-//! on an unconnected one), checked against their own logs: every datagram
+//! (IORING_OP_SEND and IORING_OP_SEND_ZC; IORING_OP_RECV on a connected
+//! socket, IORING_OP_RECVMSG on an unconnected one), checked against their own logs: every datagram
 //! at its send points, its device points and its read, the reads joined to
 //! their flow through the socket, the receiver's wake-ups in
 //! io_uring_enter.
@@ -27,9 +27,14 @@ fn stamped(rows: &[Row], point: &str, pid: u32) -> BTreeSet<u64> {
 }
 
 /// One run: (sender log, receiver log, stamps, sender pid, receiver pid).
-fn run(stage: &Stage, mode: &str, connect: bool) -> (Vec<Value>, Vec<Value>, Vec<Row>, u32, u32) {
+fn run(
+    stage: &Stage,
+    send_op: &str,
+    mode: &str,
+    connect: bool,
+) -> (Vec<Value>, Vec<Value>, Vec<Row>, u32, u32) {
     let (a, b) = (stage.host(0), stage.host(1));
-    let scratch = Scratch::new(&format!("uring-{mode}"));
+    let scratch = Scratch::new(&format!("uring-{send_op}-{mode}"));
     let peer = bin("xlap-uring-peer");
     let (local, dest) = (format!("{}:9601", a.ipv4), format!("{}:9600", b.ipv4));
     let (ready, start) = (scratch.path("ready"), scratch.path("start"));
@@ -50,6 +55,7 @@ fn run(stage: &Stage, mode: &str, connect: bool) -> (Vec<Value>, Vec<Value>, Vec
             .args(["send", &local, &dest, "400", "200"])
             .arg(&slog)
             .arg(&start)
+            .arg(send_op)
             .stdin(Stdio::null())
             .spawn()
             .expect("sender"),
@@ -77,8 +83,9 @@ fn io_uring_sends_and_receives_are_stamped_per_datagram() {
         return;
     };
     let stage = Stage::two_hosts().expect("stage");
-    for (mode, connect) in [("recv", true), ("recvmsg", false)] {
-        let (sent, received, rows, sender, receiver) = run(&stage, mode, connect);
+    for (send_op, mode, connect) in [("send", "recv", true), ("send_zc", "recvmsg", false)] {
+        let (sent, received, rows, sender, receiver) = run(&stage, send_op, mode, connect);
+        let mode = format!("{send_op}/{mode}");
         let (sent, received) = (seqs(&sent, "sent"), seqs(&received, "received"));
         assert_eq!(sent.len(), 400, "{mode}");
         assert!(received.len() > 350, "{mode}: the path lost datagrams");

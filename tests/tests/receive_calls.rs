@@ -3,7 +3,9 @@
 //! (a stamp per message, not per call), `recvmsg` into two iovecs (the
 //! sequence number found in the second one; a field split across them is
 //! counted, never read wrong), and `MSG_PEEK` before the read (one stamp per
-//! datagram, from the read that took it).
+//! datagram, from the read that took it); and the send calls besides
+//! `send`: `sendmmsg` batches, `writev` of two iovecs, `sendfile` from a
+//! file.
 
 use serde_json::Value;
 use std::collections::BTreeMap;
@@ -143,6 +145,77 @@ fn recvmmsg_iovecs_and_peek_are_stamped_per_datagram() {
     assert_same(&stamped, &logged, "peek: the peek is not a read");
 }
 
+/// (seq, kind) of the example's log lines of `event`, dropped packets
+/// (never sent) left out.
+fn tally(log: &[Value], event: &str) -> Multiset {
+    let mut m = Multiset::new();
+    for e in events(log, event) {
+        if e["event"] == "sent" && e["dropped"] == true {
+            continue;
+        }
+        let key = (
+            e["seq"].as_u64().unwrap(),
+            kind_code(e["kind"].as_str().unwrap()),
+        );
+        *m.entry(key).or_default() += 1;
+    }
+    m
+}
+
+/// (seq, kind) of the data and parity stamps of `point` by process `pid`.
+fn stamped_at(stamps: &[xlap_tests::trace::Row], point: &str, pid: u32) -> Multiset {
+    let mut m = Multiset::new();
+    for r in stamps.iter().filter(|r| r.point == point && r.pid == pid) {
+        if let (Some(seq), Some(kind @ (1 | 2))) = (r.seq, r.kind) {
+            *m.entry((seq, kind)).or_default() += 1;
+        }
+    }
+    m
+}
+
+/// A datagram sent with writev (header and body in two iovecs) or sendfile
+/// (from a memory file): its send points and device points, per the
+/// sender's log, as for send.
+#[test]
+fn writev_and_sendfile_sends_are_stamped_per_datagram() {
+    let Some(_guard) = privileged("send_calls") else {
+        return;
+    };
+    let stage = Stage::two_hosts().expect("stage");
+    for call in ["writev", "sendfile"] {
+        let t = trace_example(
+            &stage,
+            &format!("send-{call}"),
+            &ExampleOptions {
+                count: 300,
+                period_us: 200,
+                send_args: vec!["--send-call".into(), call.into()],
+                ..Default::default()
+            },
+            &[],
+        );
+        assert!(
+            events(&t.sent, "send_error").next().is_none(),
+            "{call}: the sender failed to send"
+        );
+        let sent = tally(&t.sent, "sent");
+        assert!(sent.len() > 300, "{call}: data and parity packets sent");
+        let stamps = t.stamps();
+        for point in ["sock.send_enter", "sock.send_exit", "dev.xmit"] {
+            assert_same(
+                &stamped_at(&stamps, point, t.pids.0),
+                &sent,
+                &format!("{call} {point}"),
+            );
+        }
+        assert_same(
+            &stamped_at(&stamps, "sock.recv_exit", t.pids.1),
+            &tally(&t.received, "received"),
+            &format!("{call}: reads"),
+        );
+    }
+}
+
 /// sendmmsg bursts of 8 to a recvmmsg reader: one send_enter/send_exit
 /// stamp per message the sender logged (not one per call), one recv_exit
 /// per datagram the receiver logged.
@@ -164,20 +237,6 @@ fn sendmmsg_to_recvmmsg_is_stamped_per_message() {
         },
         &[],
     );
-    let tally = |log: &[Value], event: &str| -> Multiset {
-        let mut m = Multiset::new();
-        for e in events(log, event) {
-            if e["event"] == "sent" && e["dropped"] == true {
-                continue;
-            }
-            let key = (
-                e["seq"].as_u64().unwrap(),
-                kind_code(e["kind"].as_str().unwrap()),
-            );
-            *m.entry(key).or_default() += 1;
-        }
-        m
-    };
     let calls = events(&t.sent, "sent")
         .filter(|e| e["mmsg_messages"].as_u64().unwrap_or(1) > 1)
         .count();
@@ -186,15 +245,7 @@ fn sendmmsg_to_recvmmsg_is_stamped_per_message() {
         "few datagrams went in multi-message sendmmsg calls: {calls}"
     );
     let stamps = t.stamps();
-    let stamped = |point: &str, pid: u32| -> Multiset {
-        let mut m = Multiset::new();
-        for r in stamps.iter().filter(|r| r.point == point && r.pid == pid) {
-            if let (Some(seq), Some(kind @ (1 | 2))) = (r.seq, r.kind) {
-                *m.entry((seq, kind)).or_default() += 1;
-            }
-        }
-        m
-    };
+    let stamped = |point: &str, pid: u32| stamped_at(&stamps, point, pid);
     let sent = tally(&t.sent, "sent");
     for point in ["sock.send_enter", "sock.send_exit", "dev.xmit"] {
         assert_same(&stamped(point, t.pids.0), &sent, point);

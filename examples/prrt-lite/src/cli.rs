@@ -79,6 +79,11 @@ pub enum Role {
         /// (the call's index) and mmsg_messages.
         #[arg(long, value_name = "N", conflicts_with = "gso", value_parser = clap::value_parser!(u8).range(1..=64))]
         sendmmsg: Option<u8>,
+        /// The call that sends each datagram (without --gso/--sendmmsg):
+        /// send (default), writev (two iovecs: the header, the rest) or
+        /// sendfile (from a memory file).
+        #[arg(long, default_value = "send", conflicts_with_all = ["gso", "sendmmsg"])]
+        send_call: crate::udp::SendCall,
         /// Put an 8-byte IPv6 extension header (PadN only) before UDP in every
         /// datagram: hop-by-hop (IPV6_HOPOPTS) or destination options
         /// (IPV6_DSTOPTS). IPv6 --dest only; needs CAP_NET_RAW.
@@ -209,6 +214,7 @@ fn run<M: Markers>(cli: Cli) -> anyhow::Result<()> {
             burst,
             gso,
             sendmmsg,
+            send_call,
             ipv6_ext,
             late_socket,
             common,
@@ -236,6 +242,7 @@ fn run<M: Markers>(cli: Cli) -> anyhow::Result<()> {
                 sendmmsg,
                 ipv6_ext,
                 late_socket,
+                send_call,
             };
             let result = sender::run::<M>(&cfg, &log);
             log.flush()?;

@@ -49,6 +49,8 @@ pub struct SenderConfig {
     pub sendmmsg: Option<u8>,
     /// A sticky IPv6 extension header on every datagram (IPv6 only).
     pub ipv6_ext: Option<Ipv6Ext>,
+    /// The call that sends a datagram when neither gso nor sendmmsg batch.
+    pub send_call: crate::udp::SendCall,
 }
 
 /// The largest `--payload`: a data packet of [`MAX_SEND_BYTES`].
@@ -297,6 +299,8 @@ fn transmit<M: Markers>(
         sends: 0,
         mmsg: cfg.sendmmsg.is_some(),
     });
+    // sendfile's source (--send-call sendfile).
+    let mut file = crate::udp::SendFile::default();
     for submitted in rx {
         let out = match submitted {
             Submitted::Packet(out) => out,
@@ -325,7 +329,7 @@ fn transmit<M: Markers>(
             M::link_transmit_start(out.seq, kind);
             // A refused datagram (no receiver yet: ECONNREFUSED from an ICMP
             // error) is the channel's loss, not the sender's failure.
-            if let Err(e) = socket.send(&out.bytes) {
+            if let Err(e) = crate::udp::send_with(&socket, cfg.send_call, &mut file, &out.bytes) {
                 log.record(json!({"event": "send_error", "kind": out.kind, "seq": out.seq, "error": e.to_string()}));
             }
             M::link_transmit_end(out.seq, kind);

@@ -239,6 +239,99 @@ pub fn split_coalesced(buf: &[u8], segment_size: Option<usize>) -> Vec<&[u8]> {
     }
 }
 
+/// The call that sends a single datagram (`send --send-call`), to exercise
+/// the send-call shapes of real programs. The socket is connected.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum SendCall {
+    /// `send` (sendto without an address).
+    #[default]
+    Send,
+    /// `writev` of two iovecs: the 8-byte header, then the rest.
+    Writev,
+    /// `sendfile` from a memory file the datagram was written to.
+    Sendfile,
+}
+
+impl std::str::FromStr for SendCall {
+    type Err = String;
+    fn from_str(s: &str) -> Result<SendCall, String> {
+        match s {
+            "send" => Ok(SendCall::Send),
+            "writev" => Ok(SendCall::Writev),
+            "sendfile" => Ok(SendCall::Sendfile),
+            _ => Err(format!("unknown send call {s:?}: send, writev or sendfile")),
+        }
+    }
+}
+
+/// The memory file `sendfile` sends from, and where its next datagram
+/// goes: each datagram at a fresh offset, never over an earlier one (the
+/// kernel may send the file's pages without copying them, so bytes
+/// rewritten while a datagram is in flight would change it on the wire).
+#[derive(Default)]
+pub struct SendFile {
+    file: Option<std::fs::File>,
+    end: u64,
+}
+
+/// Sends one datagram on a connected socket with `call`; `file` is the
+/// memory file sendfile sends from (created on first use).
+pub fn send_with(
+    socket: &UdpSocket,
+    call: SendCall,
+    file: &mut SendFile,
+    data: &[u8],
+) -> io::Result<usize> {
+    match call {
+        SendCall::Send => socket.send(data),
+        SendCall::Writev => {
+            let split = data.len().min(8);
+            let iov = [
+                libc::iovec {
+                    iov_base: data.as_ptr() as *mut _,
+                    iov_len: split,
+                },
+                libc::iovec {
+                    iov_base: data[split..].as_ptr() as *mut _,
+                    iov_len: data.len() - split,
+                },
+            ];
+            // SAFETY: both iovecs point into `data`, which outlives the call;
+            // writev only reads them.
+            let n = unsafe { libc::writev(socket.as_raw_fd(), iov.as_ptr(), 2) };
+            if n < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            Ok(n as usize)
+        }
+        SendCall::Sendfile => {
+            use std::os::unix::fs::FileExt;
+            if file.file.is_none() {
+                // SAFETY: a NUL-terminated name and no flags.
+                let fd = unsafe { libc::memfd_create(c"prrt-lite-sendfile".as_ptr(), 0) };
+                if fd < 0 {
+                    return Err(io::Error::last_os_error());
+                }
+                // SAFETY: fd is a new descriptor that nothing else owns.
+                file.file = Some(unsafe { std::os::fd::FromRawFd::from_raw_fd(fd) });
+            }
+            let at = file.end;
+            let f = file.file.as_ref().expect("just created");
+            f.write_all_at(data, at)?;
+            file.end += data.len() as u64;
+            let mut offset = at as libc::off_t;
+            // SAFETY: both descriptors are open; offset is a valid pointer.
+            let n = unsafe {
+                libc::sendfile(socket.as_raw_fd(), f.as_raw_fd(), &mut offset, data.len())
+            };
+            if n < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            Ok(n as usize)
+        }
+    }
+}
+
 /// How the receiver reads its socket (`recv --recv-mode`), to exercise the
 /// receive-call shapes of real programs.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

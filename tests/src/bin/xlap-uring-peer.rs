@@ -4,11 +4,12 @@
 //! (kind u8 at 0, seq u32 big-endian at 4), 64 bytes.
 //!
 //! ```text
-//! xlap-uring-peer send LOCAL DEST COUNT PERIOD_US LOG START_FILE
+//! xlap-uring-peer send LOCAL DEST COUNT PERIOD_US LOG START_FILE send|send_zc
 //! xlap-uring-peer recv LOCAL PEER|- COUNT LOG READY_FILE recv|recvmsg
 //! ```
-//! `recv` connects to PEER unless it is `-`, and stops after COUNT
-//! datagrams or 3 s without one. Exit codes: 0 done, 1 failure, 2 usage.
+//! `send` uses IORING_OP_SEND or IORING_OP_SEND_ZC (zero copy: a second
+//! completion says when the buffer is free again). `recv` connects to PEER
+//! unless it is `-`, and stops after COUNT datagrams or 3 s without one. Exit codes: 0 done, 1 failure, 2 usage.
 
 use anyhow::{bail, Context, Result};
 use io_uring::{opcode, types, IoUring};
@@ -23,10 +24,10 @@ const LEN: usize = 64;
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let result = match args.first().map(String::as_str) {
-        Some("send") if args.len() == 7 => send(&args[1..]),
+        Some("send") if args.len() == 8 => send(&args[1..]),
         Some("recv") if args.len() == 7 => recv(&args[1..]),
         _ => {
-            eprintln!("usage: xlap-uring-peer send LOCAL DEST COUNT PERIOD_US LOG START_FILE | recv LOCAL PEER|- COUNT LOG READY_FILE recv|recvmsg");
+            eprintln!("usage: xlap-uring-peer send LOCAL DEST COUNT PERIOD_US LOG START_FILE send|send_zc | recv LOCAL PEER|- COUNT LOG READY_FILE recv|recvmsg");
             std::process::exit(2);
         }
     };
@@ -72,6 +73,11 @@ fn send(a: &[String]) -> Result<()> {
     let count: u32 = a[2].parse()?;
     let period = Duration::from_micros(a[3].parse()?);
     let mut log = std::fs::File::create(&a[4])?;
+    let zero_copy = match a[6].as_str() {
+        "send" => false,
+        "send_zc" => true,
+        other => bail!("send mode {other:?}: send or send_zc"),
+    };
     let socket = UdpSocket::bind(local)?;
     socket.connect(dest)?;
     let start = Path::new(&a[5]);
@@ -84,10 +90,27 @@ fn send(a: &[String]) -> Result<()> {
         let mut buf = [0u8; LEN];
         buf[0] = 1;
         buf[4..8].copy_from_slice(&seq.to_be_bytes());
-        let entry = opcode::Send::new(fd, buf.as_ptr(), LEN as u32).build();
+        let entry = if zero_copy {
+            opcode::SendZc::new(fd, buf.as_ptr(), LEN as u32).build()
+        } else {
+            opcode::Send::new(fd, buf.as_ptr(), LEN as u32).build()
+        };
         match one(&mut ring, entry, None)? {
             Some(n) if n == LEN as i32 => {}
             other => bail!("send of seq {seq} completed with {other:?}"),
+        }
+        if zero_copy {
+            // The notification that the kernel let go of the buffer.
+            ring.submit_and_wait(1)?;
+            let notif = ring
+                .completion()
+                .next()
+                .context("no zero-copy notification")?;
+            anyhow::ensure!(
+                io_uring::cqueue::notif(notif.flags()),
+                "seq {seq}: expected the zero-copy notification, got flags {:#x}",
+                notif.flags()
+            );
         }
         writeln!(log, r#"{{"event":"sent","kind":"data","seq":{seq}}}"#)?;
         std::thread::sleep(period);
