@@ -41,6 +41,7 @@ stage *ARGS: build
 # the traced protocol's latency, side by side in one run (--quick: shorter).
 bench *ARGS: build
     {{target}}/debug/xlap-bench {{ARGS}}
+    {{target}}/debug/xlap-bench-perturb {{ARGS}}
 
 # The analysis benchmark: every bundled query (DuckDB) against a pandas
 # re-implementation of X-LAP's notebook on the same 10 M synthetic packets

@@ -5,6 +5,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard};
 
+pub mod bench_args;
 pub mod example;
 pub mod trace;
 

@@ -79,15 +79,7 @@ fn median(v: &mut [f64]) -> f64 {
 
 /// The value of `--name VALUE`, `default` when absent; a bad value is an error.
 fn arg<T: std::str::FromStr>(name: &str, default: T) -> Result<T> {
-    let args: Vec<String> = std::env::args().collect();
-    let Some(i) = args.iter().position(|a| a == name) else {
-        return Ok(default);
-    };
-    let v = args
-        .get(i + 1)
-        .with_context(|| format!("{name} needs a value"))?;
-    v.parse()
-        .map_err(|_| anyhow::anyhow!("{name} {v:?}: not a valid value"))
+    Ok(xlap_tests::bench_args::arg_value(name)?.unwrap_or(default))
 }
 
 /// The synthetic run, generated once per size and kept in bench-results/.

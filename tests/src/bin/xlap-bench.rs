@@ -26,6 +26,7 @@ use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 use xlap_stage::{Qdisc, Stage, StageConfig};
+use xlap_tests::bench_args::{arg_value, baseline_binary};
 use xlap_tests::example::{events, summary, ExampleOptions, ProtocolRun};
 use xlap_tests::trace::Recorder;
 use xlap_tests::{privileged_unavailable, Scratch};
@@ -284,39 +285,6 @@ const EXPORT_MODES: [(&str, &str); 2] = [
     ("record per stamp", "--per-stamp-records"),
     ("per-CPU batches", ""),
 ];
-
-/// The number after option `name`, if given.
-fn arg_value(name: &str) -> Result<Option<usize>> {
-    let args: Vec<String> = std::env::args().collect();
-    let Some(i) = args.iter().position(|a| a == name) else {
-        return Ok(None);
-    };
-    let v = args
-        .get(i + 1)
-        .with_context(|| format!("{name} needs a number"))?;
-    Ok(Some(
-        v.parse()
-            .with_context(|| format!("{name} {v}: not a number"))?,
-    ))
-}
-
-/// `--baseline PATH`: an `xlap-trace` binary to compare with.
-fn baseline_binary() -> Result<Option<std::path::PathBuf>> {
-    let args: Vec<String> = std::env::args().collect();
-    let Some(i) = args.iter().position(|a| a == "--baseline") else {
-        return Ok(None);
-    };
-    let path = std::path::PathBuf::from(
-        args.get(i + 1)
-            .context("--baseline needs the path of an xlap-trace binary")?,
-    );
-    anyhow::ensure!(
-        path.is_file(),
-        "--baseline {}: no such file (build the baseline's xlap-trace first)",
-        path.display()
-    );
-    Ok(Some(path))
-}
 
 /// `pairs` example sender/receiver pairs at once (ports apart), traced by
 /// one recorder (`binary`) with `extra` options unless `traced` is None.

@@ -255,8 +255,14 @@ pub struct RecordArgs {
     /// stamps (costlier; for comparison in benchmarks).
     #[arg(long)]
     pub per_stamp_records: bool,
-    /// Do not turn on the kernel's BPF run-time statistics.
-    #[arg(long)]
+    /// When the kernel times BPF programs, for the run's own cost figures:
+    /// sampled (100 ms of every second), full (exact run counts) or off
+    /// (the timing costs every BPF program of the machine two clock reads
+    /// per run while on)
+    #[arg(long, value_enum, value_name = "MODE", default_value = "sampled")]
+    pub bpf_stats: crate::record::StatsMode,
+    /// Short for --bpf-stats off.
+    #[arg(long, conflicts_with = "bpf_stats")]
     pub no_bpf_stats: bool,
     /// Print only the summary.
     #[arg(short, long)]
@@ -317,6 +323,15 @@ impl RecordArgs {
         }
         l.validate()?;
         Ok(l)
+    }
+
+    /// How the run uses the kernel's BPF statistics.
+    pub fn stats_mode(&self) -> crate::record::StatsMode {
+        if self.no_bpf_stats {
+            crate::record::StatsMode::Off
+        } else {
+            self.bpf_stats
+        }
     }
 
     /// The default layout and those per port.

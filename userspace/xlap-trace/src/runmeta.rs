@@ -15,7 +15,8 @@ pub struct ClockPair {
     pub spread_ns: u64,
 }
 
-fn read(clock: libc::clockid_t) -> u64 {
+/// One clock's time now, ns.
+pub fn read_clock(clock: libc::clockid_t) -> u64 {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
@@ -30,11 +31,11 @@ impl ClockPair {
     pub fn sample() -> ClockPair {
         (0..5)
             .map(|_| {
-                let r0 = read(libc::CLOCK_REALTIME);
-                let t0 = read(libc::CLOCK_TAI);
-                let m = read(libc::CLOCK_MONOTONIC);
-                let t1 = read(libc::CLOCK_TAI);
-                let r1 = read(libc::CLOCK_REALTIME);
+                let r0 = read_clock(libc::CLOCK_REALTIME);
+                let t0 = read_clock(libc::CLOCK_TAI);
+                let m = read_clock(libc::CLOCK_MONOTONIC);
+                let t1 = read_clock(libc::CLOCK_TAI);
+                let r1 = read_clock(libc::CLOCK_REALTIME);
                 ClockPair {
                     monotonic_ns: m,
                     realtime_ns: r0 / 2 + r1 / 2,
@@ -92,6 +93,19 @@ pub struct ProgramStats {
     pub verified_insns: Option<u32>,
 }
 
+/// When the kernel's BPF run-time statistics were on (`--bpf-stats`).
+#[derive(Clone, Debug, Serialize)]
+pub struct BpfStats {
+    pub mode: crate::record::StatsMode,
+    /// Seconds they were on, in how many windows.
+    pub on_s: f64,
+    pub windows: usize,
+    /// Stamps taken while they were on (the per-stamp cost's divisor).
+    pub stamps: u64,
+    /// The kernel refused to turn them on.
+    pub unavailable: bool,
+}
+
 /// What the flow table held at the end of a run.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct FlowCounts {
@@ -137,8 +151,12 @@ pub struct RunMeta {
     pub packets: u64,
     pub stamps: u64,
     pub lost: u64,
+    /// Run counts and times while the statistics were on (`bpf_stats`).
     pub bpf_programs: BTreeMap<String, ProgramStats>,
-    /// Total BPF run time / stamps written (includes filtered-out calls).
+    /// How the statistics were taken.
+    pub bpf_stats: BpfStats,
+    /// BPF run time / stamps, over the time the statistics were on
+    /// (includes filtered-out calls).
     pub bpf_ns_per_stamp: Option<f64>,
     /// CPU time (user + system) the reader spent while the run went on:
     /// draining the ring buffer, decoding, writing the Arrow stream.

@@ -3,10 +3,13 @@
 //! write Parquet and `run.json`, print a summary. The session's steps live
 //! in `session`, the following of processes and sockets in `follow`.
 
+mod bpf_stats;
 mod follow;
 mod protocols;
 mod session;
 mod tally;
+
+pub use bpf_stats::StatsMode;
 
 use crate::cli::RecordArgs;
 use crate::runmeta::RunMeta;

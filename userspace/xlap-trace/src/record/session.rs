@@ -4,6 +4,7 @@
 //! sockets), `detach` (programs gone, the last stamps and the losses read
 //! after), `Detached::finish` (Parquet and `run.json`).
 
+use super::bpf_stats::StatsSampler;
 use super::follow::Following;
 use super::tally::{ForeignFlows, Tally, BY_PORT_POINTS};
 use super::{brief_reason, protocols, RunFiles};
@@ -99,13 +100,11 @@ impl<'a> Plan<'a> {
 /// The capture programs loaded (not yet attached to the targets).
 pub struct Session {
     capture: Capture,
-    stats: Option<capture::StatsGuard>,
 }
 
 impl Session {
     pub fn load(plan: &Plan) -> Result<Session> {
         let args = plan.args;
-        let stats = (!args.no_bpf_stats).then(capture::enable_stats).flatten();
         let mut capture = Capture::load(&Settings {
             layouts: plan.layouts.clone(),
             ringbuf_bytes: plan.ringbuf_bytes,
@@ -126,7 +125,7 @@ impl Session {
                 brief_reason(why)
             ));
         }
-        Ok(Session { capture, stats })
+        Ok(Session { capture })
     }
 
     /// Attaches the USDT markers, names the targets to the kernel side,
@@ -170,7 +169,6 @@ impl Session {
         let live = Live {
             attached: Attached {
                 capture: self.capture,
-                _stats: self.stats,
                 _semaphores: semaphores,
             },
             following,
@@ -183,6 +181,7 @@ impl Session {
                 stream: StampStream::create(&plan.files.stream)?,
                 tally: Tally::default(),
                 foreign: ForeignFlows::default(),
+                stats: StatsSampler::start(args.stats_mode()),
             },
             info: RunInfo {
                 clock_start: ClockPair::sample(),
@@ -218,7 +217,6 @@ impl Session {
 struct Attached {
     capture: Capture,
     /// Held for their drop (fields drop in order: programs first).
-    _stats: Option<capture::StatsGuard>,
     _semaphores: Semaphores,
 }
 
@@ -229,6 +227,8 @@ struct Sink {
     stream: StampStream,
     tally: Tally,
     foreign: ForeignFlows,
+    /// The windows in which the kernel times our programs.
+    stats: StatsSampler,
 }
 
 impl Sink {
@@ -238,6 +238,7 @@ impl Sink {
             return;
         }
         self.tally.add(&stamp);
+        self.stats.note_stamp(stamp.ts_ns);
         self.batcher.push(&stamp);
     }
 }
@@ -310,6 +311,7 @@ impl Live {
                 p.adjust(drained);
                 p.caught_up();
             }
+            self.sink.stats.tick();
             if !self.sink.batcher.is_empty() && last_flush.elapsed() >= FLUSH_EVERY {
                 self.sink.stream.write(&self.sink.batcher.finish())?;
                 last_flush = Instant::now();
@@ -365,6 +367,8 @@ impl Live {
             mut sink,
             info,
         } = self;
+        // The statistics stop growing here: read them once they are off.
+        sink.stats.finish();
         let program_stats = attached.capture.program_stats();
         let unavailable: BTreeMap<String, String> =
             attached.capture.unavailable.iter().cloned().collect();
@@ -533,7 +537,17 @@ impl Detached {
             packets: tally.packets.len() as u64,
             stamps,
             lost,
-            bpf_ns_per_stamp: (bpf_time > 0 && stamps > 0).then(|| bpf_time as f64 / stamps as f64),
+            bpf_ns_per_stamp: {
+                let timed = sink.stats.stamps_in_windows;
+                (bpf_time > 0 && timed > 0).then(|| bpf_time as f64 / timed as f64)
+            },
+            bpf_stats: runmeta::BpfStats {
+                mode: sink.stats.mode(),
+                on_s: sink.stats.sampled_s(),
+                windows: sink.stats.windows(),
+                stamps: sink.stats.stamps_in_windows,
+                unavailable: sink.stats.unavailable,
+            },
             bpf_programs,
             reader_cpu_s,
             stop_reason,

@@ -1,0 +1,386 @@
+//! `just bench` (part 2): how much tracing perturbs a fast protocol, the
+//! matrix of issue 14, side by side in one run.
+//!
+//! Workload: `sockperf ping-pong` (a program we did not write) between the
+//! two hosts of the stage, 64-byte messages, `--mps=max`; its own per-message
+//! latency log (`--full-log`: half the round trip) is the measurement.
+//! Client and server pinned to one CPU (no wake-up IPI noise hides the
+//! cost), and unpinned. Configurations, interleaved round by round:
+//! untraced; a hand-written bpftrace script (tests/bench/diy-net.bt, the
+//! anchor a user would otherwise write); `xlap-trace record` of both
+//! processes (every kernel point) with the kernel's BPF run-time statistics
+//! sampled (the default), on all the time (`--bpf-stats full`, which also
+//! gives the per-program breakdown) and off.
+//!
+//! Prints Markdown (p50/p99/p99.9 half-RTT, their ratios to untraced, the
+//! message rate ratio, and which capture programs run per round trip at
+//! what cost) and writes `bench-results/perturbation.json`.
+//!
+//! `--quick`: 1 round of 2 s per cell; default 3 rounds of 5 s.
+//! `--seconds S`, `--rounds N` override. `--baseline PATH`: another
+//! `xlap-trace` binary (an older build) as one more configuration, so a
+//! change's effect is a ratio measured in the same run.
+
+use anyhow::{bail, Context, Result};
+use serde_json::{json, Value};
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+use xlap_stage::Stage;
+use xlap_tests::bench_args::{arg_value, baseline_binary};
+use xlap_tests::trace::Recorder;
+use xlap_tests::{bin, privileged_unavailable, KillOnDrop, Scratch};
+
+const PORT: u16 = 11_111;
+const DIY_SCRIPT: &str = include_str!("../../bench/diy-net.bt");
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Tracer {
+    None,
+    Bpftrace,
+    /// `--bpf-stats MODE`.
+    Xlap {
+        stats: &'static str,
+    },
+    /// The `--baseline` binary, with statistics.
+    Baseline,
+}
+
+impl Tracer {
+    fn name(self) -> &'static str {
+        match self {
+            Tracer::None => "untraced",
+            Tracer::Bpftrace => "DIY bpftrace script (6 net tracepoints)",
+            Tracer::Xlap { stats: "full" } => "xlap-trace, every kernel point, --bpf-stats full",
+            Tracer::Xlap { stats: "off" } => "xlap-trace, every kernel point, --bpf-stats off",
+            Tracer::Xlap { .. } => "xlap-trace, every kernel point (statistics sampled)",
+            Tracer::Baseline => "baseline xlap-trace, every kernel point",
+        }
+    }
+}
+
+/// What one cell (tracer × pinning) gathered over its rounds.
+#[derive(Default)]
+struct Cell {
+    /// Half round trips, µs, as sockperf logged them.
+    latencies_us: Vec<f64>,
+    /// Messages measured (after sockperf's warm-up) and their time span.
+    messages: u64,
+    seconds: f64,
+    /// Every message the client sent, warm-up included (what the capture
+    /// programs saw).
+    sent: u64,
+    /// program -> (runs, run time ns), xlap-trace with statistics only.
+    programs: BTreeMap<String, (u64, u64)>,
+    stamps: u64,
+    lost: u64,
+}
+
+fn main() -> Result<()> {
+    if let Some(reason) = privileged_unavailable() {
+        bail!("the benchmark loads BPF and builds a stage: {reason}");
+    }
+    for tool in ["sockperf", "bpftrace", "taskset"] {
+        if Command::new(tool).arg("--version").output().is_err() {
+            bail!("{tool} is missing: ./run.sh setup installs it");
+        }
+    }
+    let quick = std::env::args().any(|a| a == "--quick");
+    let seconds = arg_value("--seconds")?.unwrap_or(if quick { 2 } else { 5 });
+    let rounds = arg_value("--rounds")?.unwrap_or(if quick { 1 } else { 3 });
+    let baseline = baseline_binary()?;
+    let mut tracers = vec![
+        Tracer::None,
+        Tracer::Bpftrace,
+        Tracer::Xlap { stats: "sampled" },
+        Tracer::Xlap { stats: "full" },
+        Tracer::Xlap { stats: "off" },
+    ];
+    if baseline.is_some() {
+        tracers.push(Tracer::Baseline);
+    }
+    let stage = Stage::two_hosts().context("building the stage")?;
+    let mut cells: BTreeMap<(bool, usize), Cell> = BTreeMap::new();
+    let total = rounds * 2 * tracers.len() as u64;
+    let mut done = 0;
+    for round in 0..rounds {
+        for pinned in [true, false] {
+            for (i, tracer) in tracers.iter().enumerate() {
+                done += 1;
+                eprintln!(
+                    "xlap-bench-perturb: [{done}/{total}] round {}, {}, {}",
+                    round + 1,
+                    if pinned { "pinned" } else { "unpinned" },
+                    tracer.name()
+                );
+                let cell = cells.entry((pinned, i)).or_default();
+                one_run(&stage, *tracer, baseline.as_deref(), pinned, seconds, cell)
+                    .with_context(|| format!("{} ({})", tracer.name(), round + 1))?;
+            }
+        }
+    }
+    let report = print_report(&tracers, &mut cells, rounds, seconds);
+    std::fs::create_dir_all("bench-results")?;
+    std::fs::write(
+        "bench-results/perturbation.json",
+        serde_json::to_string_pretty(&report)? + "\n",
+    )?;
+    println!("\nwrote bench-results/perturbation.json");
+    Ok(())
+}
+
+/// One sockperf ping-pong of `seconds`, traced by `tracer`.
+fn one_run(
+    stage: &Stage,
+    tracer: Tracer,
+    baseline: Option<&Path>,
+    pinned: bool,
+    seconds: u64,
+    cell: &mut Cell,
+) -> Result<()> {
+    let (a, b) = (stage.host(0), stage.host(1));
+    let scratch = Scratch::new("bench-perturb");
+    let pin: &[&str] = if pinned { &["taskset", "-c", "0"] } else { &[] };
+    let server_addr = b.ipv4.to_string();
+    let mut server_cmd = b.command(pin.first().copied().unwrap_or("sockperf"));
+    if pinned {
+        server_cmd.args(&pin[1..]).arg("sockperf");
+    }
+    let server = KillOnDrop(
+        server_cmd
+            .args(["server", "-i", &server_addr, "-p", &PORT.to_string()])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .context("sockperf server")?,
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    // The client waits for the start file, then becomes sockperf (exec:
+    // the pid the tracer follows is sockperf's).
+    let start = scratch.path("start");
+    let log = scratch.path("full.csv");
+    let script = format!(
+        "while [ ! -e '{}' ]; do sleep 0.01; done; exec {} sockperf ping-pong -i {server_addr} -p {PORT} -m 64 --mps=max -t {seconds} --full-log '{}'",
+        start.display(),
+        pin.join(" "),
+        log.display()
+    );
+    let mut client = KillOnDrop(
+        a.command("sh")
+            .args(["-c", &script])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .context("sockperf client")?,
+    );
+    let pids = [client.0.id(), server.0.id()];
+    let mut diy = None;
+    let mut recorder = None;
+    match tracer {
+        Tracer::None => {}
+        Tracer::Bpftrace => diy = Some(start_bpftrace(&scratch)?),
+        Tracer::Xlap { .. } | Tracer::Baseline => {
+            let mut args = vec![
+                "--quiet",
+                "--no-correlate",
+                "--no-usdt",
+                "--proto",
+                "sockperf",
+            ];
+            if let Tracer::Xlap { stats } = tracer {
+                args.extend(["--bpf-stats", stats]);
+            }
+            let binary = match (tracer, baseline) {
+                (Tracer::Baseline, Some(b)) => b.to_path_buf(),
+                _ => bin("xlap-trace"),
+            };
+            recorder = Some(Recorder::start_binary(
+                &binary,
+                &pids,
+                &scratch.path("run"),
+                &args,
+            ));
+        }
+    }
+    std::fs::write(&start, "go")?;
+    let status = client.0.wait()?;
+    if !status.success() {
+        bail!("sockperf ping-pong failed ({status})");
+    }
+    drop(server); // the recorder ends once both traced processes are gone
+    if let Some(mut d) = diy {
+        // SIGINT: bpftrace runs its END block and detaches.
+        // SAFETY: kill on our own child's pid.
+        unsafe { libc::kill(d.0.id() as i32, libc::SIGINT) };
+        let _ = d.0.wait();
+    }
+    if let Some(rec) = recorder {
+        let meta = rec.meta_after_wait();
+        cell.stamps += meta["stamps"].as_u64().unwrap_or(0);
+        cell.lost += meta["lost"].as_u64().unwrap_or(0);
+        if let Some(programs) = meta["bpf_programs"].as_object() {
+            for (name, p) in programs {
+                let e = cell.programs.entry(name.clone()).or_default();
+                e.0 += p["run_count"].as_u64().unwrap_or(0);
+                e.1 += p["run_time_ns"].as_u64().unwrap_or(0);
+            }
+        }
+    }
+    let (latencies, duration, sent) = read_full_log(&log)?;
+    cell.sent += sent;
+    cell.messages += latencies.len() as u64;
+    cell.seconds += duration;
+    cell.latencies_us.extend(latencies);
+    Ok(())
+}
+
+/// Starts the DIY script and waits until its probes are attached.
+fn start_bpftrace(scratch: &Scratch) -> Result<KillOnDrop> {
+    let script = scratch.path("diy-net.bt");
+    std::fs::write(&script, DIY_SCRIPT)?;
+    let out = scratch.path("bpftrace.out");
+    let child = Command::new("bpftrace")
+        .arg(&script)
+        .env("BPFTRACE_MAP_KEYS_MAX", "1000000")
+        .stdin(Stdio::null())
+        .stdout(std::fs::File::create(&out)?)
+        .stderr(Stdio::null())
+        .spawn()
+        .context("bpftrace")?;
+    let mut child = KillOnDrop(child);
+    let t0 = Instant::now();
+    loop {
+        if std::fs::read_to_string(&out)?.contains("Attaching") {
+            // It prints before attaching: give it the moment it takes.
+            std::thread::sleep(Duration::from_millis(500));
+            return Ok(child);
+        }
+        if let Some(status) = child.0.try_wait()? {
+            bail!("bpftrace exited ({status}) before attaching");
+        }
+        if t0.elapsed() > Duration::from_secs(60) {
+            bail!("bpftrace did not attach within 60 s");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// sockperf's `--full-log`: `packet, txTime(sec), rxTime(sec), latency(usec)`
+/// rows of the measured (post-warm-up) messages, after a `[Total Run]` line
+/// that counts every message sent. Returns the latencies, the span they
+/// cover (seconds) and the messages sent.
+fn read_full_log(path: &Path) -> Result<(Vec<f64>, f64, u64)> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("sockperf wrote no full log at {}", path.display()))?;
+    let mut latencies = Vec::new();
+    let (mut first, mut last) = (f64::MAX, 0f64);
+    let sent: u64 = text
+        .lines()
+        .find(|l| l.contains("[Total Run]"))
+        .and_then(|l| l.split("SentMessages=").nth(1))
+        .and_then(|v| v.split(';').next())
+        .and_then(|v| v.trim().parse().ok())
+        .with_context(|| format!("no [Total Run] SentMessages in {}", path.display()))?;
+    for line in text.lines() {
+        let f: Vec<&str> = line.split(',').map(str::trim).collect();
+        if f.len() != 4 || f[0].parse::<u64>().is_err() {
+            continue;
+        }
+        let (tx, rx, lat): (f64, f64, f64) = (f[1].parse()?, f[2].parse()?, f[3].parse()?);
+        first = first.min(tx);
+        last = last.max(rx);
+        latencies.push(lat);
+    }
+    if latencies.is_empty() {
+        bail!("sockperf's full log {} has no messages", path.display());
+    }
+    Ok((latencies, (last - first).max(1e-6), sent))
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    sorted[((sorted.len() - 1) as f64 * p) as usize]
+}
+
+fn print_report(
+    tracers: &[Tracer],
+    cells: &mut BTreeMap<(bool, usize), Cell>,
+    rounds: u64,
+    seconds: u64,
+) -> Value {
+    let mut rows = Vec::new();
+    for pinned in [true, false] {
+        println!(
+            "\n## Perturbation: sockperf ping-pong, 64 B, --mps=max, {} ({rounds} interleaved rounds of {seconds} s)\n",
+            if pinned { "client and server pinned to CPU 0" } else { "unpinned" }
+        );
+        println!("| configuration | half-RTT p50 µs | p99 µs | p99.9 µs | ratio p50 | ratio p99 | ratio p99.9 | messages/s | rate ratio | stamps | lost |");
+        println!("|---|---|---|---|---|---|---|---|---|---|---|");
+        let mut base = None;
+        for (i, tracer) in tracers.iter().enumerate() {
+            let cell = cells.get_mut(&(pinned, i)).expect("every cell ran");
+            cell.latencies_us.sort_by(f64::total_cmp);
+            let l = &cell.latencies_us;
+            let (p50, p99, p999) = (
+                percentile(l, 0.5),
+                percentile(l, 0.99),
+                percentile(l, 0.999),
+            );
+            let rate = cell.messages as f64 / cell.seconds;
+            let (b50, b99, b999, brate) = *base.get_or_insert((p50, p99, p999, rate));
+            let traced = matches!(tracer, Tracer::Xlap { .. } | Tracer::Baseline);
+            println!(
+                "| {} | {p50:.1} | {p99:.1} | {p999:.1} | {:.2} | {:.2} | {:.2} | {rate:.0} | {:.2} | {} | {} |",
+                tracer.name(),
+                p50 / b50,
+                p99 / b99,
+                p999 / b999,
+                rate / brate,
+                if traced { cell.stamps.to_string() } else { "".into() },
+                if traced { cell.lost.to_string() } else { "".into() },
+            );
+            rows.push(json!({
+                "pinned": pinned, "configuration": tracer.name(),
+                "p50_us": p50, "p99_us": p99, "p999_us": p999,
+                "ratio_p50": p50 / b50, "ratio_p99": p99 / b99, "ratio_p999": p999 / b999,
+                "messages_per_s": rate, "rate_ratio": rate / brate,
+                "stamps": traced.then_some(cell.stamps), "lost": traced.then_some(cell.lost),
+            }));
+        }
+    }
+    // Where xlap-trace's time goes: the pinned cell with statistics.
+    let stats_cell = tracers
+        .iter()
+        .position(|t| *t == Tracer::Xlap { stats: "full" })
+        .and_then(|i| cells.get(&(true, i)))
+        .expect("the statistics cell ran");
+    let trips = stats_cell.sent.max(1) as f64;
+    println!("\n## Capture programs per round trip (pinned, --bpf-stats full: 2 datagrams per round trip)\n");
+    println!(
+        "| program | runs per round trip | ns per run | ns per round trip |\n|---|---|---|---|"
+    );
+    let mut programs: Vec<_> = stats_cell
+        .programs
+        .iter()
+        .filter(|(_, (runs, _))| *runs > 0)
+        .map(|(name, (runs, ns))| {
+            (
+                name.clone(),
+                *runs as f64 / trips,
+                *ns as f64 / *runs as f64,
+                *ns as f64 / trips,
+            )
+        })
+        .collect();
+    programs.sort_by(|a, b| b.3.total_cmp(&a.3));
+    let mut breakdown = Vec::new();
+    for (name, per_trip, per_run, ns_trip) in &programs {
+        println!("| {name} | {per_trip:.2} | {per_run:.0} | {ns_trip:.0} |");
+        breakdown.push(json!({"program": name, "runs_per_round_trip": per_trip, "ns_per_run": per_run, "ns_per_round_trip": ns_trip}));
+    }
+    let sum: f64 = programs.iter().map(|p| p.3).sum();
+    println!("| total | | | {sum:.0} |");
+    json!({"rounds": rounds, "seconds": seconds, "matrix": rows, "programs_per_round_trip": breakdown})
+}
