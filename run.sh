@@ -26,9 +26,10 @@ command -v cargo >/dev/null || die "cargo not found: install Rust (rustup, stabl
 # System packages: the BPF toolchain, USDT headers, network tools (ethtool sets
 # the stage's GRO/NAPI modes), test peers.
 # chromium renders the HTML report in its test; python3-venv hosts the
-# pandas baseline of bench-analysis.
+# pandas baseline of bench-analysis; bpftrace is the perturbation bench's
+# anchor (a hand-written script).
 PACKAGES=(clang llvm libbpf-dev bpftool libclang-dev clang-format systemtap-sdt-dev
-	build-essential pkg-config iproute2 iperf3 sockperf ethtool chromium python3-venv)
+	build-essential pkg-config iproute2 iperf3 sockperf ethtool chromium python3-venv bpftrace)
 missing=()
 for p in "${PACKAGES[@]}"; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
