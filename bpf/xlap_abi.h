@@ -143,6 +143,8 @@ struct xlap_config {
   /* 1: device and qdisc points only fire on the devices in IFACES. */
   __u8 iface_filter;
   __u16 tunnel_ports[XLAP_TUNNEL_PORTS]; /* host order, 0 = unused */
+  /* Kernel points not written (bit = point id; --points): 0 writes all. */
+  __u32 points_off;
 };
 
 /* Value of the traced-socket storage (socket local storage): the socket

@@ -7,6 +7,7 @@ use std::sync::{Mutex, MutexGuard};
 
 pub mod bench_args;
 pub mod example;
+pub mod multiset;
 pub mod trace;
 
 /// The environment variable that turns a skipped privileged test into a

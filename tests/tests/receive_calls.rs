@@ -8,36 +8,12 @@
 //! file.
 
 use serde_json::Value;
-use std::collections::BTreeMap;
 use xlap_stage::Stage;
 use xlap_tests::example::kind_code;
 use xlap_tests::example::{events, ExampleOptions};
+use xlap_tests::multiset::{self as ms, assert_same, Multiset};
 use xlap_tests::privileged;
 use xlap_tests::trace::trace_example;
-
-/// (seq, kind) -> how many times.
-type Multiset = BTreeMap<(u64, u32), usize>;
-
-/// Asserts two multisets are equal, naming only the differences.
-fn assert_same(stamped: &Multiset, logged: &Multiset, what: &str) {
-    let diff: Vec<_> = stamped
-        .keys()
-        .chain(logged.keys())
-        .filter(|k| stamped.get(k) != logged.get(k))
-        .map(|k| {
-            (
-                k,
-                stamped.get(k).copied().unwrap_or(0),
-                logged.get(k).copied().unwrap_or(0),
-            )
-        })
-        .collect();
-    assert!(
-        diff.is_empty(),
-        "{what}: (seq, kind), stamps, log lines: {:?}",
-        &diff[..diff.len().min(20)]
-    );
-}
 
 fn lost_parse(meta: &Value) -> u64 {
     meta["points"]["sock.recv_exit"]["lost_parse"]
@@ -145,34 +121,6 @@ fn recvmmsg_iovecs_and_peek_are_stamped_per_datagram() {
     assert_same(&stamped, &logged, "peek: the peek is not a read");
 }
 
-/// (seq, kind) of the example's log lines of `event`, dropped packets
-/// (never sent) left out.
-fn tally(log: &[Value], event: &str) -> Multiset {
-    let mut m = Multiset::new();
-    for e in events(log, event) {
-        if e["event"] == "sent" && e["dropped"] == true {
-            continue;
-        }
-        let key = (
-            e["seq"].as_u64().unwrap(),
-            kind_code(e["kind"].as_str().unwrap()),
-        );
-        *m.entry(key).or_default() += 1;
-    }
-    m
-}
-
-/// (seq, kind) of the data and parity stamps of `point` by process `pid`.
-fn stamped_at(stamps: &[xlap_tests::trace::Row], point: &str, pid: u32) -> Multiset {
-    let mut m = Multiset::new();
-    for r in stamps.iter().filter(|r| r.point == point && r.pid == pid) {
-        if let (Some(seq), Some(kind @ (1 | 2))) = (r.seq, r.kind) {
-            *m.entry((seq, kind)).or_default() += 1;
-        }
-    }
-    m
-}
-
 /// A datagram sent with writev (header and body in two iovecs) or sendfile
 /// (from a memory file): its send points and device points, per the
 /// sender's log, as for send.
@@ -198,19 +146,19 @@ fn writev_and_sendfile_sends_are_stamped_per_datagram() {
             events(&t.sent, "send_error").next().is_none(),
             "{call}: the sender failed to send"
         );
-        let sent = tally(&t.sent, "sent");
+        let sent = ms::logged(&t.sent, "sent");
         assert!(sent.len() > 300, "{call}: data and parity packets sent");
         let stamps = t.stamps();
         for point in ["sock.send_enter", "sock.send_exit", "dev.xmit"] {
             assert_same(
-                &stamped_at(&stamps, point, t.pids.0),
+                &ms::stamped(&stamps, point, t.pids.0),
                 &sent,
                 &format!("{call} {point}"),
             );
         }
         assert_same(
-            &stamped_at(&stamps, "sock.recv_exit", t.pids.1),
-            &tally(&t.received, "received"),
+            &ms::stamped(&stamps, "sock.recv_exit", t.pids.1),
+            &ms::logged(&t.received, "received"),
             &format!("{call}: reads"),
         );
     }
@@ -245,14 +193,14 @@ fn sendmmsg_to_recvmmsg_is_stamped_per_message() {
         "few datagrams went in multi-message sendmmsg calls: {calls}"
     );
     let stamps = t.stamps();
-    let stamped = |point: &str, pid: u32| stamped_at(&stamps, point, pid);
-    let sent = tally(&t.sent, "sent");
+    let stamped = |point: &str, pid: u32| ms::stamped(&stamps, point, pid);
+    let sent = ms::logged(&t.sent, "sent");
     for point in ["sock.send_enter", "sock.send_exit", "dev.xmit"] {
         assert_same(&stamped(point, t.pids.0), &sent, point);
     }
     assert_same(
         &stamped("sock.recv_exit", t.pids.1),
-        &tally(&t.received, "received"),
+        &ms::logged(&t.received, "received"),
         "recvmmsg reads",
     );
 }

@@ -10,7 +10,8 @@
 //! anchor a user would otherwise write); `xlap-trace record` of both
 //! processes (every kernel point) with the kernel's BPF run-time statistics
 //! sampled (the default), on all the time (`--bpf-stats full`, which also
-//! gives the per-program breakdown) and off.
+//! gives the per-program breakdown) and off; and with fewer points
+//! (`--points standard`, `--points minimal`).
 //!
 //! Prints Markdown (p50/p99/p99.9 half-RTT, their ratios to untraced, the
 //! message rate ratio, and which capture programs run per round trip at
@@ -43,6 +44,8 @@ enum Tracer {
     Xlap {
         stats: &'static str,
     },
+    /// `--points SET` (statistics sampled).
+    Points(&'static str),
     /// The `--baseline` binary, with statistics.
     Baseline,
 }
@@ -55,6 +58,8 @@ impl Tracer {
             Tracer::Xlap { stats: "full" } => "xlap-trace, every kernel point, --bpf-stats full",
             Tracer::Xlap { stats: "off" } => "xlap-trace, every kernel point, --bpf-stats off",
             Tracer::Xlap { .. } => "xlap-trace, every kernel point (statistics sampled)",
+            Tracer::Points("standard") => "xlap-trace --points standard",
+            Tracer::Points(_) => "xlap-trace --points minimal",
             Tracer::Baseline => "baseline xlap-trace, every kernel point",
         }
     }
@@ -96,6 +101,8 @@ fn main() -> Result<()> {
         Tracer::Xlap { stats: "sampled" },
         Tracer::Xlap { stats: "full" },
         Tracer::Xlap { stats: "off" },
+        Tracer::Points("standard"),
+        Tracer::Points("minimal"),
     ];
     if baseline.is_some() {
         tracers.push(Tracer::Baseline);
@@ -182,7 +189,7 @@ fn one_run(
     match tracer {
         Tracer::None => {}
         Tracer::Bpftrace => diy = Some(start_bpftrace(&scratch)?),
-        Tracer::Xlap { .. } | Tracer::Baseline => {
+        Tracer::Xlap { .. } | Tracer::Points(_) | Tracer::Baseline => {
             let mut args = vec![
                 "--quiet",
                 "--no-correlate",
@@ -192,6 +199,9 @@ fn one_run(
             ];
             if let Tracer::Xlap { stats } = tracer {
                 args.extend(["--bpf-stats", stats]);
+            }
+            if let Tracer::Points(set) = tracer {
+                args.extend(["--points", set]);
             }
             let binary = match (tracer, baseline) {
                 (Tracer::Baseline, Some(b)) => b.to_path_buf(),
@@ -330,7 +340,7 @@ fn print_report(
             );
             let rate = cell.messages as f64 / cell.seconds;
             let (b50, b99, b999, brate) = *base.get_or_insert((p50, p99, p999, rate));
-            let traced = matches!(tracer, Tracer::Xlap { .. } | Tracer::Baseline);
+            let traced = !matches!(tracer, Tracer::None | Tracer::Bpftrace);
             println!(
                 "| {} | {p50:.1} | {p99:.1} | {p999:.1} | {:.2} | {:.2} | {:.2} | {rate:.0} | {:.2} | {} | {} |",
                 tracer.name(),

@@ -155,6 +155,8 @@ pub struct Capture {
 
 pub struct Settings {
     pub layouts: Layouts,
+    /// The kernel points written; programs only they need are not attached.
+    pub points: crate::point_sets::PointSet,
     pub ringbuf_bytes: u32,
     /// One ring-buffer record per stamp instead of per-CPU batches.
     pub per_stamp: bool,
@@ -181,6 +183,7 @@ impl Capture {
         config.wakeup_bytes = settings.ringbuf_bytes / 8;
         config.per_stamp = settings.per_stamp as u8;
         config.iface_filter = settings.iface_filter as u8;
+        config.points_off = settings.points.off_mask();
         if settings.tunnel_ports.len() > config.tunnel_ports.len() {
             return Err(failure(
                 Code::Usage,
@@ -224,6 +227,9 @@ impl Capture {
             })?;
         let mut unavailable = Vec::new();
         for (prog, kind, target, required) in PROGRAMS {
+            if !settings.points.needs_program(prog) {
+                continue;
+            }
             let result = attach(&mut bpf, &btf, prog, *kind, target);
             if let Err(e) = result {
                 if *required {

@@ -30,7 +30,7 @@ pub struct Cli {
 pub enum Command {
     /// Stamp every packet of running processes at the kernel's socket, qdisc,
     /// device and scheduler points, into Arrow/Parquet.
-    Record(RecordArgs),
+    Record(Box<RecordArgs>),
     /// Write or check the Arrow schemas of what xlap-trace writes.
     Schema(SchemaArgs),
     /// Network-namespace test hosts joined by veth (for demos and tests).
@@ -237,6 +237,12 @@ pub struct RecordArgs {
     /// marker as app.NAME with seq=arg0, kind=arg1.
     #[arg(long, value_name = "SPEC")]
     pub usdt: Vec<crate::usdt::Selection>,
+    /// Kernel points to stamp: all (default), standard (each layer once:
+    /// no driver-entry points), minimal (sock.send_enter, dev.xmit,
+    /// dev.receive_skb, sock.recv_exit) or point names separated by
+    /// commas. Fewer points perturb the traced protocol less.
+    #[arg(long, value_name = "SET", default_value = "all")]
+    pub points: String,
     /// Trace kernel points only, no USDT markers.
     #[arg(long, conflicts_with = "usdt")]
     pub no_usdt: bool,

@@ -9,6 +9,7 @@ pub mod demo;
 pub mod exit;
 pub mod ifaces;
 pub mod kfunc;
+pub mod point_sets;
 pub mod preflight;
 pub mod proto;
 pub mod reader_priority;

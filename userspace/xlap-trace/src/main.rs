@@ -31,7 +31,7 @@ fn run(cli: Cli) -> Result<()> {
     match cli.command {
         None | Some(Command::Record(_)) => {
             let args = match cli.command {
-                Some(Command::Record(a)) => a,
+                Some(Command::Record(a)) => *a,
                 _ => cli.record,
             };
             let meta = record::run(&args)?;

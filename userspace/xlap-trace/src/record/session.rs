@@ -38,6 +38,7 @@ const POLL_MS: i32 = 20;
 pub struct Plan<'a> {
     pub args: &'a RecordArgs,
     layouts: Layouts,
+    points: crate::point_sets::PointSet,
     ringbuf_bytes: u32,
     files: RunFiles,
     tunnel_ports: Vec<u16>,
@@ -54,6 +55,7 @@ impl<'a> Plan<'a> {
             ));
         }
         let layouts = args.layouts()?;
+        let points = crate::point_sets::PointSet::parse(&args.points)?;
         let ringbuf_bytes = args
             .ringbuf_kib
             .checked_mul(1024)
@@ -83,6 +85,7 @@ impl<'a> Plan<'a> {
         Ok(Plan {
             args,
             layouts,
+            points,
             ringbuf_bytes,
             files,
             tunnel_ports,
@@ -107,6 +110,7 @@ impl Session {
         let args = plan.args;
         let mut capture = Capture::load(&Settings {
             layouts: plan.layouts.clone(),
+            points: plan.points.clone(),
             ringbuf_bytes: plan.ringbuf_bytes,
             per_stamp: args.per_stamp_records,
             tunnel_ports: plan.tunnel_ports.clone(),
@@ -498,6 +502,7 @@ impl Detached {
                 "pids": args.pids,
                 "layout": plan.layouts.default,
                 "port_layouts": plan.layouts.ports,
+                "points": plan.points.names(),
                 "ringbuf_bytes": plan.ringbuf_bytes,
                 "per_stamp_records": args.per_stamp_records,
                 "duration_s": args.duration,
