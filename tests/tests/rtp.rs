@@ -52,6 +52,32 @@ fn stamped(rows: &[Row], point: &str, pid: u32, port: u16) -> Multiset {
     m
 }
 
+/// The stamps of one run, by sender and receiver pid.
+struct Protocol<'a> {
+    rows: &'a [Row],
+    pids: (u32, u32),
+}
+
+impl Protocol<'_> {
+    /// Every packet of `port` the sender logged at each send and transmit
+    /// point, every packet the receiver logged at its device and socket
+    /// queue, and its reads (of `kind`: the socket's other reads are the
+    /// other protocol's).
+    fn check(&self, what: &str, port: u16, kind: u32, sent: &Multiset, received: &Multiset) {
+        for point in ["sock.send_enter", "dev.queue", "dev.xmit", "sock.send_exit"] {
+            let got = stamped(self.rows, point, self.pids.0, port);
+            assert_eq!(&got, sent, "{what} {point}");
+        }
+        for point in ["dev.receive_skb", "sock.queue"] {
+            let got = stamped(self.rows, point, self.pids.1, port);
+            assert_eq!(&got, received, "{what} {point}");
+        }
+        let mut reads = stamped(self.rows, "sock.recv_exit", self.pids.1, port);
+        reads.retain(|(_, k), _| *k == kind);
+        assert_eq!(&reads, received, "{what} sock.recv_exit");
+    }
+}
+
 #[test]
 fn rtp_and_rtcp_of_one_process_keyed_by_their_own_layouts() {
     let Some(_guard) = privileged("rtp") else {
@@ -114,24 +140,8 @@ fn rtp_and_rtcp_of_one_process_keyed_by_their_own_layouts() {
         "the sequence should wrap"
     );
     assert!(rtp_received.len() > 280, "the path lost RTP packets");
-    for point in ["sock.send_enter", "dev.queue", "dev.xmit", "sock.send_exit"] {
-        assert_eq!(
-            stamped(&rows, point, pids.0, RTP_PORT),
-            rtp_sent,
-            "RTP {point}"
-        );
-    }
-    for point in ["dev.receive_skb", "sock.queue"] {
-        assert_eq!(
-            stamped(&rows, point, pids.1, RTP_PORT),
-            rtp_received,
-            "RTP {point}"
-        );
-    }
-
-    let mut reads = stamped(&rows, "sock.recv_exit", pids.1, RTP_PORT);
-    reads.retain(|(_, kind), _| *kind == RTP_PT);
-    assert_eq!(reads, rtp_received, "RTP sock.recv_exit");
+    let protocol = Protocol { rows: &rows, pids };
+    protocol.check("RTP", RTP_PORT, RTP_PT, &rtp_sent, &rtp_received);
 
     // The reports, on the next port, by the RTCP layout: the same points,
     // none read as RTP.
@@ -139,23 +149,7 @@ fn rtp_and_rtcp_of_one_process_keyed_by_their_own_layouts() {
     let rtcp_received = logged(&received, "rtcp", "ntp_mid");
     assert_eq!(rtcp_sent.len(), SR_COUNT);
     assert!(rtcp_sent.keys().all(|(_, pt)| *pt == RTCP_SR));
-    for point in ["sock.send_enter", "dev.queue", "dev.xmit", "sock.send_exit"] {
-        assert_eq!(
-            stamped(&rows, point, pids.0, RTCP_PORT),
-            rtcp_sent,
-            "RTCP {point}"
-        );
-    }
-    for point in ["dev.receive_skb", "sock.queue"] {
-        assert_eq!(
-            stamped(&rows, point, pids.1, RTCP_PORT),
-            rtcp_received,
-            "RTCP {point}"
-        );
-    }
-    let mut reads = stamped(&rows, "sock.recv_exit", pids.1, RTCP_PORT);
-    reads.retain(|(_, kind), _| *kind == RTCP_SR);
-    assert_eq!(reads, rtcp_received, "RTCP sock.recv_exit");
+    protocol.check("RTCP", RTCP_PORT, RTCP_SR, &rtcp_sent, &rtcp_received);
 
     // The packets table: one row per RTP packet (the sequence unwrapped
     // across 65535 -> 0), on the RTP flow's ports and the stage's

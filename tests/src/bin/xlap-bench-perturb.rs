@@ -148,15 +148,15 @@ fn one_run(
 ) -> Result<()> {
     let (a, b) = (stage.host(0), stage.host(1));
     let scratch = Scratch::new("bench-perturb");
-    let pin: &[&str] = if pinned { &["taskset", "-c", "0"] } else { &[] };
+    // Both ends exec into sockperf (the pid the tracer follows is sockperf's).
+    let pin = if pinned { "taskset -c 0" } else { "" };
     let server_addr = b.ipv4.to_string();
-    let mut server_cmd = b.command(pin.first().copied().unwrap_or("sockperf"));
-    if pinned {
-        server_cmd.args(&pin[1..]).arg("sockperf");
-    }
     let server = KillOnDrop(
-        server_cmd
-            .args(["server", "-i", &server_addr, "-p", &PORT.to_string()])
+        b.command("sh")
+            .args([
+                "-c",
+                &format!("exec {pin} sockperf server -i {server_addr} -p {PORT}"),
+            ])
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -164,14 +164,12 @@ fn one_run(
             .context("sockperf server")?,
     );
     std::thread::sleep(Duration::from_millis(300));
-    // The client waits for the start file, then becomes sockperf (exec:
-    // the pid the tracer follows is sockperf's).
+    // The client waits for the start file first.
     let start = scratch.path("start");
     let log = scratch.path("full.csv");
     let script = format!(
-        "while [ ! -e '{}' ]; do sleep 0.01; done; exec {} sockperf ping-pong -i {server_addr} -p {PORT} -m 64 --mps=max -t {seconds} --full-log '{}'",
+        "while [ ! -e '{}' ]; do sleep 0.01; done; exec {pin} sockperf ping-pong -i {server_addr} -p {PORT} -m 64 --mps=max -t {seconds} --full-log '{}'",
         start.display(),
-        pin.join(" "),
         log.display()
     );
     let mut client = KillOnDrop(
