@@ -9,7 +9,7 @@ static __always_inline void stamp_qdisc(__u16 point, struct sk_buff *skb) {
   if (!skb)
     return;
   __u64 key = (__u64)skb;
-  struct xl_tx *e = bpf_map_lookup_elem(&SKB_TX, &key);
+  struct xl_tx *e = tx_find(key);
   if (!e || !iface_allowed(skb->dev))
     return;
   stamp_tx(point, key, e, skb->dev->ifindex, skb->queue_mapping);

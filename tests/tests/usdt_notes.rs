@@ -72,18 +72,31 @@ fn the_plain_example_binary_has_no_markers() {
     assert!(read_probes(&bin("xlap-example-plain")).unwrap().is_empty());
 }
 
+/// The 5-byte nop the markers emit (`nopl 0x0(%rax,%rax,1)`): a uprobe on
+/// it needs no single-stepping, and Linux 6.18 turns it into a call to the
+/// process's uprobe trampoline after the first hit.
+const NOP5: [u8; 5] = [0x0f, 0x1f, 0x44, 0x00, 0x00];
+
+/// The instruction bytes at every probe of `path`, by probe name.
+fn probe_sites(path: &Path) -> Vec<(String, Vec<u8>)> {
+    let bytes = std::fs::read(path).unwrap();
+    read_probes(path)
+        .unwrap()
+        .into_iter()
+        .map(|p| {
+            let at = p.file_offset as usize;
+            (p.name, bytes[at..at + 5].to_vec())
+        })
+        .collect()
+}
+
 #[test]
 fn the_probe_nop_is_where_the_note_says() {
-    // At each file offset the instruction must be a nop (0x90): attaching
-    // there costs no single-stepping.
-    let path = bin("xlap-example");
-    let bytes = std::fs::read(&path).unwrap();
-    for p in read_probes(&path).unwrap() {
-        assert_eq!(
-            bytes[p.file_offset as usize], 0x90,
-            "{}:{} at {:#x}",
-            p.provider, p.name, p.file_offset
-        );
+    // At each file offset of the example's markers: the 5-byte nop.
+    let sites = probe_sites(&bin("xlap-example"));
+    assert!(!sites.is_empty());
+    for (name, code) in sites {
+        assert_eq!(code, NOP5, "xlap:{name}");
     }
 }
 
@@ -129,6 +142,11 @@ fn the_c_marker_header_emits_the_same_notes() {
             status.success(),
             "cc {opt} failed: is systemtap-sdt-dev installed?"
         );
+        // XLAP_MARK sites, and sdt.h probes written after the header, are
+        // the 5-byte nop; the note points at its first byte.
+        for (name, code) in probe_sites(&exe) {
+            assert_eq!(code, NOP5, "{opt}: xlap:{name}");
+        }
         let probes = read_probes(&exe).unwrap();
         let names: Vec<&str> = probes.iter().map(|p| p.name.as_str()).collect();
         assert!(

@@ -2,7 +2,7 @@
  *
  * Each marker is a SystemTap SDT probe (USDT) in provider "xlap" with two
  * arguments: the packet's sequence number and its kind. Untraced, a marker is
- * a single `nop` plus a note in `.note.stapsdt`; `xlap-trace --pid PID` turns
+ * one nop plus a note in `.note.stapsdt`; `xlap-trace --pid PID` turns
  * every `xlap:NAME` marker into the stamp point `app.NAME`.
  *
  *   #include "xlap_markers.h"
@@ -15,6 +15,21 @@
 
 #include <stdint.h>
 #include <sys/sdt.h>
+
+/* The probe site is the 5-byte nop 0f 1f 44 00 00 instead of sdt.h's
+ * 1-byte nop: Linux 6.18 and later rewrite a uprobe on it into a call to a
+ * per-process trampoline (arch_uprobe_optimize), cheaper than the trap a
+ * 1-byte nop takes. Redefined after the include: sdt.h expands it where a
+ * probe is written, so every DTRACE_PROBE of a file that includes this
+ * header gets it. Written as bytes: an assembler may drop the zero
+ * displacement of `nopl 0(%rax,%rax,1)` and emit 4 bytes. */
+#undef _SDT_NOP
+#define _SDT_NOP                                                               \
+  .byte 0x0f;                                                                  \
+  .byte 0x1f;                                                                  \
+  .byte 0x44;                                                                  \
+  .byte 0x00;                                                                  \
+  .byte 0x00
 
 /* Packet kinds of the example protocol; other protocols pass their own. */
 #define XLAP_KIND_DATA 1
