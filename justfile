@@ -26,7 +26,7 @@ test: lint build
 lint:
     cargo fmt --all --check
     cargo clippy --workspace --all-targets -- -D warnings
-    clang-format --dry-run --Werror bpf/*.c bpf/*.h bpf/capture/*.h examples/markers/c/*.h
+    clang-format --dry-run --Werror bpf/*.c bpf/*.h bpf/capture/*.h examples/markers/c/*.h examples/markers/c/*.c
     cargo run -q -p xlap-trace -- schema --check schemas
 
 # Regenerate the committed schema files.

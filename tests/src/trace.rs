@@ -25,6 +25,9 @@ pub struct Row {
     /// The traced socket on the stamp's side.
     pub socket_cookie: Option<u64>,
     pub pid: u32,
+    /// The thread that ran the point (0 in softirq).
+    pub tid: u32,
+    pub cpu: u16,
     pub ifindex: Option<u32>,
     /// A later IP fragment's extra stamp.
     pub fragment: bool,
@@ -158,6 +161,10 @@ pub fn read_stamps(path: &Path) -> Vec<Row> {
         let flow = flow.as_any().downcast_ref::<UInt64Array>().unwrap();
         let pid = col("pid");
         let pid = pid.as_any().downcast_ref::<UInt32Array>().unwrap();
+        let tid = col("tid");
+        let tid = tid.as_any().downcast_ref::<UInt32Array>().unwrap();
+        let cpu = col("cpu");
+        let cpu = cpu.as_any().downcast_ref::<UInt16Array>().unwrap();
         let ifindex = col("ifindex");
         let ifindex = ifindex.as_any().downcast_ref::<UInt32Array>().unwrap();
         let fragment = col("fragment");
@@ -175,6 +182,8 @@ pub fn read_stamps(path: &Path) -> Vec<Row> {
                 dst_port: (!dst_port.is_null(i)).then(|| dst_port.value(i)),
                 socket_cookie: (!cookie.is_null(i)).then(|| cookie.value(i)),
                 pid: pid.value(i),
+                tid: tid.value(i),
+                cpu: cpu.value(i),
                 ifindex: (!ifindex.is_null(i)).then(|| ifindex.value(i)),
                 fragment: fragment.value(i),
             });

@@ -23,39 +23,74 @@ const RECEIVER_APP: &[&str] = &[
     "app.decode_end",
 ];
 
+/// What an app stamp says besides its point and seq: the process (sender
+/// or receiver), and whether its thread is the one the kernel saw next on
+/// the same packet.
+type AppFacts = BTreeMap<(String, u64), (&'static str, bool)>;
+
 #[test]
 fn markers_become_app_points_in_causal_order_with_kernel_points() {
     let Some(_guard) = privileged("usdt_app_points") else {
         return;
     };
     let stage = Stage::two_hosts().expect("stage");
+    let ring = app_points_in_causal_order(&stage, "ring");
+    let uprobe = app_points_in_causal_order(&stage, "uprobe");
+    // Side by side: both paths stamp the same packets at the same points,
+    // for the same processes and threads.
+    assert_eq!(ring.len(), uprobe.len());
+    let differ: Vec<_> = ring
+        .iter()
+        .filter(|(k, v)| uprobe.get(*k) != Some(*v))
+        .take(5)
+        .collect();
+    assert!(
+        differ.is_empty(),
+        "ring and uprobe stamps differ: {differ:?}"
+    );
+}
+
+/// One traced run of the example with its markers on `marker_path`: every
+/// delivered packet has every app point, in causal order with its kernel
+/// points (one clock), from the right process.
+fn app_points_in_causal_order(stage: &Stage, marker_path: &str) -> AppFacts {
     let t = trace_example(
-        &stage,
-        "usdt",
+        stage,
+        &format!("usdt-{marker_path}"),
         &ExampleOptions {
             count: 2_000,
             period_us: 200,
             markers: true,
             ..Default::default()
         },
-        &[],
+        &["--marker-path", marker_path],
     );
     let ((s, r), meta, received) = (t.pids, &t.meta, &t.received);
     assert_eq!(meta["lost"], 0);
+    assert_eq!(meta["options"]["marker_path"], marker_path);
     let sites = meta["options"]["usdt_sites"].as_array().unwrap();
     let names: BTreeSet<&str> = sites.iter().map(|s| s["name"].as_str().unwrap()).collect();
     assert_eq!(names.len(), 13, "every marker attached: {names:?}");
+    assert!(
+        sites.iter().all(|s| s["path"] == marker_path),
+        "{marker_path}: {sites:?}"
+    );
+    let cpus = std::thread::available_parallelism().unwrap().get() as u16;
 
-    // Data packets (kind 1) by seq: point -> (pid, ts).
+    // Data packets (kind 1) by seq: point -> (pid, ts, tid).
     let rows = t.stamps();
-    let mut packets: BTreeMap<u64, BTreeMap<String, (u32, i64)>> = BTreeMap::new();
+    let mut packets: BTreeMap<u64, BTreeMap<String, (u32, i64, u32)>> = BTreeMap::new();
     for row in rows.iter().filter(|r| r.kind == Some(1)) {
+        if row.point.starts_with("app.") {
+            assert!(row.cpu < cpus, "{marker_path}: {row:?}");
+        }
         packets
             .entry(row.seq.unwrap())
             .or_default()
             .entry(row.point.clone())
-            .or_insert((row.pid, row.ts_ns));
+            .or_insert((row.pid, row.ts_ns, row.tid));
     }
+    let mut facts = AppFacts::new();
     let delivered: Vec<u64> = events(received, "delivered")
         .filter(|e| e["recovered"] == false)
         .map(|e| e["seq"].as_u64().unwrap())
@@ -78,7 +113,7 @@ fn markers_become_app_points_in_causal_order_with_kernel_points() {
             .collect();
         let mut last = i64::MIN;
         for point in chain {
-            let (pid, ts) = *p
+            let (pid, ts, _) = *p
                 .get(point)
                 .unwrap_or_else(|| panic!("seq {seq}: no {point}"));
             assert!(
@@ -102,7 +137,24 @@ fn markers_become_app_points_in_causal_order_with_kernel_points() {
             p["app.handle_end"].1 >= p["app.decode_end"].1,
             "seq {seq}: handle_end before decode_end"
         );
+        // The thread: the sender's last marker runs in the thread that
+        // makes the send call, the receiver's first in the one that read.
+        let same_thread = |app: &str, kernel: &str| p[app].2 == p[kernel].2 && p[app].2 != 0;
+        for (point, v) in p.iter().filter(|(k, _)| k.starts_with("app.")) {
+            let thread_checked = match point.as_str() {
+                "app.link_transmit_start" => same_thread(point, "sock.send_enter"),
+                "app.link_receive" => same_thread(point, "sock.recv_exit"),
+                _ => true,
+            };
+            assert!(
+                thread_checked,
+                "{marker_path}: seq {seq}: {point} not in the thread the kernel saw: {p:?}"
+            );
+            let role = if v.0 == s { "sender" } else { "receiver" };
+            facts.insert((point.clone(), seq), (role, thread_checked));
+        }
     }
+    facts
 }
 
 #[test]

@@ -1,5 +1,6 @@
 //! Unprivileged: the example binaries' USDT notes, and the C marker header.
 
+use std::collections::BTreeSet;
 use std::path::Path;
 use xlap_tests::{bin, Scratch};
 use xlap_usdt::{read_probes, Arg, ArgLocation};
@@ -56,11 +57,25 @@ fn the_example_binary_has_every_documented_marker_with_seq_and_kind() {
         }
     }
     assert!(
-        probes
-            .iter()
-            .all(|p| p.provider == "xlap" && MARKERS.contains(&p.name.as_str())),
+        probes.iter().all(
+            |p| (p.provider == "xlap" && MARKERS.contains(&p.name.as_str()))
+                || (p.provider == "xlap_ring" && p.name == "control")
+        ),
         "only documented markers"
     );
+    // The ring switch: one address for the whole binary, in a writable
+    // place (the tracer writes it), given as the note's semaphore.
+    let controls: BTreeSet<u64> = probes
+        .iter()
+        .filter(|p| p.provider == "xlap_ring")
+        .map(|p| p.semaphore)
+        .collect();
+    assert_eq!(controls.len(), 1, "{controls:?}");
+    assert!(controls.iter().all(|&a| a != 0));
+    let probes: Vec<_> = probes
+        .into_iter()
+        .filter(|p| p.provider == "xlap")
+        .collect();
     let mut names: Vec<&str> = probes.iter().map(|p| p.name.as_str()).collect();
     names.sort();
     names.dedup();
@@ -209,4 +224,75 @@ fn a_file_that_is_not_elf_is_a_clear_error() {
     std::fs::write(&f, "hello").unwrap();
     let e = read_probes(&f).unwrap_err().to_string();
     assert!(e.contains("x.txt") && e.contains("not an ELF"), "{e}");
+}
+
+/// The ring's layout has one definition (the Rust crate, which xlap-trace
+/// reads with); the C header's copy is checked against it field by field.
+#[test]
+fn the_c_ring_layout_is_the_rust_one() {
+    use std::mem::offset_of;
+    use xlap_marker::ring::{Control, Header, Record};
+    let header_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/markers/c");
+    let scratch = Scratch::new("ringlayout");
+    let src = scratch.path("layout.c");
+    let fields = [
+        ("xlap_ring_control", "state", offset_of!(Control, state)),
+        (
+            "xlap_ring_control",
+            "generation",
+            offset_of!(Control, generation),
+        ),
+        ("xlap_ring_control", "path", offset_of!(Control, path)),
+        ("xlap_ring_header", "magic", offset_of!(Header, magic)),
+        ("xlap_ring_header", "capacity", offset_of!(Header, capacity)),
+        ("xlap_ring_header", "head", offset_of!(Header, head)),
+        ("xlap_ring_header", "tail", offset_of!(Header, tail)),
+        ("xlap_ring_header", "dropped", offset_of!(Header, dropped)),
+        ("xlap_ring_record", "commit", offset_of!(Record, commit)),
+        ("xlap_ring_record", "ts_ns", offset_of!(Record, ts_ns)),
+        ("xlap_ring_record", "site", offset_of!(Record, site)),
+        ("xlap_ring_record", "seq", offset_of!(Record, seq)),
+        ("xlap_ring_record", "kind", offset_of!(Record, kind)),
+        ("xlap_ring_record", "pid", offset_of!(Record, pid)),
+        ("xlap_ring_record", "tid", offset_of!(Record, tid)),
+        ("xlap_ring_record", "cpu", offset_of!(Record, cpu)),
+    ];
+    let mut c = String::from(
+        "#include <stdio.h>\n#include <stddef.h>\n#include \"xlap_markers.h\"\nint main(void) {\n",
+    );
+    for (ty, field, _) in &fields {
+        c += &format!("  printf(\"%zu\\n\", offsetof(struct {ty}, {field}));\n");
+    }
+    for ty in ["xlap_ring_control", "xlap_ring_header", "xlap_ring_record"] {
+        c += &format!("  printf(\"%zu\\n\", sizeof(struct {ty}));\n");
+    }
+    c += "  printf(\"%llu %d %d\\n\", XLAP_RING_MAGIC, XLAP_RING_PATH_BYTES, XLAP_RING_RECORDS_OFFSET);\n  return 0;\n}\n";
+    std::fs::write(&src, c).unwrap();
+    let exe = scratch.path("layout");
+    let status = std::process::Command::new("cc")
+        .arg("-I")
+        .arg(&header_dir)
+        .arg(&src)
+        .arg("-o")
+        .arg(&exe)
+        .status()
+        .expect("cc runs");
+    assert!(status.success());
+    let out = std::process::Command::new(&exe).output().unwrap();
+    let text = String::from_utf8(out.stdout).unwrap();
+    let mut expected: Vec<String> = fields.iter().map(|f| f.2.to_string()).collect();
+    for size in [
+        std::mem::size_of::<Control>(),
+        std::mem::size_of::<Header>(),
+        std::mem::size_of::<Record>(),
+    ] {
+        expected.push(size.to_string());
+    }
+    expected.push(format!(
+        "{} {} {}",
+        xlap_marker::ring::MAGIC,
+        xlap_marker::ring::PATH_BYTES,
+        xlap_marker::ring::RECORDS_OFFSET
+    ));
+    assert_eq!(text.lines().collect::<Vec<_>>(), expected);
 }

@@ -153,26 +153,48 @@ fn main() -> Result<()> {
     );
         println!("| configuration | p50 µs | p99 µs | p99.9 µs | ratio p50 | ratio p99 |\n|---|---|---|---|---|---|");
         let this = xlap_tests::bin("xlap-trace");
-        // (name, markers build, traced by)
-        let mut configs: Vec<(&str, bool, Option<&std::path::Path>)> = vec![
-            ("untraced, plain build", false, None),
-            ("untraced, markers build", true, None),
-            ("traced, kernel points", false, Some(this.as_path())),
-            ("traced, kernel + USDT", true, Some(this.as_path())),
+        // (name, markers build, traced by, its extra options)
+        let mut configs: Vec<(&str, bool, Option<&std::path::Path>, &str)> = vec![
+            ("untraced, plain build", false, None, ""),
+            ("untraced, markers build", true, None, ""),
+            ("traced, kernel points", false, Some(this.as_path()), ""),
+            (
+                "traced, kernel points, --bpf-stats off",
+                false,
+                Some(this.as_path()),
+                "--bpf-stats off",
+            ),
+            (
+                "traced, kernel + USDT (markers: in-process ring)",
+                true,
+                Some(this.as_path()),
+                "",
+            ),
+            (
+                "traced, kernel + USDT (markers: uprobes)",
+                true,
+                Some(this.as_path()),
+                "--marker-path uprobe",
+            ),
         ];
         if let Some(b) = &baseline {
-            configs.push(("baseline: traced, kernel points", false, Some(b.as_path())));
+            configs.push((
+                "baseline: traced, kernel points",
+                false,
+                Some(b.as_path()),
+                "",
+            ));
         }
         let mut lat: Vec<Vec<u64>> = vec![Vec::new(); configs.len()];
         for _ in 0..rounds {
-            for (i, (_, markers, traced_by)) in configs.iter().enumerate() {
+            for (i, (_, markers, traced_by, extra)) in configs.iter().enumerate() {
                 let r = traced_run(
                     &stage,
                     1,
                     PERTURB_PERIOD_US,
                     count,
                     *markers,
-                    traced_by.map(|_| ""),
+                    traced_by.map(|_| *extra),
                     traced_by.unwrap_or(this.as_path()),
                 )?;
                 lat[i].extend(r.latencies);
@@ -184,7 +206,7 @@ fn main() -> Result<()> {
         };
         let base50 = pct(&mut lat[0], 0.5);
         let base99 = pct(&mut lat[0], 0.99);
-        for (i, (name, _, _)) in configs.iter().enumerate() {
+        for (i, (name, _, _, _)) in configs.iter().enumerate() {
             let (p50, p99, p999) = (
                 pct(&mut lat[i], 0.5),
                 pct(&mut lat[i], 0.99),
@@ -332,9 +354,7 @@ fn traced_run(
         .collect();
     let rec = traced.map(|extra| {
         let mut args = vec!["--quiet", "--no-correlate"];
-        if !extra.is_empty() {
-            args.push(extra);
-        }
+        args.extend(extra.split_whitespace());
         Recorder::start_binary(binary, &pids, &scratch.path("run"), &args)
     });
     for run in &runs {

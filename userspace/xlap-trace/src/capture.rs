@@ -303,14 +303,14 @@ impl Capture {
 
     /// Attaches the planned USDT sites; a site that fails to attach is an
     /// error (the user asked for it), naming the probe and the process.
-    pub fn attach_usdt(&mut self, plan: &crate::usdt::Plan) -> Result<()> {
-        if plan.sites.is_empty() {
+    pub fn attach_usdt(&mut self, sites: &[crate::usdt::Site]) -> Result<()> {
+        if sites.is_empty() {
             return Ok(());
         }
         {
             let mut specs: Array<&mut MapData, Spec> =
                 Array::try_from(self.bpf.map_mut("USDT_SPECS").context("USDT_SPECS map")?)?;
-            for site in &plan.sites {
+            for site in sites {
                 specs
                     .set(site.spec_id, Spec(site.spec), 0)
                     .context("cannot store a USDT spec")?;
@@ -322,7 +322,7 @@ impl Capture {
             .context("program on_usdt is missing from the object")?
             .try_into()?;
         program.load()?;
-        for site in &plan.sites {
+        for site in sites {
             let pid = std::num::NonZeroU32::new(site.pid).context("pid 0")?;
             program
                 .attach(

@@ -182,6 +182,17 @@ pub struct DemoArgs {
     pub output: PathBuf,
 }
 
+/// How the markers of the xlap-marker crate deliver their stamps.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MarkerPath {
+    // (Plain comments: see StatsMode.) A shared-memory ring the markers
+    // write in process, no trap; other USDT binaries keep uprobes.
+    Ring,
+    // A uprobe at every marker, as for any USDT binary.
+    Uprobe,
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Endian {
     Big,
@@ -246,6 +257,11 @@ pub struct RecordArgs {
     /// Trace kernel points only, no USDT markers.
     #[arg(long, conflicts_with = "usdt")]
     pub no_usdt: bool,
+    /// How markers built with the xlap-marker crate are stamped: ring (an
+    /// in-process shared-memory ring, no trap per marker) or uprobe. Other
+    /// USDT binaries, and --usdt selections, always use uprobes.
+    #[arg(long, value_name = "PATH", default_value = "ring")]
+    pub marker_path: MarkerPath,
     /// Ring buffer size in KiB (power of two).
     #[arg(long, default_value_t = 16 * 1024)]
     pub ringbuf_kib: u32,

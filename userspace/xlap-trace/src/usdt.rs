@@ -70,6 +70,9 @@ pub struct Site {
     pub spec: xlap_usdt_spec,
     /// Run-time address of the semaphore in the process, if gated.
     pub semaphore_addr: Option<u64>,
+    /// Run-time address of the probe's nop in the process (where the binary
+    /// is mapped), if known: how the in-process ring names its site.
+    pub runtime_addr: Option<u64>,
 }
 
 /// Everything USDT of a run.
@@ -80,7 +83,15 @@ pub struct Plan {
     pub app_names: Vec<String>,
     /// Processes whose binaries have no selected marker.
     pub without_markers: Vec<(u32, String)>,
+    /// Run-time address of the in-process ring switch (the `xlap_ring:control`
+    /// note the marker crate and header write) per process and binary: each
+    /// binary (executable or shared object) has its own switch.
+    pub ring_controls: BTreeMap<(u32, PathBuf), u64>,
 }
+
+/// The provider and name of the note that holds the ring switch's address
+/// (examples/markers/rust/src/ring.rs).
+pub const RING_CONTROL: (&str, &str) = ("xlap_ring", "control");
 
 /// An executable file mapping of a process: (path, start, file offset).
 fn exec_mappings(pid: u32) -> Vec<(String, u64, u64)> {
@@ -187,8 +198,15 @@ pub fn plan(pids: &[u32], selections: &[Selection]) -> Result<Plan> {
             let Ok(probes) = xlap_usdt::read_probes(&path) else {
                 continue;
             };
-            let bias = || load_bias(pid, &file, first_load_vaddr(&path));
+            let bias = load_bias(pid, &file, first_load_vaddr(&path));
             for probe in probes {
+                if (probe.provider.as_str(), probe.name.as_str()) == RING_CONTROL {
+                    if let (Some(bias), true) = (bias, probe.semaphore != 0) {
+                        plan.ring_controls
+                            .insert((pid, path.clone()), bias.wrapping_add(probe.semaphore));
+                    }
+                    continue;
+                }
                 let chosen = if selections.is_empty() {
                     (probe.provider == "xlap").then(|| (probe.name.clone(), 0usize, Some(1usize)))
                 } else {
@@ -239,9 +257,10 @@ pub fn plan(pids: &[u32], selections: &[Selection]) -> Result<Plan> {
                 };
                 let semaphore_addr = if probe.semaphore != 0 {
                     Some(
-                        bias()
-                            .context("cannot find where the binary is mapped to set its semaphore")?
-                            .wrapping_add(probe.semaphore),
+                        bias.context(
+                            "cannot find where the binary is mapped to set its semaphore",
+                        )?
+                        .wrapping_add(probe.semaphore),
                     )
                 } else {
                     None
@@ -249,10 +268,11 @@ pub fn plan(pids: &[u32], selections: &[Selection]) -> Result<Plan> {
                 plan.sites.push(Site {
                     pid,
                     path: path.clone(),
-                    probe,
                     spec_id,
                     spec,
                     semaphore_addr,
+                    runtime_addr: bias.map(|b| b.wrapping_add(probe.address)),
+                    probe,
                 });
                 found += 1;
             }

@@ -3,6 +3,7 @@
 //! write Parquet and `run.json`, print a summary. The session's steps live
 //! in `session`, the following of processes and sockets in `follow`.
 
+mod app_ring;
 mod bpf_stats;
 mod follow;
 mod protocols;

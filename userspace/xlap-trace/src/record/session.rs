@@ -4,6 +4,7 @@
 //! sockets), `detach` (programs gone, the last stamps and the losses read
 //! after), `Detached::finish` (Parquet and `run.json`).
 
+use super::app_ring::AppRings;
 use super::bpf_stats::StatsSampler;
 use super::follow::Following;
 use super::tally::{ForeignFlows, Tally, BY_PORT_POINTS};
@@ -151,8 +152,16 @@ impl Session {
                 }
             ));
         }
-        self.capture.attach_usdt(&usdt)?;
-        let semaphores = Semaphores::raise(&usdt)?;
+        // Markers built with the xlap-marker crate write an in-process ring
+        // (no trap per hit); every other site gets a uprobe.
+        let (rings, uprobe_sites) =
+            if args.marker_path == crate::cli::MarkerPath::Ring && args.usdt.is_empty() {
+                AppRings::open(&usdt, |why| plan.note(why))
+            } else {
+                (AppRings::default(), usdt.sites.clone())
+            };
+        self.capture.attach_usdt(&uprobe_sites)?;
+        let semaphores = Semaphores::raise(&uprobe_sites)?;
         self.capture.set_targets(&args.pids)?;
         let following = Following::start(&mut self.capture, &args.pids, args.quiet)?;
         let ring = self.capture.take_ring()?;
@@ -177,6 +186,7 @@ impl Session {
             },
             following,
             ring,
+            app_rings: rings,
             batches,
             losses,
             flow_maps,
@@ -194,9 +204,12 @@ impl Session {
                 run_id,
                 host,
                 comms,
+                ring_sites: Vec::new(),
                 usdt,
             },
         };
+        let mut live = live;
+        live.info.ring_sites = live.app_rings.sites();
         if let Some(ready) = &args.ready_file {
             std::fs::write(ready, format!("{}\n", std::process::id()))
                 .with_context(|| format!("cannot write the ready file {}", ready.display()))?;
@@ -255,6 +268,8 @@ struct RunInfo {
     run_id: String,
     host: String,
     comms: Vec<String>,
+    /// The (process, binary) whose markers write an in-process ring.
+    ring_sites: Vec<(u32, std::path::PathBuf)>,
     usdt: crate::usdt::Plan,
 }
 
@@ -263,6 +278,7 @@ pub struct Live {
     attached: Attached,
     following: Following,
     ring: RingBuf<MapData>,
+    app_rings: AppRings,
     batches: PerCpuArray<MapData, Batch>,
     losses: PerCpuArray<MapData, u64>,
     flow_maps: capture::FlowMaps,
@@ -311,6 +327,8 @@ impl Live {
                     last_flush = Instant::now();
                 }
             }
+            let sink = &mut self.sink;
+            self.app_rings.drain(|raw| sink.take(raw));
             if let Some(p) = priority.as_mut() {
                 p.adjust(drained);
                 p.caught_up();
@@ -365,6 +383,7 @@ impl Live {
             attached,
             following,
             mut ring,
+            app_rings,
             batches,
             losses,
             flow_maps,
@@ -389,7 +408,13 @@ impl Live {
         for raw in capture::drain_batches(&batches)? {
             sink.take(&raw);
         }
-        let losses = capture::losses(&losses)?;
+        let ring_losses = app_rings.close(|raw| sink.take(raw));
+        let mut losses = capture::losses(&losses)?;
+        // The app points share the last row of the loss table.
+        if let Some(app) = losses.get_mut(xlap_point::XLAP_POINT_KERNEL_COUNT as usize) {
+            app[xlap_loss::XLAP_LOSS_RINGBUF_FULL as usize] += ring_losses.full;
+            app[xlap_loss::XLAP_LOSS_PARSE as usize] += ring_losses.skipped;
+        }
         let flows = capture::flows(&flow_maps)?;
         Ok(Detached {
             following,
@@ -508,8 +533,10 @@ impl Detached {
                 "duration_s": args.duration,
                 "count": args.count,
                 "exited": following.exited.iter().map(|(pid, s)| serde_json::json!({"pid": pid, "after_s": s})).collect::<Vec<_>>(),
+                "marker_path": args.marker_path,
                 "usdt_sites": usdt.sites.iter().map(|s| serde_json::json!({
                     "pid": s.pid, "provider": s.probe.provider, "name": s.probe.name,
+                    "path": if info.ring_sites.iter().any(|(p, f)| *p == s.pid && *f == s.path) { "ring" } else { "uprobe" },
                     "point": format!("app.{}", usdt.app_names[(s.spec.point - xlap_point::XLAP_POINT_APP_BASE as u16) as usize]),
                     "file": s.path, "args": s.probe.args_spec,
                 })).collect::<Vec<_>>(),
@@ -572,9 +599,9 @@ impl Detached {
 struct Semaphores(Vec<(u32, u64)>);
 
 impl Semaphores {
-    fn raise(plan: &crate::usdt::Plan) -> Result<Semaphores> {
+    fn raise(sites: &[crate::usdt::Site]) -> Result<Semaphores> {
         let mut raised = Semaphores(Vec::new());
-        for site in &plan.sites {
+        for site in sites {
             if let Some(addr) = site.semaphore_addr {
                 crate::usdt::adjust_semaphore(site.pid, addr, 1)?;
                 raised.0.push((site.pid, addr));
