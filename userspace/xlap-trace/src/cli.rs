@@ -257,7 +257,7 @@ pub struct RecordArgs {
     /// Trace kernel points only, no USDT markers.
     #[arg(long, conflicts_with = "usdt")]
     pub no_usdt: bool,
-    /// How markers built with the xlap-marker crate are stamped: ring (an
+    /// How markers from our marker crate or C header are stamped: ring (an
     /// in-process shared-memory ring, no trap per marker) or uprobe. Other
     /// USDT binaries, and --usdt selections, always use uprobes.
     #[arg(long, value_name = "PATH", default_value = "ring")]
