@@ -46,10 +46,7 @@ int BPF_PROG(on_sched_waking, struct task_struct *p) {
   struct xl_ident id = last->id;
   id.pid = tgid; /* the reader: a forked child reads its parent's socket */
   emit(XLAP_POINT_SCHED_WAKEUP, now, &id, tid, 0, 0, 0);
-  if (bpf_map_update_elem(&WOKEN, &tid, &id, BPF_NOEXIST) == 0)
-    __sync_fetch_and_add(&WOKEN_PENDING, 1);
-  else if (bpf_map_update_elem(&WOKEN, &tid, &id, BPF_EXIST))
-    count_loss(XLAP_POINT_SCHED_SWITCH_IN, XLAP_LOSS_MAP_FULL);
+  note_woken(t, &id);
   return 0;
 }
 
@@ -72,13 +69,12 @@ int BPF_PROG(on_sched_switch, bool preempt, struct task_struct *prev,
   }
   if (!WOKEN_PENDING)
     return 0;
-  struct xl_ident *id = bpf_map_lookup_elem(&WOKEN, &tid);
-  if (!id)
+  struct xl_task *t = task_ctx(next);
+  if (!t || !t->woken_pending)
     return 0;
-  struct xl_ident copy = *id;
-  if (bpf_map_delete_elem(&WOKEN, &tid) == 0)
-    __sync_fetch_and_add(&WOKEN_PENDING, -1);
-  emit(XLAP_POINT_SCHED_SWITCH_IN, bpf_ktime_get_ns(), &copy, tid, 0, 0, 0);
+  struct xl_ident copy = t->woken;
+  if (take_woken(t))
+    emit(XLAP_POINT_SCHED_SWITCH_IN, bpf_ktime_get_ns(), &copy, tid, 0, 0, 0);
   return 0;
 }
 

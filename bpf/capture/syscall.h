@@ -401,7 +401,7 @@ int BPF_PROG(on_sys_exit, struct pt_regs *regs, long ret) {
     if (t->in_wait) {
       t->in_wait = 0;
       /* Woken but never switched out (it was still running): spent. */
-      forget_woken(tid);
+      forget_woken(t);
     }
     return 0;
   }
@@ -419,7 +419,7 @@ int BPF_PROG(on_sys_exit, struct pt_regs *regs, long ret) {
   t->in_recv = 0;
   /* A reader woken while still on its CPU is never switched in for that
    * wake-up: once its receive returns, the wake-up is spent. */
-  forget_woken(tid);
+  forget_woken(t);
   if (!t->on_sock || ret <= 0)
     return 0;
   /* Peeked datagrams stay queued (the read that takes them is stamped);

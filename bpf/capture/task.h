@@ -29,6 +29,11 @@ struct xl_task {
   __u8 rx_remote;
   __u16 rx_port; /* the socket's local port (picks the payload layout) */
   __u64 rx_flow;
+  /* The datagram whose arrival woke this thread (sched.h), stamped when it
+   * is switched in; valid while woken_pending (claimed by compare-and-swap:
+   * the waking CPU, the thread's switch-in and its syscall exit race). */
+  struct xl_ident woken;
+  __u64 woken_pending;
 };
 
 struct {
@@ -58,21 +63,33 @@ struct {
   __type(value, struct xl_rx_last);
 } RX_LAST SEC(".maps");
 
-/* Entries in WOKEN (an upper bound): while it is 0, sched_switch, the most
- * frequent of our events, needs no hash lookup. */
+/* Threads with a pending wake-up (xl_task.woken_pending): while it is 0,
+ * sched_switch, the most frequent of our events, looks no further. Kept in
+ * the thread's own storage, not a hash: a hash update and delete per
+ * datagram cost more than the rest of the wake-up points. */
 __u64 WOKEN_PENDING = 0;
 
-struct {
-  __uint(type, BPF_MAP_TYPE_HASH);
-  __uint(max_entries, 4096);
-  __type(key, __u32); /* tid woken for a datagram */
-  __type(value, struct xl_ident);
-} WOKEN SEC(".maps");
+/* Notes the datagram that woke thread `t`. */
+static __always_inline void note_woken(struct xl_task *t,
+                                       const struct xl_ident *id) {
+  t->woken = *id;
+  if (__sync_val_compare_and_swap(&t->woken_pending, 0, 1) == 0)
+    __sync_fetch_and_add(&WOKEN_PENDING, 1);
+}
+
+/* Takes thread `t`'s pending wake-up (once: 1), or finds none (0). */
+static __always_inline int take_woken(struct xl_task *t) {
+  if (!t->woken_pending ||
+      __sync_val_compare_and_swap(&t->woken_pending, 1, 0) != 1)
+    return 0;
+  __sync_fetch_and_add(&WOKEN_PENDING, -1);
+  return 1;
+}
 
 /* A thread's pending wake-up is spent (it ran, or its receive returned). */
-static __always_inline void forget_woken(__u32 tid) {
-  if (WOKEN_PENDING && bpf_map_delete_elem(&WOKEN, &tid) == 0)
-    __sync_fetch_and_add(&WOKEN_PENDING, -1);
+static __always_inline void forget_woken(struct xl_task *t) {
+  if (WOKEN_PENDING)
+    take_woken(t);
 }
 
 #endif

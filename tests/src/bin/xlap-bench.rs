@@ -91,7 +91,14 @@ fn main() -> Result<()> {
             modes.push(("baseline: per-CPU batches", "", b.as_path()));
         }
         for (mode, extra, binary) in modes {
-            let r = traced_run(&stage, pairs, period, count, false, Some(extra), binary)?;
+            let load = Workload {
+                pairs,
+                period_us: period,
+                count,
+                markers: false,
+                pinned: false,
+            };
+            let r = traced_run(&stage, &load, Some(extra), binary)?;
             let meta = r.meta.as_ref().expect("traced");
             let stamps = meta["stamps"].as_u64().unwrap_or(0);
             let lost = meta["lost"].as_u64().unwrap_or(0);
@@ -148,10 +155,6 @@ fn main() -> Result<()> {
     let count: u32 = if quick { 3_000 } else { 10_000 };
     let mut perturbation = Vec::new();
     if rounds > 0 {
-        println!(
-        "\n## Perturbation of the protocol's end-to-end latency ({count} packets every {PERTURB_PERIOD_US} µs, {rounds} interleaved rounds)\n"
-    );
-        println!("| configuration | p50 µs | p99 µs | p99.9 µs | ratio p50 | ratio p99 |\n|---|---|---|---|---|---|");
         let this = xlap_tests::bin("xlap-trace");
         // (name, markers build, traced by, its extra options)
         let mut configs: Vec<(&str, bool, Option<&std::path::Path>, &str)> = vec![
@@ -185,41 +188,56 @@ fn main() -> Result<()> {
                 "",
             ));
         }
-        let mut lat: Vec<Vec<u64>> = vec![Vec::new(); configs.len()];
+        // Latencies per (pinned, configuration), rounds interleaved.
+        let mut lat: Vec<Vec<Vec<u64>>> = vec![vec![Vec::new(); configs.len()]; 2];
         for _ in 0..rounds {
-            for (i, (_, markers, traced_by, extra)) in configs.iter().enumerate() {
-                let r = traced_run(
-                    &stage,
-                    1,
-                    PERTURB_PERIOD_US,
-                    count,
-                    *markers,
-                    traced_by.map(|_| *extra),
-                    traced_by.unwrap_or(this.as_path()),
-                )?;
-                lat[i].extend(r.latencies);
+            for pinned in [false, true] {
+                for (i, (_, markers, traced_by, extra)) in configs.iter().enumerate() {
+                    let load = Workload {
+                        pairs: 1,
+                        period_us: PERTURB_PERIOD_US,
+                        count,
+                        markers: *markers,
+                        pinned,
+                    };
+                    let r = traced_run(
+                        &stage,
+                        &load,
+                        traced_by.map(|_| *extra),
+                        traced_by.unwrap_or(this.as_path()),
+                    )?;
+                    lat[pinned as usize][i].extend(r.latencies);
+                }
             }
         }
         let pct = |v: &mut Vec<u64>, p: f64| -> f64 {
             v.sort_unstable();
             v[((v.len() - 1) as f64 * p) as usize] as f64 / 1e3
         };
-        let base50 = pct(&mut lat[0], 0.5);
-        let base99 = pct(&mut lat[0], 0.99);
-        for (i, (name, _, _, _)) in configs.iter().enumerate() {
-            let (p50, p99, p999) = (
-                pct(&mut lat[i], 0.5),
-                pct(&mut lat[i], 0.99),
-                pct(&mut lat[i], 0.999),
-            );
+        for pinned in [false, true] {
+            let lat = &mut lat[pinned as usize];
             println!(
-                "| {name} | {p50:.1} | {p99:.1} | {p999:.1} | {:.2} | {:.2} |",
-                p50 / base50,
-                p99 / base99
+                "\n## Perturbation of the protocol's end-to-end latency ({count} packets every {PERTURB_PERIOD_US} µs, {}, {rounds} interleaved rounds)\n",
+                if pinned { "sender and receiver pinned to CPU 0" } else { "unpinned" }
             );
-            perturbation.push(
-                json!({"configuration": name, "p50_us": p50, "p99_us": p99, "p999_us": p999}),
-            );
+            println!("| configuration | p50 µs | p99 µs | p99.9 µs | ratio p50 | ratio p99 |\n|---|---|---|---|---|---|");
+            let base50 = pct(&mut lat[0], 0.5);
+            let base99 = pct(&mut lat[0], 0.99);
+            for (i, (name, _, _, _)) in configs.iter().enumerate() {
+                let (p50, p99, p999) = (
+                    pct(&mut lat[i], 0.5),
+                    pct(&mut lat[i], 0.99),
+                    pct(&mut lat[i], 0.999),
+                );
+                println!(
+                    "| {name} | {p50:.1} | {p99:.1} | {p999:.1} | {:.2} | {:.2} |",
+                    p50 / base50,
+                    p99 / base99
+                );
+                perturbation.push(json!({"configuration": name, "pinned": pinned,
+                    "p50_us": p50, "p99_us": p99, "p999_us": p999,
+                    "ratio_p50": p50 / base50, "ratio_p99": p99 / base99}));
+            }
         }
     }
     std::fs::create_dir_all("bench-results")?;
@@ -310,15 +328,50 @@ const EXPORT_MODES: [(&str, &str); 2] = [
 
 /// `pairs` example sender/receiver pairs at once (ports apart), traced by
 /// one recorder (`binary`) with `extra` options unless `traced` is None.
-fn traced_run(
-    stage: &Stage,
+/// What the protocol runs: pairs of sender and receiver, each sending
+/// `count` packets every `period_us`, with or without markers, pinned to
+/// CPU 0 or not.
+struct Workload {
     pairs: usize,
     period_us: u64,
     count: u32,
     markers: bool,
+    pinned: bool,
+}
+
+/// Pins every thread of `pid` to CPU 0 (threads it starts later inherit
+/// it).
+fn pin_to_cpu0(pid: u32) -> Result<()> {
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task"))
+        .with_context(|| format!("threads of pid {pid}"))?;
+    for task in tasks {
+        let tid: i32 = task?.file_name().to_string_lossy().parse()?;
+        // SAFETY: a zeroed cpu_set_t with one bit set, passed by pointer.
+        let rc = unsafe {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            libc::CPU_SET(0, &mut set);
+            libc::sched_setaffinity(tid, std::mem::size_of::<libc::cpu_set_t>(), &set)
+        };
+        if rc != 0 {
+            return Err(std::io::Error::last_os_error()).context("sched_setaffinity");
+        }
+    }
+    Ok(())
+}
+
+fn traced_run(
+    stage: &Stage,
+    load: &Workload,
     traced: Option<&str>,
     binary: &std::path::Path,
 ) -> Result<RunResult> {
+    let Workload {
+        pairs,
+        period_us,
+        count,
+        markers,
+        pinned,
+    } = *load;
     let scratch = Scratch::new(&format!(
         "bench-{pairs}-{period_us}-{markers}-{}",
         traced.is_some()
@@ -357,6 +410,11 @@ fn traced_run(
         args.extend(extra.split_whitespace());
         Recorder::start_binary(binary, &pids, &scratch.path("run"), &args)
     });
+    if pinned {
+        for &pid in &pids {
+            pin_to_cpu0(pid)?;
+        }
+    }
     for run in &runs {
         run.start();
     }
