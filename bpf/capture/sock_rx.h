@@ -23,7 +23,8 @@ struct {
 } FOREIGN_LAST SEC(".maps");
 
 /* Keeps the flow of the datagrams a traced socket receives, for its
- * receive calls (syscall.h): written only when it changes. */
+ * receive calls (syscall.h): written only when it changes, the flags
+ * before the flow (note_recv_flow reads them in the other order). */
 static __always_inline void note_flow(struct xlap_sock *ts, __u64 flow) {
   __u64 last = ts->flow;
   if (last == flow)
@@ -32,9 +33,10 @@ static __always_inline void note_flow(struct xlap_sock *ts, __u64 flow) {
     __u8 f = ts->flows | XLAP_SOCK_MULTI_FLOW;
     if ((last ^ flow) & XLAP_FLOW_LOCAL_MASK)
       f |= XLAP_SOCK_MULTI_LOCAL;
-    ts->flows = f;
+    *(volatile __u8 *)&ts->flows = f;
   }
-  ts->flow = flow;
+  asm volatile("" ::: "memory");
+  *(volatile __u64 *)&ts->flow = flow;
 }
 
 SEC("cgroup_skb/ingress")

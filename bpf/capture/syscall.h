@@ -462,15 +462,22 @@ int BPF_PROG(on_sys_exit, struct pt_regs *regs, long ret) {
   return 0;
 }
 
-/* A receive call's flow, as far as its socket knows it. */
+/* A receive call's flow, as far as its socket knows it. The socket's flow
+ * is read before its flags: another CPU noting a second flow (sock_rx.h
+ * note_flow) writes the flags first, so a reader that sees the new flow
+ * also sees that the socket now has several (and takes the flow from the
+ * sender address). Read the other way round, a datagram of the first flow
+ * could take the second one's flow. */
 static __always_inline void note_recv_flow(struct xl_task *t, struct sock *sk,
                                            const struct xlap_sock *s) {
-  __u8 f = s->flows;
+  __u64 flow = *(volatile const __u64 *)&s->flow;
+  asm volatile("" ::: "memory");
+  __u8 f = *(volatile const __u8 *)&s->flows;
   t->on_sock = 1;
   t->rx_port = sk->__sk_common.skc_num;
   t->rx_remote = (f & XLAP_SOCK_MULTI_FLOW) && !(f & XLAP_SOCK_MULTI_LOCAL);
-  t->rx_flow = !(f & XLAP_SOCK_MULTI_FLOW) ? s->flow
-               : t->rx_remote              ? s->flow & XLAP_FLOW_LOCAL_MASK
+  t->rx_flow = !(f & XLAP_SOCK_MULTI_FLOW) ? flow
+               : t->rx_remote              ? flow & XLAP_FLOW_LOCAL_MASK
                                            : 0;
 }
 
