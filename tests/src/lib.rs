@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard};
 
 pub mod bench_args;
+pub mod c_programs;
 pub mod example;
 pub mod multiset;
 pub mod trace;

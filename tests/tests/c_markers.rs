@@ -3,28 +3,13 @@
 //! stamps of the same datagrams.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
+use xlap_tests::c_programs::{udp_loop, udp_loop_log};
 use xlap_tests::trace::Recorder;
 use xlap_tests::{privileged, Scratch};
 
 const COUNT: u64 = 500;
-
-/// Builds examples/markers/c/udp_loop.c.
-fn build_udp_loop(scratch: &Scratch) -> PathBuf {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/markers/c");
-    let exe = scratch.path("udp_loop");
-    let status = Command::new("cc")
-        .args(["-O2", "-Wall", "-Werror", "-I"])
-        .arg(&dir)
-        .arg(dir.join("udp_loop.c"))
-        .arg("-o")
-        .arg(&exe)
-        .status()
-        .expect("cc runs (./run.sh setup installs build-essential)");
-    assert!(status.success(), "udp_loop.c does not build");
-    exe
-}
 
 /// Per datagram (by seq): point -> (ts, tid) of the stamps of one traced run
 /// of udp_loop with `--marker-path marker_path`, after checking its run.
@@ -71,14 +56,7 @@ fn traced(
     assert!(sites.iter().all(|s| s["path"] == marker_path), "{sites:?}");
 
     // The program's own account: every datagram received, by which thread.
-    let logged: Vec<(u64, u32)> = std::fs::read_to_string(&log)
-        .unwrap()
-        .lines()
-        .map(|l| {
-            let f: Vec<&str> = l.split_whitespace().collect();
-            (f[1].parse().unwrap(), f[2].parse().unwrap())
-        })
-        .collect();
+    let logged = udp_loop_log(&log);
     assert_eq!(logged.len() as u64, COUNT);
     let mut by_seq: BTreeMap<u64, BTreeMap<String, (i64, u32)>> = BTreeMap::new();
     for row in xlap_tests::trace::read_stamps(&run.join("stamps.parquet")) {
@@ -130,7 +108,7 @@ fn c_markers_stamp_the_same_on_the_ring_and_by_uprobes() {
         return;
     };
     let scratch = Scratch::new("c-markers");
-    let exe = build_udp_loop(&scratch);
+    let exe = udp_loop(&scratch);
     let ring = traced(&exe, &scratch, 47311, "ring");
     let uprobe = traced(&exe, &scratch, 47312, "uprobe");
     // Side by side: the same points for the same datagrams.

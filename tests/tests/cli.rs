@@ -23,6 +23,7 @@ fn help_texts() {
     for args in [
         &["--help"][..],
         &["record", "--help"],
+        &["run", "--help"],
         &["stage", "up", "--help"],
         &["demo", "--help"],
         &["analyze", "--help"],

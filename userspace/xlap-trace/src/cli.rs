@@ -31,6 +31,9 @@ pub enum Command {
     /// Stamp every packet of running processes at the kernel's socket, qdisc,
     /// device and scheduler points, into Arrow/Parquet.
     Record(Box<RecordArgs>),
+    /// Start a command and trace it (and the processes it starts) from its
+    /// first instruction to its exit; exits with the command's status.
+    Run(Box<RunArgs>),
     /// Write or check the Arrow schemas of what xlap-trace writes.
     Schema(SchemaArgs),
     /// Network-namespace test hosts joined by veth (for demos and tests).
@@ -197,6 +200,16 @@ pub enum MarkerPath {
 pub enum Endian {
     Big,
     Little,
+}
+
+/// `xlap-trace run [OPTIONS] -- CMD [ARGS...]`.
+#[derive(Args, Debug, Clone)]
+pub struct RunArgs {
+    #[command(flatten)]
+    pub record: RecordArgs,
+    /// The command and its arguments (after `--`).
+    #[arg(last = true, required = true, value_name = "CMD")]
+    pub command: Vec<String>,
 }
 
 #[derive(Args, Debug, Clone)]

@@ -10,6 +10,10 @@
 //! | 5 | a target process does not exist |
 //! | 6 | a bad input file or run directory (not a run or packets table, wrong schema version, no packets, one end only) |
 //! | 7 | nothing to key: the targets held only TCP sockets and never opened a UDP socket during the run (its files are still written) |
+//!
+//! `xlap-trace run -- CMD` exits with the command's status instead (128 +
+//! the signal that ended it) once tracing worked; with the codes above when
+//! it did not.
 
 use std::fmt;
 

@@ -10,7 +10,7 @@ use xlap_trace::{analyze_cmd, correlate_cmd, demo, exit, proto, record, report_c
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match run(cli) {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(code) => code,
         // Output piped into `head`: not an error.
         Err(e)
             if e.chain().any(|c| {
@@ -27,8 +27,8 @@ fn main() -> ExitCode {
     }
 }
 
-fn run(cli: Cli) -> Result<()> {
-    match cli.command {
+fn run(cli: Cli) -> Result<ExitCode> {
+    let done = match cli.command {
         None | Some(Command::Record(_)) => {
             let args = match cli.command {
                 Some(Command::Record(a)) => *a,
@@ -41,6 +41,7 @@ fn run(cli: Cli) -> Result<()> {
             }
             Ok(())
         }
+        Some(Command::Run(a)) => return run_command(&a),
         Some(Command::Schema(a)) => schema(a),
         Some(Command::Analyze(a)) => analyze_cmd::analyze(&a),
         Some(Command::Sql(a)) => analyze_cmd::sql(&a),
@@ -79,7 +80,24 @@ fn run(cli: Cli) -> Result<()> {
             }
             Ok(())
         }
+    };
+    done.map(|()| ExitCode::SUCCESS)
+}
+
+/// `run -- CMD`: traced like `record`, then the command's own status.
+fn run_command(a: &cli::RunArgs) -> Result<ExitCode> {
+    let args = &a.record;
+    let (meta, status) = record::command::run(args, &a.command)?;
+    record::print_summary(&meta, &args.output);
+    if meta.packets == 0 && meta.stamps == 0 {
+        eprintln!(
+            "xlap-trace: {} sent and received no UDP datagram on a traced socket: nothing was stamped",
+            a.command[0]
+        );
+    } else if !args.no_correlate {
+        record::correlate_run(args);
     }
+    Ok(ExitCode::from(record::command::exit_code(status)))
 }
 
 fn schema(a: cli::SchemaArgs) -> Result<()> {

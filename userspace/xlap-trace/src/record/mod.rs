@@ -5,6 +5,7 @@
 
 mod app_ring;
 mod bpf_stats;
+pub mod command;
 mod follow;
 mod protocols;
 mod session;
