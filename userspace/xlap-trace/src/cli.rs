@@ -34,6 +34,13 @@ pub enum Command {
     /// Start a command and trace it (and the processes it starts) from its
     /// first instruction to its exit; exits with the command's status.
     Run(Box<RunArgs>),
+    /// Write a run's compact summary (per-stage distributions, kilobytes):
+    /// a CI baseline to commit or keep as an artifact.
+    Summary(SummaryArgs),
+    /// Compare a candidate run with a baseline: per metric and stage, the
+    /// change with a bootstrap interval and a verdict. Exit codes: 0 no
+    /// regression, 1 regression, 2 error.
+    Compare(CompareArgs),
     /// Write or check the Arrow schemas of what xlap-trace writes.
     Schema(SchemaArgs),
     /// Network-namespace test hosts joined by veth (for demos and tests).
@@ -150,6 +157,49 @@ pub struct SynthArgs {
     pub packets: u64,
     #[arg(long, default_value_t = 1)]
     pub seed: u32,
+}
+
+#[derive(Args, Debug)]
+pub struct SummaryArgs {
+    /// Run directories (correlated): one summary; several pool into one
+    /// baseline (the spread between runs becomes part of it).
+    #[arg(required = true)]
+    pub runs: Vec<PathBuf>,
+    /// Output file (default: RUN/summary.json for one run).
+    #[arg(short, long)]
+    pub output: Option<PathBuf>,
+}
+
+#[derive(Args, Debug)]
+pub struct CompareArgs {
+    /// Baseline: a run directory or a summary file.
+    pub baseline: PathBuf,
+    /// Candidate: a run directory or a summary file.
+    pub candidate: PathBuf,
+    /// Metric to compare (repeatable): e2e.pNN or stage:NAME.pNN. Default:
+    /// p50 and p99 of the end-to-end latency and of every stage.
+    #[arg(long = "metric", value_name = "METRIC")]
+    pub metrics: Vec<crate::ci::compare::Metric>,
+    /// Largest change allowed before a regression (5% or 0.05).
+    #[arg(long, default_value = "10%", value_parser = crate::ci::compare::parse_fraction)]
+    pub max_regression: f64,
+    /// Smallest absolute change that can be a regression (10us, 500ns,
+    /// 1ms): a regression exceeds both this and --max-regression.
+    #[arg(long, default_value = "10us", value_parser = crate::ci::compare::parse_duration_ns)]
+    pub min_change: f64,
+    /// Confidence of the intervals.
+    #[arg(long, default_value_t = 0.99)]
+    pub confidence: f64,
+    /// Print GitHub-flavoured Markdown (a CI step summary) instead of a
+    /// table.
+    #[arg(long, conflicts_with = "json")]
+    pub markdown: bool,
+    /// Print JSON (stable: format_version, verdict, rows).
+    #[arg(long)]
+    pub json: bool,
+    /// Also write a JUnit XML report here.
+    #[arg(long, value_name = "FILE")]
+    pub junit: Option<PathBuf>,
 }
 
 #[derive(Args, Debug)]

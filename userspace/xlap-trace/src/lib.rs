@@ -3,6 +3,7 @@
 pub mod analyze_cmd;
 pub mod capture;
 pub mod cgroup;
+pub mod ci;
 pub mod cli;
 pub mod correlate_cmd;
 pub mod demo;

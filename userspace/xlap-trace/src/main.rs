@@ -42,6 +42,8 @@ fn run(cli: Cli) -> Result<ExitCode> {
             Ok(())
         }
         Some(Command::Run(a)) => return run_command(&a),
+        Some(Command::Summary(a)) => summary(&a),
+        Some(Command::Compare(a)) => return compare(&a),
         Some(Command::Schema(a)) => schema(a),
         Some(Command::Analyze(a)) => analyze_cmd::analyze(&a),
         Some(Command::Sql(a)) => analyze_cmd::sql(&a),
@@ -98,6 +100,70 @@ fn run_command(a: &cli::RunArgs) -> Result<ExitCode> {
         record::correlate_run(args);
     }
     Ok(ExitCode::from(record::command::exit_code(status)))
+}
+
+fn summary(a: &cli::SummaryArgs) -> Result<()> {
+    use xlap_trace::ci::summary::Summary;
+    let parts = a
+        .runs
+        .iter()
+        .map(|r| Summary::load(r))
+        .collect::<Result<Vec<_>>>()?;
+    let summary = if parts.len() == 1 {
+        parts.into_iter().next().expect("one")
+    } else {
+        Summary::pool(&parts)?
+    };
+    let out = match (&a.output, a.runs.as_slice()) {
+        (Some(o), _) => o.clone(),
+        (None, [one]) if one.is_dir() => one.join("summary.json"),
+        _ => {
+            return Err(failure(
+                Code::Usage,
+                "several runs pool into one summary: name the file with -o FILE",
+            ))
+        }
+    };
+    summary.write(&out)?;
+    println!(
+        "wrote {} ({} runs, {} stage distributions)",
+        out.display(),
+        summary.runs.len(),
+        summary.stages.len()
+    );
+    Ok(())
+}
+
+/// `compare`: 0 no regression, 1 regression, 2 error (usage and input
+/// errors keep their own codes: 2 and 6).
+fn compare(a: &cli::CompareArgs) -> Result<ExitCode> {
+    use xlap_trace::ci::{compare, render, stats::Verdict, summary::Summary};
+    if !(0.5..1.0).contains(&a.confidence) {
+        return Err(failure(Code::Usage, "--confidence must lie in [0.5, 1)"));
+    }
+    let base = Summary::load(&a.baseline)?;
+    let cand = Summary::load(&a.candidate)?;
+    let th = compare::Thresholds {
+        max_regression: a.max_regression,
+        min_change_ns: a.min_change,
+        confidence: a.confidence,
+    };
+    let c = compare::compare(&base, &cand, &a.metrics, th)?;
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&c)?);
+    } else if a.markdown {
+        print!("{}", render::markdown(&c));
+    } else {
+        print!("{}", render::table(&c));
+    }
+    if let Some(path) = &a.junit {
+        std::fs::write(path, render::junit(&c))?;
+    }
+    Ok(if c.verdict == Verdict::Regression {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    })
 }
 
 fn schema(a: cli::SchemaArgs) -> Result<()> {

@@ -64,6 +64,16 @@ pub fn correlate_run(args: &RecordArgs) {
             if !args.quiet {
                 crate::correlate_cmd::print(&c, &out);
             }
+            // The compact summary for CI comparisons (`compare`).
+            let summary = args.output.join("summary.json");
+            if let Err(e) =
+                crate::ci::summary::Summary::of_run(&args.output).and_then(|s| s.write(&summary))
+            {
+                eprintln!(
+                    "xlap-trace: warning: no summary.json ({e:#}); `xlap-trace summary {}` retries",
+                    args.output.display()
+                );
+            }
             print_analysis_summary(&args.output);
         }
         Err(e) => eprintln!(

@@ -1,0 +1,118 @@
+//! Unprivileged: `summary` and `compare` on synthetic runs (fixed seeds):
+//! the Markdown and JSON outputs are snapshots, the results reproducible,
+//! and bad input is a clear error with its exit code.
+
+use std::path::Path;
+use std::process::{Command, Output};
+use xlap_tests::{bin, Scratch};
+
+fn xlap(args: &[&str]) -> Output {
+    Command::new(bin("xlap-trace"))
+        .args(args)
+        .output()
+        .expect("xlap-trace runs")
+}
+
+fn synth(dir: &Path, seed: &str) {
+    let d = dir.to_str().unwrap();
+    let out = xlap(&["synth", "-o", d, "--packets", "2000", "--seed", seed]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = xlap(&["summary", d]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(dir.join("summary.json").exists());
+}
+
+const METRICS: &[&str] = &[
+    "--metric",
+    "e2e.p50",
+    "--metric",
+    "e2e.p99",
+    "--metric",
+    "stage:receiver_total.p99",
+];
+
+#[test]
+fn compare_outputs_on_fixed_runs() {
+    let scratch = Scratch::new("compare-cli");
+    let (a, b) = (scratch.path("a"), scratch.path("b"));
+    synth(&a, "1");
+    synth(&b, "2");
+    let (a, b) = (a.to_str().unwrap(), b.to_str().unwrap());
+    let run = |extra: &[&str]| {
+        let mut args = vec!["compare", a, b];
+        args.extend(METRICS);
+        args.extend(extra);
+        let out = xlap(&args);
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let json = run(&["--json"]);
+    assert_eq!(
+        json,
+        run(&["--json"]),
+        "the same inputs give the same intervals"
+    );
+    insta::assert_snapshot!("compare_json", json);
+    insta::assert_snapshot!("compare_markdown", run(&["--markdown"]));
+    // A run compared with itself: every change is 0, never a regression
+    // (a heavy tail's p99 may stay inconclusive: its interval is wide).
+    let out = xlap(&["compare", a, a, "--json"]);
+    assert_eq!(out.status.code(), Some(0));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let rows = v["rows"].as_array().unwrap();
+    assert!(rows
+        .iter()
+        .all(|r| r["change"] == 0.0 && r["verdict"] != "regression"));
+    assert!(rows
+        .iter()
+        .filter(|r| r["metric"].as_str().unwrap().ends_with(".p50"))
+        .all(|r| r["verdict"] == "pass"));
+    // Pooling the two: each run's grid is kept for the spread.
+    let pooled = scratch.path("pooled.json");
+    let out = xlap(&["summary", a, b, "-o", pooled.to_str().unwrap()]);
+    assert!(out.status.success());
+    let p: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&pooled).unwrap()).unwrap();
+    assert_eq!(p["runs"], serde_json::json!(["synth-1", "synth-2"]));
+    assert_eq!(p["stages"][0]["runs_ns"].as_array().unwrap().len(), 2);
+}
+
+#[test]
+fn compare_bad_input_is_said_with_its_code() {
+    let scratch = Scratch::new("compare-bad");
+    let junk = scratch.path("junk.json");
+    std::fs::write(&junk, "{\"hello\": 1}").unwrap();
+    let j = junk.to_str().unwrap();
+    let out = xlap(&["compare", j, j]);
+    assert_eq!(out.status.code(), Some(6));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("is not an xlap-trace summary"), "{err}");
+    let out = xlap(&["compare", j, j, "--metric", "e2e"]);
+    assert_eq!(out.status.code(), Some(2));
+    let out = xlap(&["compare", j, j, "--max-regression", "lots"]);
+    assert_eq!(out.status.code(), Some(2));
+    // A stage neither run has, named explicitly.
+    let a = scratch.path("a");
+    synth(&a, "1");
+    let a = a.to_str().unwrap();
+    let out = xlap(&["compare", a, a, "--metric", "stage:nope.p50"]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("no stage nope in both runs; the stages are:"),
+        "{err}"
+    );
+}

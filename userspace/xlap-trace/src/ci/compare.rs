@@ -1,0 +1,339 @@
+//! `xlap-trace compare BASELINE CANDIDATE`: per metric (a quantile of the
+//! end-to-end latency or of a stage, per kind), the candidate's change
+//! against the baseline with a bootstrap interval, and a verdict.
+
+use super::stats::{quantile_change, verdict, widen_by_runs, Change, Dist, Rng, Verdict};
+use super::summary::at_level;
+use super::summary::{StageSummary, Summary};
+use crate::exit::{failure, Code};
+use anyhow::Result;
+use serde::Serialize;
+
+/// A metric: `e2e.p99`, `stage:NAME.p50` (p with up to two decimals, e.g.
+/// `p99.9`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Metric {
+    pub stage: String,
+    pub p: f64,
+}
+
+impl std::str::FromStr for Metric {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Metric, String> {
+        let usage = || {
+            format!("--metric wants e2e.pNN or stage:NAME.pNN (e.g. e2e.p99, stage:sock_queue__sock_recv_exit.p50), got {s:?}")
+        };
+        let (what, q) = s.rsplit_once(".p").ok_or_else(usage)?;
+        // "p99.9": the split found ".p" before "99" only if no later one.
+        let (what, q) = match what.rsplit_once(".p") {
+            Some((w, q0)) if q0.chars().all(|c| c.is_ascii_digit()) && !q0.is_empty() => {
+                (w, format!("{q0}.{}", q.trim_start_matches('p')))
+            }
+            _ => (what, q.to_string()),
+        };
+        let pct: f64 = q.parse().map_err(|_| usage())?;
+        if !(0.0..=100.0).contains(&pct) {
+            return Err(usage());
+        }
+        let stage = match what {
+            "e2e" => "e2e".to_string(),
+            _ => what
+                .strip_prefix("stage:")
+                .filter(|n| !n.is_empty())
+                .ok_or_else(usage)?
+                .to_string(),
+        };
+        Ok(Metric {
+            stage,
+            p: pct / 100.0,
+        })
+    }
+}
+
+impl Metric {
+    pub fn label(&self) -> String {
+        let pct = format!("{}", (self.p * 1e4).round() / 1e2);
+        if self.stage == "e2e" {
+            format!("e2e.p{pct}")
+        } else {
+            format!("stage:{}.p{pct}", self.stage)
+        }
+    }
+}
+
+/// Box statistics of a distribution (µs).
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct BoxStats {
+    pub packets: u64,
+    pub p25_us: f64,
+    pub p50_us: f64,
+    pub p75_us: f64,
+    pub p99_us: f64,
+}
+
+fn dist<'a>(levels: &'a [f64], s: &'a StageSummary) -> Dist<'a> {
+    Dist {
+        levels,
+        values: &s.quantiles_ns,
+        packets: s.packets,
+    }
+}
+
+fn box_of(levels: &[f64], s: &StageSummary) -> BoxStats {
+    let d = dist(levels, s);
+    BoxStats {
+        packets: s.packets,
+        p25_us: d.quantile(0.25) / 1e3,
+        p50_us: d.quantile(0.5) / 1e3,
+        p75_us: d.quantile(0.75) / 1e3,
+        p99_us: d.quantile(0.99) / 1e3,
+    }
+}
+
+/// One compared metric.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct Row {
+    pub metric: String,
+    pub kind: u64,
+    pub stage: String,
+    pub side: String,
+    pub quantile: f64,
+    pub baseline_us: f64,
+    pub candidate_us: f64,
+    /// (candidate − baseline) / baseline.
+    pub change: f64,
+    pub ci_low: f64,
+    pub ci_high: f64,
+    pub verdict: Verdict,
+    pub baseline: BoxStats,
+    pub candidate: BoxStats,
+}
+
+/// The whole comparison (`--json` prints it as is: a stable format).
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct Comparison {
+    pub format_version: u32,
+    /// regression if any metric regressed, else inconclusive if any is,
+    /// else pass.
+    pub verdict: Verdict,
+    pub max_regression: f64,
+    pub min_change_us: f64,
+    pub confidence: f64,
+    pub baseline_runs: Vec<String>,
+    pub candidate_runs: Vec<String>,
+    /// Runs pooled in the baseline; with two or more, their spread widens
+    /// every interval (a single-run baseline knows no machine noise).
+    pub baseline_run_count: usize,
+    /// Stages of the baseline the candidate does not have.
+    pub not_compared: Vec<String>,
+    /// Worst first: regressions, inconclusive, pass, improvements; within
+    /// each, by the interval's lower end, highest first.
+    pub rows: Vec<Row>,
+}
+
+/// The metrics compared when none are named: p50 and p99 of the end-to-end
+/// latency and of every stage.
+fn default_metrics(base: &Summary) -> Vec<Metric> {
+    let mut names: Vec<&str> = Vec::new();
+    for s in &base.stages {
+        if !names.contains(&s.stage.as_str()) {
+            names.push(&s.stage);
+        }
+    }
+    names
+        .iter()
+        .flat_map(|n| {
+            [0.5, 0.99].map(|p| Metric {
+                stage: n.to_string(),
+                p,
+            })
+        })
+        .collect()
+}
+
+/// The thresholds and confidence of a comparison.
+#[derive(Clone, Copy, Debug)]
+pub struct Thresholds {
+    /// Relative change allowed (0.1 = 10 %).
+    pub max_regression: f64,
+    /// Absolute change allowed, ns.
+    pub min_change_ns: f64,
+    pub confidence: f64,
+}
+
+pub fn compare(
+    base: &Summary,
+    cand: &Summary,
+    metrics: &[Metric],
+    th: Thresholds,
+) -> Result<Comparison> {
+    let Thresholds {
+        max_regression,
+        min_change_ns,
+        confidence,
+    } = th;
+    if base.levels != cand.levels {
+        return Err(failure(
+            Code::BadInput,
+            "the two summaries use different quantile levels (written by different xlap-trace versions): summarize both runs with one version",
+        ));
+    }
+    let named = !metrics.is_empty();
+    let metrics = if named {
+        metrics.to_vec()
+    } else {
+        default_metrics(base)
+    };
+    let mut not_compared: Vec<String> = Vec::new();
+    let levels = &base.levels;
+    let mut rows = Vec::new();
+    // One generator per comparison, seeded by what is compared: the same
+    // inputs give the same intervals.
+    let mut rng = Rng::new(0x5EED_C0DE);
+    for m in &metrics {
+        let mut found = false;
+        for b in base.stages.iter().filter(|s| s.stage == m.stage) {
+            let Some(c) = cand.stage(b.kind, &b.stage) else {
+                continue;
+            };
+            found = true;
+            let ch: Change =
+                quantile_change(dist(levels, b), dist(levels, c), m.p, confidence, &mut rng);
+            let per_run: Vec<f64> = b.runs_ns.iter().map(|g| at_level(levels, g, m.p)).collect();
+            let ch = widen_by_runs(ch, &per_run, confidence);
+            rows.push(Row {
+                metric: m.label(),
+                kind: b.kind,
+                stage: b.stage.clone(),
+                side: b.side.clone(),
+                quantile: m.p,
+                baseline_us: ch.base / 1e3,
+                candidate_us: ch.cand / 1e3,
+                change: ch.rel,
+                ci_low: ch.low,
+                ci_high: ch.high,
+                verdict: verdict(&ch, max_regression, min_change_ns),
+                baseline: box_of(levels, b),
+                candidate: box_of(levels, c),
+            });
+        }
+        if !found && !named {
+            // A stage of the baseline the candidate lacks (its points
+            // differ: a marker that moved, a point set): said, not compared.
+            if !not_compared.contains(&m.stage) {
+                not_compared.push(m.stage.clone());
+            }
+        } else if !found {
+            let mut stages: Vec<&str> = base.stages.iter().map(|s| s.stage.as_str()).collect();
+            stages.sort_unstable();
+            stages.dedup();
+            return Err(failure(
+                Code::Usage,
+                format!(
+                    "no stage {} in both runs; the stages are: {}",
+                    m.stage,
+                    stages.join(", ")
+                ),
+            ));
+        }
+    }
+    let rank = |v: Verdict| match v {
+        Verdict::Regression => 0,
+        Verdict::Inconclusive => 1,
+        Verdict::Pass => 2,
+        Verdict::Improvement => 3,
+    };
+    rows.sort_by(|a, b| {
+        rank(a.verdict)
+            .cmp(&rank(b.verdict))
+            .then(b.ci_low.total_cmp(&a.ci_low))
+    });
+    let overall = rows
+        .iter()
+        .map(|r| r.verdict)
+        .min_by_key(|v| rank(*v).min(2))
+        .map_or(Verdict::Pass, |v| match v {
+            Verdict::Improvement => Verdict::Pass,
+            v => v,
+        });
+    Ok(Comparison {
+        format_version: 1,
+        verdict: overall,
+        max_regression,
+        min_change_us: min_change_ns / 1e3,
+        confidence,
+        baseline_runs: base.runs.clone(),
+        candidate_runs: cand.runs.clone(),
+        baseline_run_count: base
+            .stages
+            .iter()
+            .map(|s| s.runs_ns.len().max(1))
+            .max()
+            .unwrap_or(1),
+        not_compared,
+        rows,
+    })
+}
+
+/// `--min-change 10us` (also `ns`, `ms`; a bare number is µs), in ns.
+pub fn parse_duration_ns(s: &str) -> Result<f64, String> {
+    let t = s.trim();
+    let (num, scale) = if let Some(n) = t.strip_suffix("ns") {
+        (n, 1.0)
+    } else if let Some(n) = t.strip_suffix("us").or_else(|| t.strip_suffix("µs")) {
+        (n, 1e3)
+    } else if let Some(n) = t.strip_suffix("ms") {
+        (n, 1e6)
+    } else {
+        (t, 1e3)
+    };
+    let v: f64 = num
+        .trim()
+        .parse()
+        .map_err(|_| format!("{s:?}: give a duration such as 10us, 500ns or 1ms"))?;
+    if v < 0.0 || !v.is_finite() {
+        return Err(format!("{s:?}: out of range"));
+    }
+    Ok(v * scale)
+}
+
+/// `--max-regression 5%` or `0.05`.
+pub fn parse_fraction(s: &str) -> Result<f64, String> {
+    let v = match s.strip_suffix('%') {
+        Some(p) => p.trim().parse::<f64>().map(|v| v / 100.0),
+        None => s.trim().parse::<f64>(),
+    }
+    .map_err(|_| format!("{s:?}: give a fraction (0.05) or a percentage (5%)"))?;
+    if !(0.0..10.0).contains(&v) {
+        return Err(format!("{s:?}: out of range"));
+    }
+    Ok(v)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn metrics_parse() {
+        let m: Metric = "e2e.p99".parse().unwrap();
+        assert_eq!((m.stage.as_str(), m.p), ("e2e", 0.99));
+        let m: Metric = "stage:sock_queue__sock_recv_exit.p50".parse().unwrap();
+        assert_eq!(m.stage, "sock_queue__sock_recv_exit");
+        assert_eq!(m.label(), "stage:sock_queue__sock_recv_exit.p50");
+        let m: Metric = "e2e.p99.9".parse().unwrap();
+        assert!((m.p - 0.999).abs() < 1e-12);
+        assert_eq!(m.label(), "e2e.p99.9");
+        for bad in ["e2e", "p99", "stage:.p50", "x.p50", "e2e.p101", "e2e.pxx"] {
+            assert!(bad.parse::<Metric>().is_err(), "{bad}");
+        }
+        assert_eq!(parse_duration_ns("10us"), Ok(10_000.0));
+        assert_eq!(parse_duration_ns("2"), Ok(2_000.0));
+        assert_eq!(parse_duration_ns("1ms"), Ok(1e6));
+        assert!(parse_duration_ns("fast").is_err());
+        assert_eq!(parse_fraction("5%"), Ok(0.05));
+        assert_eq!(parse_fraction("0.1"), Ok(0.1));
+        assert!(parse_fraction("x").is_err());
+    }
+}

@@ -1,0 +1,203 @@
+//! How a comparison is shown: a terminal table, Markdown for a CI job
+//! summary (worst first, with both sides' box statistics), JUnit XML for CI
+//! test reports. The JSON is the `Comparison` itself.
+
+use super::compare::{Comparison, Row};
+use super::stats::Verdict;
+use std::fmt::Write;
+
+fn verdict_text(v: Verdict) -> &'static str {
+    match v {
+        Verdict::Regression => "REGRESSION",
+        Verdict::Improvement => "improvement",
+        Verdict::Pass => "pass",
+        Verdict::Inconclusive => "inconclusive",
+    }
+}
+
+fn pct(x: f64) -> String {
+    format!("{:+.1}%", x * 100.0)
+}
+
+fn interval(r: &Row) -> String {
+    format!("[{}, {}]", pct(r.ci_low), pct(r.ci_high))
+}
+
+pub fn table(c: &Comparison) -> String {
+    let mut out = String::new();
+    let head = [
+        "metric",
+        "kind",
+        "baseline µs",
+        "candidate µs",
+        "change",
+        "interval",
+        "verdict",
+    ];
+    let rows: Vec<[String; 7]> = c
+        .rows
+        .iter()
+        .map(|r| {
+            [
+                r.metric.clone(),
+                r.kind.to_string(),
+                format!("{:.1}", r.baseline_us),
+                format!("{:.1}", r.candidate_us),
+                pct(r.change),
+                interval(r),
+                verdict_text(r.verdict).to_string(),
+            ]
+        })
+        .collect();
+    let mut widths: Vec<usize> = head.iter().map(|h| h.chars().count()).collect();
+    for r in &rows {
+        for (w, cell) in widths.iter_mut().zip(r) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let line = |cells: Vec<&str>| -> String {
+        cells
+            .iter()
+            .zip(&widths)
+            .map(|(c, w)| format!("{c:<w$}"))
+            .collect::<Vec<_>>()
+            .join("  ")
+            .trim_end()
+            .to_string()
+    };
+    let _ = writeln!(out, "{}", line(head.to_vec()));
+    for r in &rows {
+        let _ = writeln!(out, "{}", line(r.iter().map(String::as_str).collect()));
+    }
+    let _ = writeln!(
+        out,
+        "\nverdict: {} (allowed regression {} and {} µs, confidence {}, baseline of {} run{})",
+        verdict_text(c.verdict),
+        pct(c.max_regression),
+        c.min_change_us,
+        c.confidence,
+        c.baseline_run_count,
+        if c.baseline_run_count == 1 {
+            ": pool several with `xlap-trace summary RUN... -o FILE` to account for the machine's noise"
+        } else {
+            "s"
+        }
+    );
+    if !c.not_compared.is_empty() {
+        let _ = writeln!(out, "not in the candidate: {}", c.not_compared.join(", "));
+    }
+    out
+}
+
+pub fn markdown(c: &Comparison) -> String {
+    let mut out = String::new();
+    let icon = match c.verdict {
+        Verdict::Regression => "❌",
+        Verdict::Inconclusive => "⚠️",
+        _ => "✅",
+    };
+    let regressions = c
+        .rows
+        .iter()
+        .filter(|r| r.verdict == Verdict::Regression)
+        .count();
+    let _ = writeln!(
+        out,
+        "### {icon} xlap-trace: {} ({} of {} metrics regressed; allowed {} and {} µs, confidence {})\n",
+        verdict_text(c.verdict),
+        regressions,
+        c.rows.len(),
+        pct(c.max_regression),
+        c.min_change_us,
+        c.confidence
+    );
+    let _ = writeln!(
+        out,
+        "| metric | kind | verdict | change | interval | baseline p25 / p50 / p75 / p99 µs (packets) | candidate p25 / p50 / p75 / p99 µs (packets) |"
+    );
+    let _ = writeln!(out, "|---|---|---|---|---|---|---|");
+    let boxes = |b: &super::compare::BoxStats| {
+        format!(
+            "{:.1} / {:.1} / {:.1} / {:.1} ({})",
+            b.p25_us, b.p50_us, b.p75_us, b.p99_us, b.packets
+        )
+    };
+    for r in &c.rows {
+        let _ = writeln!(
+            out,
+            "| `{}` | {} | {} | {} | {} | {} | {} |",
+            r.metric,
+            r.kind,
+            verdict_text(r.verdict),
+            pct(r.change),
+            interval(r),
+            boxes(&r.baseline),
+            boxes(&r.candidate)
+        );
+    }
+    let _ = writeln!(
+        out,
+        "\nBaseline: {} ({} run{}). Candidate: {}.",
+        c.baseline_runs.join(", "),
+        c.baseline_run_count,
+        if c.baseline_run_count == 1 { "" } else { "s" },
+        c.candidate_runs.join(", ")
+    );
+    if !c.not_compared.is_empty() {
+        let _ = writeln!(
+            out,
+            "\nStages of the baseline the candidate lacks: {}.",
+            c.not_compared.join(", ")
+        );
+    }
+    out
+}
+
+fn xml_escape(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+}
+
+pub fn junit(c: &Comparison) -> String {
+    let failures = c
+        .rows
+        .iter()
+        .filter(|r| r.verdict == Verdict::Regression)
+        .count();
+    let mut out = String::from("<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n");
+    let _ = writeln!(
+        out,
+        "<testsuite name=\"xlap-trace compare\" tests=\"{}\" failures=\"{failures}\">",
+        c.rows.len()
+    );
+    for r in &c.rows {
+        let name = xml_escape(&format!("{} kind {}", r.metric, r.kind));
+        let _ = write!(out, "  <testcase classname=\"xlap-trace\" name=\"{name}\"");
+        let detail = xml_escape(&format!(
+            "{:.1} µs -> {:.1} µs ({}, interval {})",
+            r.baseline_us,
+            r.candidate_us,
+            pct(r.change),
+            interval(r)
+        ));
+        match r.verdict {
+            Verdict::Regression => {
+                let _ = writeln!(
+                    out,
+                    ">\n    <failure message=\"regression\">{detail}</failure>\n  </testcase>"
+                );
+            }
+            v => {
+                let _ = writeln!(
+                    out,
+                    ">\n    <system-out>{}: {detail}</system-out>\n  </testcase>",
+                    verdict_text(v)
+                );
+            }
+        }
+    }
+    out.push_str("</testsuite>\n");
+    out
+}

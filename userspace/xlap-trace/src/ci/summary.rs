@@ -1,0 +1,356 @@
+//! A run's compact summary (`summary.json`, kilobytes): per kind and stage,
+//! the packet count and the distribution as quantiles on a fixed grid (fine
+//! in the tail), plus what the run says about itself (stamps, losses, the
+//! tracer's cost, the machine). What `compare` needs, small enough to commit
+//! as a CI baseline; several summaries pool into one baseline.
+
+use crate::analyze_cmd;
+use crate::exit::{failure, Code};
+use anyhow::{Context, Result};
+use serde::{Deserialize, Serialize};
+use std::path::Path;
+use xlap_analyze::dataset::Shared;
+
+/// Version of the summary format (bumped on incompatible change).
+pub const SUMMARY_VERSION: u32 = 1;
+
+/// The quantile levels stored: every percent, then every 0.1 % above 98 %,
+/// and 99.95 / 99.99 %: p99 and p99.9 keep their resolution.
+pub fn grid() -> Vec<f64> {
+    let mut g: Vec<f64> = (0..98).map(|i| i as f64 / 100.0).collect();
+    g.extend((980..=999).map(|i| i as f64 / 1000.0));
+    g.extend([0.9995, 0.9999, 1.0]);
+    g
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct StageSummary {
+    pub stage: String,
+    /// tx, channel, rx or total.
+    pub side: String,
+    pub position: i64,
+    pub kind: u64,
+    pub packets: u64,
+    /// Nanoseconds at the levels of `Summary::levels`.
+    pub quantiles_ns: Vec<f64>,
+    /// A pooled baseline: each of its runs' own grid, so that `compare`
+    /// can tell the spread between runs (the machine's noise) from a
+    /// change. Empty for one run.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub runs_ns: Vec<Vec<f64>>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct Summary {
+    pub summary_version: u32,
+    /// The runs it describes (several once pooled).
+    pub runs: Vec<String>,
+    pub hosts: Vec<String>,
+    pub kernels: Vec<String>,
+    pub stamps: u64,
+    pub lost: u64,
+    /// The tracer's own BPF cost per stamp, where measured.
+    pub bpf_ns_per_stamp: Option<f64>,
+    pub levels: Vec<f64>,
+    pub stages: Vec<StageSummary>,
+}
+
+impl Summary {
+    /// The summary of a run directory (correlated, or correlated now).
+    pub fn of_run(dir: &Path) -> Result<Summary> {
+        let (conn, _) = analyze_cmd::open(dir, Shared::Materialized, false)?;
+        let levels = grid();
+        let list = levels
+            .iter()
+            .map(|p| format!("{p}"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let mut stmt = conn.prepare(&format!(
+            "SELECT stage, side, position::BIGINT, kind::UBIGINT, packets::UBIGINT, p, ns::DOUBLE \
+             FROM stage_quantiles([{list}]) ORDER BY kind, position, stage, p"
+        ))?;
+        let rows = stmt.query_map([], |r| {
+            Ok((
+                r.get::<_, String>(0)?,
+                r.get::<_, String>(1)?,
+                r.get::<_, i64>(2)?,
+                r.get::<_, u64>(3)?,
+                r.get::<_, u64>(4)?,
+                r.get::<_, f64>(6)?,
+            ))
+        })?;
+        let mut stages: Vec<StageSummary> = Vec::new();
+        for row in rows {
+            let (stage, side, position, kind, packets, ns) = row?;
+            match stages.last_mut() {
+                Some(s) if s.stage == stage && s.kind == kind => s.quantiles_ns.push(ns),
+                _ => stages.push(StageSummary {
+                    stage,
+                    side,
+                    position,
+                    kind,
+                    packets,
+                    quantiles_ns: vec![ns],
+                    runs_ns: Vec::new(),
+                }),
+            }
+        }
+        let meta: serde_json::Value = std::fs::read_to_string(dir.join("run.json"))
+            .ok()
+            .and_then(|t| serde_json::from_str(&t).ok())
+            .unwrap_or_default();
+        let text = |k: &str| meta[k].as_str().map(str::to_string).into_iter().collect();
+        Ok(Summary {
+            summary_version: SUMMARY_VERSION,
+            runs: text("run_id"),
+            hosts: text("host"),
+            kernels: text("kernel"),
+            stamps: meta["stamps"].as_u64().unwrap_or(0),
+            lost: meta["lost"].as_u64().unwrap_or(0),
+            bpf_ns_per_stamp: meta["bpf_ns_per_stamp"].as_f64(),
+            levels,
+            stages,
+        })
+    }
+
+    /// A summary file, or the summary of a run directory.
+    pub fn load(path: &Path) -> Result<Summary> {
+        if path.is_dir() {
+            let file = path.join("summary.json");
+            if file.exists() {
+                return Summary::read(&file);
+            }
+            return Summary::of_run(path);
+        }
+        Summary::read(path)
+    }
+
+    fn read(path: &Path) -> Result<Summary> {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read {}", path.display()))?;
+        let s: Summary = serde_json::from_str(&text).map_err(|e| {
+            failure(
+                Code::BadInput,
+                format!(
+                    "{} is not an xlap-trace summary ({e}); give a run directory or the summary.json `xlap-trace summary` wrote",
+                    path.display()
+                ),
+            )
+        })?;
+        if s.summary_version > SUMMARY_VERSION {
+            return Err(failure(
+                Code::BadInput,
+                format!(
+                    "{} has summary version {}, newer than this xlap-trace reads ({SUMMARY_VERSION})",
+                    path.display(),
+                    s.summary_version
+                ),
+            ));
+        }
+        Ok(s)
+    }
+
+    pub fn write(&self, path: &Path) -> Result<()> {
+        std::fs::write(path, serde_json::to_string_pretty(self)? + "\n")
+            .with_context(|| format!("cannot write {}", path.display()))
+    }
+
+    /// Several runs as one baseline: per kind and stage, the distributions
+    /// mixed in proportion to their packet counts (the quantiles of the
+    /// pooled packets, read off the mixture), so the spread between runs is
+    /// part of the baseline.
+    pub fn pool(parts: &[Summary]) -> Result<Summary> {
+        let first = parts.first().context("nothing to pool")?;
+        let levels = first.levels.clone();
+        if parts.iter().any(|s| s.levels != levels) {
+            anyhow::bail!("summaries with different quantile levels cannot be pooled");
+        }
+        let mut stages: Vec<StageSummary> = Vec::new();
+        for s in &first.stages {
+            let same: Vec<&StageSummary> = parts
+                .iter()
+                .filter_map(|p| {
+                    p.stages
+                        .iter()
+                        .find(|t| t.stage == s.stage && t.kind == s.kind)
+                })
+                .collect();
+            if same.len() != parts.len() {
+                continue; // a stage not in every run is not compared
+            }
+            let packets: u64 = same.iter().map(|t| t.packets).sum();
+            let quantiles_ns = levels
+                .iter()
+                .map(|&p| mixture_quantile(&same, &levels, p))
+                .collect();
+            // The runs' own grids (a pooled part brings its runs along).
+            let runs_ns = same
+                .iter()
+                .flat_map(|t| {
+                    if t.runs_ns.is_empty() {
+                        vec![t.quantiles_ns.clone()]
+                    } else {
+                        t.runs_ns.clone()
+                    }
+                })
+                .collect();
+            stages.push(StageSummary {
+                packets,
+                quantiles_ns,
+                runs_ns,
+                ..s.clone()
+            });
+        }
+        let cat = |f: fn(&Summary) -> &Vec<String>| -> Vec<String> {
+            let mut v: Vec<String> = parts.iter().flat_map(|s| f(s).clone()).collect();
+            v.dedup();
+            v
+        };
+        let costs: Vec<f64> = parts.iter().filter_map(|s| s.bpf_ns_per_stamp).collect();
+        Ok(Summary {
+            summary_version: SUMMARY_VERSION,
+            runs: cat(|s| &s.runs),
+            hosts: cat(|s| &s.hosts),
+            kernels: cat(|s| &s.kernels),
+            stamps: parts.iter().map(|s| s.stamps).sum(),
+            lost: parts.iter().map(|s| s.lost).sum(),
+            bpf_ns_per_stamp: (!costs.is_empty())
+                .then(|| costs.iter().sum::<f64>() / costs.len() as f64),
+            levels,
+            stages,
+        })
+    }
+
+    pub fn stage(&self, kind: u64, stage: &str) -> Option<&StageSummary> {
+        self.stages
+            .iter()
+            .find(|s| s.kind == kind && s.stage == stage)
+    }
+}
+
+/// The value of a quantile grid at level `p` (linear between levels).
+pub fn at_level(levels: &[f64], values: &[f64], p: f64) -> f64 {
+    let p = p.clamp(0.0, 1.0);
+    let i = levels.partition_point(|&l| l < p);
+    if i == 0 {
+        return values[0];
+    }
+    if i >= levels.len() {
+        return values[values.len() - 1];
+    }
+    let (l0, l1) = (levels[i - 1], levels[i]);
+    let (v0, v1) = (values[i - 1], values[i]);
+    if l1 <= l0 {
+        return v1;
+    }
+    v0 + (p - l0) / (l1 - l0) * (v1 - v0)
+}
+
+/// The fraction of a stage's packets at or below `x` (its grid inverted).
+fn cdf(levels: &[f64], values: &[f64], x: f64) -> f64 {
+    if x < values[0] {
+        return 0.0;
+    }
+    let i = values.partition_point(|&v| v <= x);
+    if i >= values.len() {
+        return 1.0;
+    }
+    let (v0, v1) = (values[i - 1], values[i]);
+    let (l0, l1) = (levels[i - 1], levels[i]);
+    if v1 <= v0 {
+        return l1;
+    }
+    l0 + (x - v0) / (v1 - v0) * (l1 - l0)
+}
+
+/// The p-quantile of a packet-weighted mixture of stage distributions, by
+/// bisection on the mixture's CDF.
+fn mixture_quantile(parts: &[&StageSummary], levels: &[f64], p: f64) -> f64 {
+    let total: f64 = parts.iter().map(|s| s.packets as f64).sum();
+    let mix = |x: f64| -> f64 {
+        parts
+            .iter()
+            .map(|s| s.packets as f64 * cdf(levels, &s.quantiles_ns, x))
+            .sum::<f64>()
+            / total
+    };
+    let mut lo = parts
+        .iter()
+        .map(|s| s.quantiles_ns[0])
+        .fold(f64::INFINITY, f64::min);
+    let mut hi = parts
+        .iter()
+        .map(|s| *s.quantiles_ns.last().unwrap_or(&0.0))
+        .fold(f64::NEG_INFINITY, f64::max);
+    if p <= 0.0 {
+        return lo;
+    }
+    if p >= 1.0 {
+        return hi;
+    }
+    for _ in 0..60 {
+        let mid = (lo + hi) / 2.0;
+        if mix(mid) < p {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    (lo + hi) / 2.0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stage(packets: u64, values: Vec<f64>) -> StageSummary {
+        StageSummary {
+            stage: "s".into(),
+            side: "total".into(),
+            position: 0,
+            kind: 1,
+            packets,
+            quantiles_ns: values,
+            runs_ns: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn the_grid_is_fine_in_the_tail() {
+        let g = grid();
+        assert!(g.windows(2).all(|w| w[0] < w[1]));
+        for p in [0.5, 0.99, 0.999, 1.0] {
+            assert!(g.iter().any(|&l| (l - p).abs() < 1e-12), "{p}");
+        }
+    }
+
+    #[test]
+    fn levels_interpolate_and_pool_by_weight() {
+        let levels = vec![0.0, 0.5, 1.0];
+        assert_eq!(at_level(&levels, &[0.0, 10.0, 20.0], 0.25), 5.0);
+        // Two runs of uniform [0, 10] and [10, 20], 1:3 packets: the pooled
+        // median lies where a quarter + 3/4 of the second's CDF is 1/2.
+        let a = stage(100, vec![0.0, 5.0, 10.0]);
+        let b = stage(300, vec![10.0, 15.0, 20.0]);
+        let m = mixture_quantile(&[&a, &b], &levels, 0.5);
+        assert!((m - (10.0 + 10.0 / 3.0)).abs() < 1e-6, "{m}");
+        // A pooled summary keeps each run's grid.
+        let sum = |st: StageSummary| Summary {
+            summary_version: SUMMARY_VERSION,
+            runs: vec!["r".into()],
+            hosts: vec![],
+            kernels: vec![],
+            stamps: 0,
+            lost: 0,
+            bpf_ns_per_stamp: None,
+            levels: levels.clone(),
+            stages: vec![st],
+        };
+        let pooled = Summary::pool(&[sum(a.clone()), sum(b.clone())]).unwrap();
+        assert_eq!(
+            pooled.stages[0].runs_ns,
+            vec![a.quantiles_ns, b.quantiles_ns]
+        );
+        assert_eq!(pooled.stages[0].packets, 400);
+    }
+}
