@@ -142,7 +142,12 @@ fn compare(a: &cli::CompareArgs) -> Result<ExitCode> {
         return Err(failure(Code::Usage, "--confidence must lie in [0.5, 1)"));
     }
     let base = Summary::load(&a.baseline)?;
-    let cand = Summary::load(&a.candidate)?;
+    let mut cand = Summary::load(&a.candidate)?;
+    if a.candidate.join("packets.parquet").exists() {
+        // Measured on the baseline's stages (see add_stages_of).
+        let names: Vec<String> = base.stages.iter().map(|s| s.stage.clone()).collect();
+        cand.add_stages_of(&a.candidate, &names)?;
+    }
     let th = compare::Thresholds {
         max_regression: a.max_regression,
         min_change_ns: a.min_change,

@@ -82,6 +82,9 @@ impl Summary {
         let mut stages: Vec<StageSummary> = Vec::new();
         for row in rows {
             let (stage, side, position, kind, packets, ns) = row?;
+            // Whole nanoseconds: the clock's own resolution, and a third of
+            // the file.
+            let ns = ns.round();
             match stages.last_mut() {
                 Some(s) if s.stage == stage && s.kind == kind => s.quantiles_ns.push(ns),
                 _ => stages.push(StageSummary {
@@ -111,6 +114,85 @@ impl Summary {
             levels,
             stages,
         })
+    }
+
+    /// Adds to this run's summary the stages of `names` it lacks, computed
+    /// from its packets table as the difference of their two points'
+    /// columns. A run's stages are its points in its own path order, and
+    /// that order can change with the very regression being looked for (a
+    /// stage that grows lets a point of another thread fall inside it):
+    /// the candidate is then measured on the baseline's stages.
+    pub fn add_stages_of(&mut self, dir: &Path, names: &[String]) -> Result<()> {
+        let missing: Vec<&String> = names
+            .iter()
+            .filter(|n| !self.stages.iter().any(|s| &s.stage == *n))
+            .collect();
+        if missing.is_empty() {
+            return Ok(());
+        }
+        let (conn, _) = analyze_cmd::open(dir, Shared::Materialized, false)?;
+        let columns: Vec<String> = {
+            let mut stmt = conn.prepare(
+                "SELECT column_name FROM (DESCRIBE packets) WHERE column_name LIKE '%\\_ns' ESCAPE '\\'",
+            )?;
+            let rows = stmt.query_map([], |r| r.get::<_, String>(0))?;
+            rows.collect::<std::result::Result<_, _>>()?
+        };
+        let list = self
+            .levels
+            .iter()
+            .map(|p| format!("{p}"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        for name in missing {
+            let Some((from, to)) = name.split_once("__") else {
+                continue;
+            };
+            let (a, b) = (format!("{from}_ns"), format!("{to}_ns"));
+            if !columns.contains(&a) || !columns.contains(&b) {
+                continue;
+            }
+            let mut stmt = conn.prepare(&format!(
+                "SELECT kind::UBIGINT, count(*)::UBIGINT, quantile_cont(d, [{list}])::DOUBLE[] FROM                  (SELECT kind, (\"{b}\" - \"{a}\")::DOUBLE AS d FROM packets \
+                  WHERE e2e_ns IS NOT NULL AND \"{a}\" IS NOT NULL AND \"{b}\" IS NOT NULL) \
+                 GROUP BY kind ORDER BY kind"
+            ))?;
+            let rows = stmt.query_map([], |r| {
+                Ok((
+                    r.get::<_, u64>(0)?,
+                    r.get::<_, u64>(1)?,
+                    r.get::<_, duckdb::types::Value>(2)?,
+                ))
+            })?;
+            for row in rows {
+                let (kind, packets, values) = row?;
+                let duckdb::types::Value::List(values) = values else {
+                    continue;
+                };
+                let quantiles_ns: Vec<f64> = values
+                    .iter()
+                    .map(|v| match v {
+                        duckdb::types::Value::Double(x) => x.round(),
+                        _ => f64::NAN,
+                    })
+                    .collect();
+                if quantiles_ns.len() != self.levels.len()
+                    || quantiles_ns.iter().any(|v| v.is_nan())
+                {
+                    continue;
+                }
+                self.stages.push(StageSummary {
+                    stage: name.clone(),
+                    side: "derived".into(),
+                    position: i64::MAX,
+                    kind,
+                    packets,
+                    quantiles_ns,
+                    runs_ns: Vec::new(),
+                });
+            }
+        }
+        Ok(())
     }
 
     /// A summary file, or the summary of a run directory.
@@ -150,8 +232,10 @@ impl Summary {
         Ok(s)
     }
 
+    /// Compact JSON (one line: a pooled baseline of ten runs stays in the
+    /// hundreds of kilobytes).
     pub fn write(&self, path: &Path) -> Result<()> {
-        std::fs::write(path, serde_json::to_string_pretty(self)? + "\n")
+        std::fs::write(path, serde_json::to_string(self)? + "\n")
             .with_context(|| format!("cannot write {}", path.display()))
     }
 
