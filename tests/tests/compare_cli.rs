@@ -116,3 +116,53 @@ fn compare_bad_input_is_said_with_its_code() {
         "{err}"
     );
 }
+
+#[test]
+fn history_over_a_series() {
+    let scratch = Scratch::new("history-cli");
+    let dirs: Vec<_> = ["1", "2", "3"]
+        .iter()
+        .map(|seed| {
+            let d = scratch.path(&format!("s{seed}"));
+            synth(&d, seed);
+            d.join("summary.json").to_str().unwrap().to_string()
+        })
+        .collect();
+    let svg = scratch.path("h.svg");
+    let mut args = vec!["history"];
+    args.extend(dirs.iter().map(String::as_str));
+    args.extend(METRICS);
+    args.extend(["--svg", svg.to_str().unwrap()]);
+    let out = xlap(&args);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    insta::assert_snapshot!("history_markdown", String::from_utf8(out.stdout).unwrap());
+    // The same values as compare reports for the first and last run.
+    let json = xlap(&{
+        let mut a = args.clone();
+        a.truncate(a.len() - 2);
+        a.push("--json");
+        a
+    });
+    let series: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
+    let cmp = xlap(&[
+        "compare", &dirs[0], &dirs[2], "--metric", "e2e.p50", "--json",
+    ]);
+    let cmp: serde_json::Value = serde_json::from_slice(&cmp.stdout).unwrap();
+    for row in cmp["rows"].as_array().unwrap() {
+        let s = series
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["metric"] == "e2e.p50" && s["kind"] == row["kind"])
+            .unwrap();
+        assert_eq!(s["values_us"][0], row["baseline_us"]);
+        assert_eq!(s["values_us"][2], row["candidate_us"]);
+    }
+    let plot = std::fs::read_to_string(&svg).unwrap();
+    assert!(plot.starts_with("<svg") && plot.trim_end().ends_with("</svg>"));
+    assert_eq!(plot.matches("<polyline").count(), 6, "3 metrics x 2 kinds");
+}

@@ -41,6 +41,9 @@ pub enum Command {
     /// change with a bootstrap interval and a verdict. Exit codes: 0 no
     /// regression, 1 regression, 2 error.
     Compare(CompareArgs),
+    /// Per-stage quantiles over a series of runs (summaries or run
+    /// directories, oldest first): the drift no single comparison flags.
+    History(HistoryArgs),
     /// Write or check the Arrow schemas of what xlap-trace writes.
     Schema(SchemaArgs),
     /// Network-namespace test hosts joined by veth (for demos and tests).
@@ -200,6 +203,26 @@ pub struct CompareArgs {
     /// Also write a JUnit XML report here.
     #[arg(long, value_name = "FILE")]
     pub junit: Option<PathBuf>,
+}
+
+#[derive(Args, Debug)]
+pub struct HistoryArgs {
+    /// Summaries or run directories, oldest first.
+    #[arg(required = true)]
+    pub runs: Vec<PathBuf>,
+    /// Metric to follow (repeatable): e2e.pNN or stage:NAME.pNN. Default:
+    /// p50 and p99 of every stage.
+    #[arg(long = "metric", value_name = "METRIC")]
+    pub metrics: Vec<crate::ci::compare::Metric>,
+    /// Print JSON instead of Markdown.
+    #[arg(long)]
+    pub json: bool,
+    /// Also write an SVG plot of the metrics that drifted most.
+    #[arg(long, value_name = "FILE")]
+    pub svg: Option<PathBuf>,
+    /// Metrics in the plot.
+    #[arg(long, default_value_t = 6)]
+    pub top: usize,
 }
 
 #[derive(Args, Debug)]

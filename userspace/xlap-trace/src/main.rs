@@ -44,6 +44,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
         Some(Command::Run(a)) => return run_command(&a),
         Some(Command::Summary(a)) => summary(&a),
         Some(Command::Compare(a)) => return compare(&a),
+        Some(Command::History(a)) => history(&a),
         Some(Command::Schema(a)) => schema(a),
         Some(Command::Analyze(a)) => analyze_cmd::analyze(&a),
         Some(Command::Sql(a)) => analyze_cmd::sql(&a),
@@ -169,6 +170,25 @@ fn compare(a: &cli::CompareArgs) -> Result<ExitCode> {
     } else {
         ExitCode::SUCCESS
     })
+}
+
+fn history(a: &cli::HistoryArgs) -> Result<()> {
+    use xlap_trace::ci::{history, summary::Summary};
+    let runs = a
+        .runs
+        .iter()
+        .map(|r| Summary::load(r))
+        .collect::<Result<Vec<_>>>()?;
+    let series = history::series(&runs, &a.metrics);
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&series)?);
+    } else {
+        print!("{}", history::markdown(&runs, &series));
+    }
+    if let Some(path) = &a.svg {
+        std::fs::write(path, history::svg(&series, runs.len(), a.top))?;
+    }
+    Ok(())
 }
 
 fn schema(a: cli::SchemaArgs) -> Result<()> {

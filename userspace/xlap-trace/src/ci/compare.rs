@@ -80,14 +80,25 @@ fn dist<'a>(levels: &'a [f64], s: &'a StageSummary) -> Dist<'a> {
     }
 }
 
+/// Nanoseconds as µs with ns resolution (the JSON carries no digits the
+/// clock does not have).
+fn us(ns: f64) -> f64 {
+    (ns).round() / 1e3
+}
+
+/// A relative change to 1e-6.
+fn frac(x: f64) -> f64 {
+    (x * 1e6).round() / 1e6
+}
+
 fn box_of(levels: &[f64], s: &StageSummary) -> BoxStats {
     let d = dist(levels, s);
     BoxStats {
         packets: s.packets,
-        p25_us: d.quantile(0.25) / 1e3,
-        p50_us: d.quantile(0.5) / 1e3,
-        p75_us: d.quantile(0.75) / 1e3,
-        p99_us: d.quantile(0.99) / 1e3,
+        p25_us: us(d.quantile(0.25)),
+        p50_us: us(d.quantile(0.5)),
+        p75_us: us(d.quantile(0.75)),
+        p99_us: us(d.quantile(0.99)),
     }
 }
 
@@ -208,11 +219,11 @@ pub fn compare(
                 stage: b.stage.clone(),
                 side: b.side.clone(),
                 quantile: m.p,
-                baseline_us: ch.base / 1e3,
-                candidate_us: ch.cand / 1e3,
-                change: ch.rel,
-                ci_low: ch.low,
-                ci_high: ch.high,
+                baseline_us: us(ch.base),
+                candidate_us: us(ch.cand),
+                change: frac(ch.rel),
+                ci_low: frac(ch.low),
+                ci_high: frac(ch.high),
                 verdict: verdict(&ch, max_regression, min_change_ns),
                 baseline: box_of(levels, b),
                 candidate: box_of(levels, c),
