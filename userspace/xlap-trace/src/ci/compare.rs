@@ -143,9 +143,9 @@ pub struct Comparison {
     pub rows: Vec<Row>,
 }
 
-/// The metrics compared when none are named: p50 and p99 of the end-to-end
-/// latency and of every stage.
-fn default_metrics(base: &Summary) -> Vec<Metric> {
+/// The metrics when none are named (compare, history): p50 and p99 of the
+/// end-to-end latency and of every stage of `base`.
+pub fn default_metrics(base: &Summary) -> Vec<Metric> {
     let mut names: Vec<&str> = Vec::new();
     for s in &base.stages {
         if !names.contains(&s.stage.as_str()) {

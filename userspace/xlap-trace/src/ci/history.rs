@@ -3,7 +3,7 @@
 //! shows: a table, Markdown, and an SVG plot of the metrics that drifted
 //! most.
 
-use super::compare::Metric;
+use super::compare::{default_metrics, Metric};
 use super::summary::{at_level, Summary};
 use serde::Serialize;
 use std::fmt::Write;
@@ -26,21 +26,7 @@ pub fn series(runs: &[Summary], metrics: &[Metric]) -> Vec<Series> {
         return Vec::new();
     };
     let metrics: Vec<Metric> = if metrics.is_empty() {
-        let mut names: Vec<&str> = Vec::new();
-        for s in &first.stages {
-            if !names.contains(&s.stage.as_str()) {
-                names.push(&s.stage);
-            }
-        }
-        names
-            .iter()
-            .flat_map(|n| {
-                [0.5, 0.99].map(|p| Metric {
-                    stage: n.to_string(),
-                    p,
-                })
-            })
-            .collect()
+        default_metrics(first)
     } else {
         metrics.to_vec()
     };

@@ -96,11 +96,8 @@ impl AppRings {
         }
         for (index, ((pid, path), sites)) in by_switch.into_iter().enumerate() {
             let control = plan.ring_controls[&(pid, path.clone())];
-            match AppRing::create(pid, index, control, sites) {
-                Ok(mut ring) => {
-                    ring.path = path;
-                    rings.rings.push(ring)
-                }
+            match AppRing::create(pid, &path, index, control, sites) {
+                Ok(ring) => rings.rings.push(ring),
                 Err(e) => {
                     note(format!(
                         "pid {pid}: the markers of {} are stamped by uprobes (slower), the in-process ring failed: {e:#}",
@@ -182,6 +179,7 @@ fn owner(pid: u32) -> Option<(u32, u32)> {
 impl AppRing {
     fn create(
         pid: u32,
+        binary: &std::path::Path,
         index: usize,
         control: u64,
         sites: HashMap<u64, SiteInfo>,
@@ -236,7 +234,7 @@ impl AppRing {
         }
         let r = AppRing {
             pid,
-            path: PathBuf::new(),
+            path: binary.to_path_buf(),
             control,
             dir,
             leaf,

@@ -160,6 +160,7 @@ impl Session {
             } else {
                 (AppRings::default(), usdt.sites.clone())
             };
+        let ring_sites = rings.sites();
         self.capture.attach_usdt(&uprobe_sites)?;
         let semaphores = Semaphores::raise(&uprobe_sites)?;
         self.capture.set_targets(&args.pids)?;
@@ -204,12 +205,10 @@ impl Session {
                 run_id,
                 host,
                 comms,
-                ring_sites: Vec::new(),
+                ring_sites,
                 usdt,
             },
         };
-        let mut live = live;
-        live.info.ring_sites = live.app_rings.sites();
         if let Some(ready) = &args.ready_file {
             std::fs::write(ready, format!("{}\n", std::process::id()))
                 .with_context(|| format!("cannot write the ready file {}", ready.display()))?;
