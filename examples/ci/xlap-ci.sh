@@ -2,7 +2,7 @@
 # The steps of the example CI jobs (github-actions.yml and gitlab-ci.yml call
 # exactly these; tests/tests/ci_example.rs runs them the same way).
 #
-#   xlap-ci.sh baseline DIR [RUNS]      record RUNS runs (default 3) of the
+#   xlap-ci.sh baseline DIR [RUNS]      record RUNS runs (default 5) of the
 #                                       protocol and pool them: DIR/baseline.json
 #   xlap-ci.sh check BASELINE DIR       record one run, compare it with the
 #                                       baseline: DIR/compare.md, DIR/junit.xml;
@@ -16,7 +16,10 @@
 set -eu
 
 PORT=${XLAP_CI_PORT:-47600}
-COUNT=${XLAP_CI_COUNT:-3000}
+# 3 s per run at 10 k packets/s: a run shorter than the machine's noise lasts
+# (seconds, on shared CI runners) sees one state of it, and compare cannot
+# tell that from a change (it says so).
+COUNT=${XLAP_CI_COUNT:-30000}
 
 # One traced run of the protocol into DIR: receiver and sender started
 # (the sender waits for a start file), both traced from before the first
@@ -63,7 +66,7 @@ fail() {
 case "${1:-}" in
 baseline)
     dir=$2
-    runs=${3:-3}
+    runs=${3:-5}
     mkdir -p "$dir"
     i=1
     set --

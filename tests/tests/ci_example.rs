@@ -45,8 +45,7 @@ fn the_example_ci_jobs_pass_unchanged_and_fail_on_an_injected_delay() {
         let mut cmd = Command::new(scratch.0.join(&step[0]));
         cmd.args(&step[1..])
             .current_dir(&scratch.0)
-            .env("PATH", &path)
-            .env("XLAP_CI_COUNT", "2000");
+            .env("PATH", &path);
         if let Some(i) = inject {
             cmd.env("XLAP_INJECT", i);
         }
@@ -61,30 +60,19 @@ fn the_example_ci_jobs_pass_unchanged_and_fail_on_an_injected_delay() {
     let baseline = scratch.path(&github[1][2]);
     assert!(baseline.exists(), "{} missing", baseline.display());
 
-    // Unchanged: the decode stage is not flagged (on a noisy machine
-    // another stage may be: then the job fails, as it should, naming it).
+    // Unchanged: the job passes.
     let out = run(&github[1], None);
     let md = String::from_utf8_lossy(&out.stdout);
-    let flagged: Vec<&str> = md
-        .lines()
-        .filter(|l| l.contains("| REGRESSION |"))
-        .collect();
-    assert!(
-        !flagged
-            .iter()
-            .any(|l| l.contains("app_decode_start__app_decode_end")),
-        "{md}"
-    );
-    let expected = if flagged.is_empty() { 0 } else { 1 };
     assert_eq!(
         out.status.code(),
-        Some(expected),
+        Some(0),
         "unchanged check: {md}{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    assert!(!md.contains("| REGRESSION |"), "{md}");
     let check_dir = scratch.path(&github[1][3]);
     let junit = std::fs::read_to_string(check_dir.join("junit.xml")).unwrap();
-    assert_eq!(junit.contains("<failure"), !flagged.is_empty());
+    assert!(!junit.contains("<failure"), "{junit}");
 
     let out = run(&github[1], Some("decode=50"));
     let md = String::from_utf8_lossy(&out.stdout);

@@ -127,9 +127,10 @@ fn summary(a: &cli::SummaryArgs) -> Result<()> {
     };
     summary.write(&out)?;
     println!(
-        "wrote {} ({} runs, {} stage distributions)",
+        "wrote {} ({} run{}, {} stage distributions)",
         out.display(),
         summary.runs.len(),
+        if summary.runs.len() == 1 { "" } else { "s" },
         summary.stages.len()
     );
     Ok(())

@@ -2,7 +2,10 @@
 //! end-to-end latency or of a stage, per kind), the candidate's change
 //! against the baseline with a bootstrap interval, and a verdict.
 
-use super::stats::{quantile_change, verdict, widen_by_runs, Change, Dist, Rng, Verdict};
+use super::stats::{
+    block_noise, quantile_change, verdict, widen_by_blocks, widen_by_runs, Change, Dist, Rng,
+    Verdict,
+};
 use super::summary::at_level;
 use super::summary::{StageSummary, Summary};
 use crate::exit::{failure, Code};
@@ -130,18 +133,44 @@ pub struct Comparison {
     pub verdict: Verdict,
     pub max_regression: f64,
     pub min_change_us: f64,
+    /// Family-wise: the chance that an unchanged candidate gets no
+    /// regression verdict on any metric.
     pub confidence: f64,
+    /// The confidence of each metric's interval: `confidence` shared out
+    /// over the metrics compared (Bonferroni), so that a hundred metrics do
+    /// not make a false alarm likely.
+    pub metric_confidence: f64,
     pub baseline_runs: Vec<String>,
     pub candidate_runs: Vec<String>,
     /// Runs pooled in the baseline; with two or more, their spread widens
     /// every interval (a single-run baseline knows no machine noise).
     pub baseline_run_count: usize,
+    /// What the intervals hold besides the packets' own sampling noise:
+    /// `runs` (the spread between a pooled baseline's runs), `blocks` (the
+    /// spread between blocks of each run in send order), `packets` (nothing
+    /// more: summaries without blocks).
+    pub noise: Noise,
     /// Stages of the baseline the candidate does not have.
     pub not_compared: Vec<String>,
+    /// What the reader should know about the verdict's limits.
+    pub notes: Vec<String>,
     /// Worst first: regressions, inconclusive, pass, improvements; within
     /// each, by the interval's lower end, highest first.
     pub rows: Vec<Row>,
 }
+
+/// Where a comparison's intervals take the machine's noise from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Noise {
+    Runs,
+    Blocks,
+    Packets,
+}
+
+/// A single run shorter than this is said to be short: noise that persists
+/// longer than its blocks is not in its spread.
+const SHORT_RUN_S: f64 = 2.0;
 
 /// The metrics when none are named (compare, history): p50 and p99 of the
 /// end-to-end latency and of every stage of `base`.
@@ -170,6 +199,7 @@ pub struct Thresholds {
     pub max_regression: f64,
     /// Absolute change allowed, ns.
     pub min_change_ns: f64,
+    /// Family-wise over the metrics compared (see `Comparison`).
     pub confidence: f64,
 }
 
@@ -202,6 +232,17 @@ pub fn compare(
     // One generator per comparison, seeded by what is compared: the same
     // inputs give the same intervals.
     let mut rng = Rng::new(0x5EED_C0DE);
+    let compared = metrics
+        .iter()
+        .flat_map(|m| {
+            base.stages
+                .iter()
+                .filter(move |b| b.stage == m.stage && cand.stage(b.kind, &b.stage).is_some())
+        })
+        .count()
+        .max(1);
+    let family_confidence = confidence;
+    let confidence = 1.0 - (1.0 - family_confidence) / compared as f64;
     for m in &metrics {
         let mut found = false;
         for b in base.stages.iter().filter(|s| s.stage == m.stage) {
@@ -211,8 +252,22 @@ pub fn compare(
             found = true;
             let ch: Change =
                 quantile_change(dist(levels, b), dist(levels, c), m.p, confidence, &mut rng);
-            let per_run: Vec<f64> = b.runs_ns.iter().map(|g| at_level(levels, g, m.p)).collect();
-            let ch = widen_by_runs(ch, &per_run, confidence);
+            let ch = if b.runs_ns.len() >= 2 {
+                let per_run: Vec<f64> =
+                    b.runs_ns.iter().map(|g| at_level(levels, g, m.p)).collect();
+                widen_by_runs(ch, &per_run, confidence)
+            } else {
+                let noise = |s: &Summary, st: &StageSummary| {
+                    block_noise(
+                        levels,
+                        &st.quantiles_ns,
+                        &s.block_levels,
+                        &st.blocks_ns,
+                        m.p,
+                    )
+                };
+                widen_by_blocks(ch, noise(base, b), noise(cand, c), confidence)
+            };
             rows.push(Row {
                 metric: m.label(),
                 kind: b.kind,
@@ -268,12 +323,42 @@ pub fn compare(
             Verdict::Improvement => Verdict::Pass,
             v => v,
         });
+    let pooled = base.stages.iter().any(|s| s.runs_ns.len() >= 2);
+    let blocked = base.stages.iter().any(|s| !s.blocks_ns.is_empty())
+        && cand.stages.iter().any(|s| !s.blocks_ns.is_empty());
+    let noise = if pooled {
+        Noise::Runs
+    } else if blocked {
+        Noise::Blocks
+    } else {
+        Noise::Packets
+    };
+    let mut notes = Vec::new();
+    match noise {
+        Noise::Runs => {}
+        Noise::Blocks => {
+            let short = [base.duration_s, cand.duration_s]
+                .into_iter()
+                .flatten()
+                .fold(f64::INFINITY, f64::min);
+            if short < SHORT_RUN_S {
+                notes.push(format!(
+                    "a run lasts only {short:.1} s: noise that lasts longer than its blocks ({:.0} ms) is not measured; record runs of several seconds or pool baseline runs (xlap-trace summary RUN... -o FILE)",
+                    short * 1e3 / super::summary::BLOCKS as f64
+                ));
+            }
+        }
+        Noise::Packets => notes.push(
+            "the summaries have no blocks (written by an older xlap-trace): the intervals hold the packets' sampling noise only; pool baseline runs to account for the machine's".into(),
+        ),
+    }
     Ok(Comparison {
         format_version: 1,
         verdict: overall,
         max_regression,
         min_change_us: min_change_ns / 1e3,
-        confidence,
+        confidence: family_confidence,
+        metric_confidence: confidence,
         baseline_runs: base.runs.clone(),
         candidate_runs: cand.runs.clone(),
         baseline_run_count: base
@@ -282,7 +367,9 @@ pub fn compare(
             .map(|s| s.runs_ns.len().max(1))
             .max()
             .unwrap_or(1),
+        noise,
         not_compared,
+        notes,
         rows,
     })
 }

@@ -2,7 +2,7 @@
 //! summary (worst first, with both sides' box statistics), JUnit XML for CI
 //! test reports. The JSON is the `Comparison` itself.
 
-use super::compare::{Comparison, Row};
+use super::compare::{Comparison, Noise, Row};
 use super::stats::Verdict;
 use std::fmt::Write;
 
@@ -71,22 +71,31 @@ pub fn table(c: &Comparison) -> String {
     }
     let _ = writeln!(
         out,
-        "\nverdict: {} (allowed regression {} and {} µs, confidence {}, baseline of {} run{})",
+        "\nverdict: {} (allowed regression {} and {} µs, confidence {}, baseline of {} run{}, intervals {})",
         verdict_text(c.verdict),
         pct(c.max_regression),
         c.min_change_us,
         c.confidence,
         c.baseline_run_count,
-        if c.baseline_run_count == 1 {
-            ": pool several with `xlap-trace summary RUN... -o FILE` to account for the machine's noise"
-        } else {
-            "s"
-        }
+        if c.baseline_run_count == 1 { "" } else { "s" },
+        noise_text(c.noise)
     );
     if !c.not_compared.is_empty() {
         let _ = writeln!(out, "not in the candidate: {}", c.not_compared.join(", "));
     }
+    for n in &c.notes {
+        let _ = writeln!(out, "note: {n}");
+    }
     out
+}
+
+/// Where the intervals' noise comes from, in words.
+fn noise_text(n: Noise) -> &'static str {
+    match n {
+        Noise::Runs => "widened by the spread between its runs",
+        Noise::Blocks => "widened by the spread between blocks of each run",
+        Noise::Packets => "from the packets alone",
+    }
 }
 
 pub fn markdown(c: &Comparison) -> String {
@@ -137,11 +146,12 @@ pub fn markdown(c: &Comparison) -> String {
     }
     let _ = writeln!(
         out,
-        "\nBaseline: {} ({} run{}). Candidate: {}.",
+        "\nBaseline: {} ({} run{}). Candidate: {}. Intervals {}.",
         c.baseline_runs.join(", "),
         c.baseline_run_count,
         if c.baseline_run_count == 1 { "" } else { "s" },
-        c.candidate_runs.join(", ")
+        c.candidate_runs.join(", "),
+        noise_text(c.noise)
     );
     if !c.not_compared.is_empty() {
         let _ = writeln!(
@@ -149,6 +159,9 @@ pub fn markdown(c: &Comparison) -> String {
             "\nStages of the baseline the candidate lacks: {}.",
             c.not_compared.join(", ")
         );
+    }
+    for n in &c.notes {
+        let _ = writeln!(out, "\n> {n}");
     }
     out
 }

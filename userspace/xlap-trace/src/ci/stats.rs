@@ -9,7 +9,7 @@
 //! sort, whatever the packet count; a test checks it against a plain
 //! resampling bootstrap on raw samples.
 
-use super::summary::at_level;
+use super::summary::{at_level, cdf};
 
 /// A small deterministic generator (splitmix64): the same inputs give the
 /// same intervals, so CI verdicts and snapshots are reproducible.
@@ -109,14 +109,31 @@ pub fn quantile_change(base: Dist, cand: Dist, p: f64, confidence: f64, rng: &mu
     let alpha = (1.0 - confidence) / 2.0;
     let at = |q: f64| reps[((reps.len() - 1) as f64 * q).round() as usize];
     let (b, c) = (base.quantile(p), cand.quantile(p));
+    let r = rel(b, c);
+    // Replicates resolve a tail level down to a few of them; a level
+    // beyond (many metrics at a high confidence) is extrapolated from the
+    // last resolved one, each side scaled by the normal quantiles' ratio.
+    let resolved = TAIL_REPLICATES / REPLICATES as f64;
+    let (low, high) = if alpha >= resolved {
+        (at(alpha), at(1.0 - alpha))
+    } else {
+        let k = normal_quantile(1.0 - alpha) / normal_quantile(1.0 - resolved);
+        (
+            r - (r - at(resolved)).max(0.0) * k,
+            r + (at(1.0 - resolved) - r).max(0.0) * k,
+        )
+    };
     Change {
         base: b,
         cand: c,
-        rel: rel(b, c),
-        low: at(alpha),
-        high: at(1.0 - alpha),
+        rel: r,
+        low,
+        high,
     }
 }
+
+/// Replicates beyond a percentile for it to count as resolved.
+const TAIL_REPLICATES: f64 = 20.0;
 
 /// The standard normal quantile (Acklam's rational approximation,
 /// relative error < 1.2e-9).
@@ -166,14 +183,97 @@ pub fn normal_quantile(p: f64) -> f64 {
     }
 }
 
-/// Student's t quantile with `dof` degrees of freedom (Hill's expansion in
-/// the normal quantile; within 1 % for dof ≥ 3 at the levels used here).
+/// Student's t quantile with `dof` (> 0, fractional allowed) degrees of
+/// freedom, for p in (0, 1): the t distribution's tail is
+/// ½·I_x(dof/2, ½) at x = dof/(dof + t²), inverted by bisection in x. Exact
+/// to ~1e-10 also far in the tail with few degrees of freedom, where
+/// expansions in the normal quantile fail (a Bonferroni level over a
+/// hundred metrics with a three-run baseline).
 pub fn t_quantile(p: f64, dof: f64) -> f64 {
-    let z = normal_quantile(p);
-    let (z3, z5, z7) = (z.powi(3), z.powi(5), z.powi(7));
-    z + (z3 + z) / (4.0 * dof)
-        + (5.0 * z5 + 16.0 * z3 + 3.0 * z) / (96.0 * dof * dof)
-        + (3.0 * z7 + 19.0 * z5 + 17.0 * z3 - 15.0 * z) / (384.0 * dof.powi(3))
+    if p < 0.5 {
+        return -t_quantile(1.0 - p, dof);
+    }
+    let tail = 1.0 - p;
+    if tail >= 0.5 {
+        return 0.0;
+    }
+    // 0.5·I_x(dof/2, 1/2) grows with x from 0 (t = ∞) to 0.5 (t = 0).
+    let (mut lo, mut hi) = (0.0f64, 1.0f64);
+    for _ in 0..200 {
+        let mid = 0.5 * (lo + hi);
+        if 0.5 * incomplete_beta(mid, dof / 2.0, 0.5) < tail {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    let x = 0.5 * (lo + hi);
+    (dof * (1.0 - x) / x).sqrt()
+}
+
+/// ln Γ(x) for x ≥ ½ (Lanczos' series, g = 7).
+fn ln_gamma(x: f64) -> f64 {
+    const G: f64 = 7.0;
+    const C: [f64; 9] = [
+        0.999_999_999_999_809_9,
+        676.520_368_121_885_1,
+        -1_259.139_216_722_402_8,
+        771.323_428_777_653_1,
+        -176.615_029_162_140_6,
+        12.507_343_278_686_905,
+        -0.138_571_095_265_720_12,
+        9.984_369_578_019_572e-6,
+        1.505_632_735_149_311_6e-7,
+    ];
+    let x = x - 1.0;
+    let mut sum = C[0];
+    for (i, c) in C.iter().enumerate().skip(1) {
+        sum += c / (x + i as f64);
+    }
+    let t = x + G + 0.5;
+    0.5 * (2.0 * std::f64::consts::PI).ln() + (x + 0.5) * t.ln() - t + sum.ln()
+}
+
+/// The regularized incomplete beta function I_x(a, b), by its continued
+/// fraction (modified Lentz), on the side of x where it converges fast.
+fn incomplete_beta(x: f64, a: f64, b: f64) -> f64 {
+    if x <= 0.0 {
+        return 0.0;
+    }
+    if x >= 1.0 {
+        return 1.0;
+    }
+    if x > (a + 1.0) / (a + b + 2.0) {
+        return 1.0 - incomplete_beta(1.0 - x, b, a);
+    }
+    let front =
+        (ln_gamma(a + b) - ln_gamma(a) - ln_gamma(b) + a * x.ln() + b * (1.0 - x).ln()).exp() / a;
+    const TINY: f64 = 1e-300;
+    let (mut f, mut c, mut d) = (1.0f64, 1.0f64, 0.0f64);
+    for i in 0..400 {
+        let m = (i / 2) as f64;
+        let num = if i == 0 {
+            1.0
+        } else if i % 2 == 0 {
+            m * (b - m) * x / ((a + 2.0 * m - 1.0) * (a + 2.0 * m))
+        } else {
+            -(a + m) * (a + b + m) * x / ((a + 2.0 * m) * (a + 2.0 * m + 1.0))
+        };
+        d = 1.0 + num * d;
+        if d.abs() < TINY {
+            d = TINY;
+        }
+        d = 1.0 / d;
+        c = 1.0 + num / c;
+        if c.abs() < TINY {
+            c = TINY;
+        }
+        f *= c * d;
+        if (1.0 - c * d).abs() < 1e-15 {
+            break;
+        }
+    }
+    front * (f - 1.0)
 }
 
 /// Widens a change's interval by the spread between a pooled baseline's
@@ -195,6 +295,81 @@ pub fn widen_by_runs(c: Change, run_values: &[f64], confidence: f64) -> Change {
     Change {
         low: c.low - extra,
         high: c.high + extra,
+        ..c
+    }
+}
+
+/// The noise of one run's quantile seen in its blocks (batch means): the
+/// variance of the run's p-quantile, and the blocks it was estimated from.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct BlockNoise {
+    pub var: f64,
+    pub blocks: usize,
+}
+
+/// The variance of a run's p-quantile from its blocks: the run's value x
+/// (at `levels`/`values`), each block's fraction of packets at or below x
+/// (its grid at `block_levels` inverted), their variance over the block
+/// count (batch means on the indicator, robust to a block far off: a burst
+/// in a tenth of the run moves the median of the run, and so the blocks'
+/// fractions, by little), taken to ns by the run's quantile slope at p.
+pub fn block_noise(
+    levels: &[f64],
+    values: &[f64],
+    block_levels: &[f64],
+    blocks: &[Vec<f64>],
+    p: f64,
+) -> Option<BlockNoise> {
+    let k = blocks.len();
+    if k < 2 || block_levels.is_empty() {
+        return None;
+    }
+    let x = at_level(levels, values, p);
+    let fractions: Vec<f64> = blocks.iter().map(|b| cdf(block_levels, b, x)).collect();
+    let mean = fractions.iter().sum::<f64>() / k as f64;
+    let var_f =
+        fractions.iter().map(|f| (f - mean).powi(2)).sum::<f64>() / (k - 1) as f64 / k as f64;
+    // dQ/dp over ±1 % (±0.2 % in the tails, where the grid is finer).
+    let dp = if (0.02..=0.97).contains(&p) {
+        0.01
+    } else {
+        0.002
+    };
+    let (lo, hi) = ((p - dp).max(0.0), (p + dp).min(1.0));
+    let slope = (at_level(levels, values, hi) - at_level(levels, values, lo)) / (hi - lo);
+    Some(BlockNoise {
+        var: var_f * slope * slope,
+        blocks: k,
+    })
+}
+
+/// Widens a change's interval by both runs' block noise: a Welch t
+/// interval of the relative change (delta method) around it, where wider
+/// than the bootstrap's on either side. The bootstrap takes packets as
+/// independent; the blocks hold the noise that comes and goes within a run
+/// (another tenant, frequency steps, a flush).
+pub fn widen_by_blocks(
+    c: Change,
+    base: Option<BlockNoise>,
+    cand: Option<BlockNoise>,
+    confidence: f64,
+) -> Change {
+    let (Some(nb), Some(nc)) = (base, cand) else {
+        return c;
+    };
+    let b = c.base.max(1.0);
+    // rel = cand/base − 1: var ≈ (var_c + (cand/base)²·var_b) / base².
+    let vc = nc.var / (b * b);
+    let vb = nb.var * (c.cand / b).powi(2) / (b * b);
+    let var = vc + vb;
+    if var <= 0.0 || !var.is_finite() {
+        return c;
+    }
+    let dof = var * var / (vc * vc / (nc.blocks - 1) as f64 + vb * vb / (nb.blocks - 1) as f64);
+    let half = t_quantile(1.0 - (1.0 - confidence) / 2.0, dof.max(1.0)) * var.sqrt();
+    Change {
+        low: c.low.min(c.rel - half),
+        high: c.high.max(c.rel + half),
         ..c
     }
 }
@@ -236,13 +411,17 @@ pub fn verdict(c: &Change, max_regression: f64, min_change_ns: f64) -> Verdict {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ci::summary::grid;
+    use crate::ci::summary::{block_grid, grid};
 
     /// The quantile grid of samples (DuckDB's quantile_cont definition).
     fn summarize(samples: &mut [f64]) -> Vec<f64> {
+        summarize_at(samples, &grid())
+    }
+
+    fn summarize_at(samples: &mut [f64], levels: &[f64]) -> Vec<f64> {
         samples.sort_by(|a, b| a.total_cmp(b));
         let n = samples.len();
-        grid()
+        levels
             .iter()
             .map(|&p| {
                 let h = (n - 1) as f64 * p;
@@ -263,10 +442,28 @@ mod tests {
         assert!((normal_quantile(0.995) - 2.5758).abs() < 1e-4);
         assert!((normal_quantile(0.975) - 1.9600).abs() < 1e-4);
         assert!((normal_quantile(0.01) + 2.3263).abs() < 1e-4);
-        // Tables: t(0.995; 4) = 4.604, t(0.995; 9) = 3.250, t(0.975; 4) = 2.776.
-        assert!((t_quantile(0.995, 4.0) / 4.604 - 1.0).abs() < 0.03);
-        assert!((t_quantile(0.995, 9.0) / 3.250 - 1.0).abs() < 0.01);
-        assert!((t_quantile(0.975, 4.0) / 2.776 - 1.0).abs() < 0.01);
+        // Values of an independent implementation (scipy.stats.t.ppf),
+        // far in the tail with few degrees of freedom too.
+        for (p, dof, want) in [
+            (0.975, 4.0, 2.776445),
+            (0.995, 2.0, 9.924843),
+            (0.995, 9.0, 3.249836),
+            (0.99996, 2.0, 111.797),
+            (0.99996, 4.0, 16.448),
+            (0.99996, 12.0, 5.837),
+            (0.999996, 9.0, 9.072),
+            (0.999996, 30.0, 5.378),
+            (0.005, 9.0, -3.249836),
+        ] {
+            let got = t_quantile(p, dof);
+            assert!(
+                (got / want - 1.0).abs() < 2e-4,
+                "t({p}; {dof}) = {got}, want {want}"
+            );
+        }
+        // Fractional degrees of freedom (Welch) lie between their neighbours.
+        let mid = t_quantile(0.995, 9.5);
+        assert!(t_quantile(0.995, 10.0) < mid && mid < t_quantile(0.995, 9.0));
     }
 
     #[test]
@@ -307,6 +504,94 @@ mod tests {
         let w = widen_by_runs(c, &[90.0, 110.0, 100.0, 95.0, 105.0], 0.99);
         assert!(w.low < 0.0 && w.high > 0.4, "{w:?}");
         assert_eq!(widen_by_runs(c, &[100.0], 0.99), c);
+    }
+
+    /// One run of ten blocks of 1 000 log-normal packets, each block's
+    /// level drawn anew (noise that lasts a block): the run's grid and its
+    /// blocks' grids.
+    fn blocked_run(rng: &mut Rng, level_sigma: f64) -> (Vec<f64>, Vec<Vec<f64>>) {
+        let mut all = Vec::new();
+        let mut blocks = Vec::new();
+        for _ in 0..10 {
+            let level = (level_sigma * rng.normal()).exp();
+            let mut b: Vec<f64> = lognormal(rng, 1000, 100.0 * level, 0.3);
+            all.extend_from_slice(&b);
+            blocks.push(summarize_at(&mut b, &block_grid()));
+        }
+        (summarize(&mut all), blocks)
+    }
+
+    #[test]
+    fn block_noise_estimates_the_spread_between_runs() {
+        // Checked against the spread of the run's median over 300 runs
+        // drawn the same way (the independent route).
+        let mut rng = Rng::new(11);
+        let levels = grid();
+        for p in [0.5, 0.99] {
+            let mut values = Vec::new();
+            let mut estimates = Vec::new();
+            for _ in 0..300 {
+                let (run, blocks) = blocked_run(&mut rng, 0.1);
+                values.push(at_level(&levels, &run, p));
+                let n = block_noise(&levels, &run, &block_grid(), &blocks, p).unwrap();
+                assert_eq!(n.blocks, 10);
+                estimates.push(n.var);
+            }
+            let mean = values.iter().sum::<f64>() / values.len() as f64;
+            let true_var =
+                values.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / (values.len() - 1) as f64;
+            let est_var = estimates.iter().sum::<f64>() / estimates.len() as f64;
+            let ratio = (est_var / true_var).sqrt();
+            assert!((0.8..1.25).contains(&ratio), "p{p}: sd ratio {ratio}");
+        }
+    }
+
+    #[test]
+    fn one_block_far_off_barely_moves_the_median_noise() {
+        // A burst in the first tenth of the run (3× slower): the run's
+        // median moves by little, and so does its estimated noise.
+        let mut rng = Rng::new(12);
+        let mut all = Vec::new();
+        let mut blocks = Vec::new();
+        for i in 0..10 {
+            let mut b = lognormal(&mut rng, 1000, if i == 0 { 300.0 } else { 100.0 }, 0.05);
+            all.extend_from_slice(&b);
+            blocks.push(summarize_at(&mut b, &block_grid()));
+        }
+        let run = summarize(&mut all);
+        let n = block_noise(&grid(), &run, &block_grid(), &blocks, 0.5).unwrap();
+        assert!(n.var.sqrt() < 2.0, "median sd {} ns of ~100", n.var.sqrt());
+        // Blocks widen an interval, never narrow it.
+        let c = Change {
+            base: 100.0,
+            cand: 100.0,
+            rel: 0.0,
+            low: -0.5,
+            high: 0.5,
+        };
+        assert_eq!(widen_by_blocks(c, Some(n), Some(n), 0.99), c);
+        assert_eq!(widen_by_blocks(c, None, Some(n), 0.99), c);
+    }
+
+    #[test]
+    fn tails_beyond_the_replicates_are_extrapolated() {
+        let mut rng = Rng::new(13);
+        let mut a = lognormal(&mut rng, 5000, 100.0, 0.3);
+        let mut b = lognormal(&mut rng, 5000, 100.0, 0.3);
+        let (ga, gb) = (summarize(&mut a), summarize(&mut b));
+        let levels = grid();
+        let d = |g| Dist {
+            levels: &levels,
+            values: g,
+            packets: 5000,
+        };
+        let width = |conf| {
+            let c = quantile_change(d(&ga), d(&gb), 0.5, conf, &mut Rng::new(5));
+            c.high - c.low
+        };
+        // The normal quantiles' ratio at 1 − 1e-5 against 0.99: 1.71.
+        let ratio = width(1.0 - 1e-5) / width(0.99);
+        assert!((1.5..1.95).contains(&ratio), "{ratio}");
     }
 
     #[test]

@@ -23,6 +23,24 @@ pub fn grid() -> Vec<f64> {
     g
 }
 
+/// Blocks a run is cut into, in send order, for the spread of its
+/// quantiles over time (batch means): a machine's noise that lasts longer
+/// than a packet but shorter than the run shows there, and packets alone
+/// cannot tell it.
+pub const BLOCKS: u64 = 10;
+
+/// Fewest packets per block for a stage to keep its blocks: below it a
+/// block's p99 is one packet.
+const MIN_BLOCK_PACKETS: u64 = 50;
+
+/// The quantile levels stored per block: coarser than [`grid`], the blocks
+/// only have to tell the spread.
+pub fn block_grid() -> Vec<f64> {
+    vec![
+        0.0, 0.01, 0.05, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95, 0.99, 0.999, 1.0,
+    ]
+}
+
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct StageSummary {
     pub stage: String,
@@ -38,6 +56,11 @@ pub struct StageSummary {
     /// change. Empty for one run.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub runs_ns: Vec<Vec<f64>>,
+    /// One run: the grid (at `Summary::block_levels`) of each of its
+    /// [`BLOCKS`] blocks in send order. Empty for a pooled baseline (its
+    /// runs tell the noise) and for a stage with too few packets.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub blocks_ns: Vec<Vec<f64>>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
@@ -52,6 +75,13 @@ pub struct Summary {
     /// The tracer's own BPF cost per stamp, where measured.
     pub bpf_ns_per_stamp: Option<f64>,
     pub levels: Vec<f64>,
+    /// Send time from the first to the last delivered packet, seconds
+    /// (the longest of a pooled baseline's runs).
+    #[serde(default)]
+    pub duration_s: Option<f64>,
+    /// The levels of every stage's `blocks_ns`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub block_levels: Vec<f64>,
     pub stages: Vec<StageSummary>,
 }
 
@@ -95,9 +125,17 @@ impl Summary {
                     packets,
                     quantiles_ns: vec![ns],
                     runs_ns: Vec::new(),
+                    blocks_ns: Vec::new(),
                 }),
             }
         }
+        let block_levels = block_grid();
+        add_blocks(&conn, &block_levels, &mut stages)?;
+        let duration_s: Option<f64> = conn.query_row(
+            "SELECT ((max(sent_ns) - min(sent_ns)) / 1e9)::DOUBLE FROM packets WHERE e2e_ns IS NOT NULL",
+            [],
+            |r| r.get(0),
+        )?;
         let meta: serde_json::Value = std::fs::read_to_string(dir.join("run.json"))
             .ok()
             .and_then(|t| serde_json::from_str(&t).ok())
@@ -112,6 +150,8 @@ impl Summary {
             lost: meta["lost"].as_u64().unwrap_or(0),
             bpf_ns_per_stamp: meta["bpf_ns_per_stamp"].as_f64(),
             levels,
+            duration_s,
+            block_levels,
             stages,
         })
     }
@@ -189,6 +229,7 @@ impl Summary {
                     packets,
                     quantiles_ns,
                     runs_ns: Vec::new(),
+                    blocks_ns: Vec::new(),
                 });
             }
         }
@@ -200,7 +241,11 @@ impl Summary {
         if path.is_dir() {
             let file = path.join("summary.json");
             if file.exists() {
-                return Summary::read(&file);
+                let s = Summary::read(&file)?;
+                // Written before summaries kept blocks: the run has them.
+                if !s.block_levels.is_empty() {
+                    return Ok(s);
+                }
             }
             return Summary::of_run(path);
         }
@@ -282,6 +327,8 @@ impl Summary {
                 packets,
                 quantiles_ns,
                 runs_ns,
+                // A pooled baseline's noise is the spread between its runs.
+                blocks_ns: Vec::new(),
                 ..s.clone()
             });
         }
@@ -301,6 +348,8 @@ impl Summary {
             bpf_ns_per_stamp: (!costs.is_empty())
                 .then(|| costs.iter().sum::<f64>() / costs.len() as f64),
             levels,
+            duration_s: parts.iter().filter_map(|s| s.duration_s).reduce(f64::max),
+            block_levels: Vec::new(),
             stages,
         })
     }
@@ -310,6 +359,66 @@ impl Summary {
             .iter()
             .find(|s| s.kind == kind && s.stage == stage)
     }
+}
+
+/// Each stage's quantiles in each of [`BLOCKS`] blocks of its packets in
+/// send order (stages with fewer than [`MIN_BLOCK_PACKETS`] per block keep
+/// none).
+fn add_blocks(
+    conn: &duckdb::Connection,
+    levels: &[f64],
+    stages: &mut [StageSummary],
+) -> Result<()> {
+    let list = levels
+        .iter()
+        .map(|p| format!("{p}"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let mut stmt = conn.prepare(&format!(
+        "SELECT kind::UBIGINT, stage, quantile_cont(ns, [{list}])::DOUBLE[] FROM \
+         (SELECT kind, stage, ns::DOUBLE AS ns, \
+                 ntile({BLOCKS}) OVER (PARTITION BY kind, stage ORDER BY sent_ns, seq) AS block \
+          FROM stages WHERE ns IS NOT NULL) \
+         GROUP BY kind, stage, block ORDER BY kind, stage, block"
+    ))?;
+    let rows = stmt.query_map([], |r| {
+        Ok((
+            r.get::<_, u64>(0)?,
+            r.get::<_, String>(1)?,
+            r.get::<_, duckdb::types::Value>(2)?,
+        ))
+    })?;
+    for row in rows {
+        let (kind, stage, values) = row?;
+        let Some(s) = stages
+            .iter_mut()
+            .find(|s| s.kind == kind && s.stage == stage)
+        else {
+            continue;
+        };
+        if s.packets < BLOCKS * MIN_BLOCK_PACKETS {
+            continue;
+        }
+        let duckdb::types::Value::List(values) = values else {
+            continue;
+        };
+        s.blocks_ns.push(
+            values
+                .iter()
+                .map(|v| match v {
+                    duckdb::types::Value::Double(x) => x.round(),
+                    _ => f64::NAN,
+                })
+                .collect(),
+        );
+    }
+    // A stage whose blocks came out incomplete keeps none.
+    for s in stages.iter_mut() {
+        if s.blocks_ns.len() as u64 != BLOCKS || s.blocks_ns.iter().flatten().any(|v| v.is_nan()) {
+            s.blocks_ns.clear();
+        }
+    }
+    Ok(())
 }
 
 /// The value of a quantile grid at level `p` (linear between levels).
@@ -331,7 +440,7 @@ pub fn at_level(levels: &[f64], values: &[f64], p: f64) -> f64 {
 }
 
 /// The fraction of a stage's packets at or below `x` (its grid inverted).
-fn cdf(levels: &[f64], values: &[f64], x: f64) -> f64 {
+pub fn cdf(levels: &[f64], values: &[f64], x: f64) -> f64 {
     if x < values[0] {
         return 0.0;
     }
@@ -396,6 +505,7 @@ mod tests {
             packets,
             quantiles_ns: values,
             runs_ns: Vec::new(),
+            blocks_ns: Vec::new(),
         }
     }
 
@@ -428,6 +538,8 @@ mod tests {
             lost: 0,
             bpf_ns_per_stamp: None,
             levels: levels.clone(),
+            duration_s: None,
+            block_levels: Vec::new(),
             stages: vec![st],
         };
         let pooled = Summary::pool(&[sum(a.clone()), sum(b.clone())]).unwrap();
