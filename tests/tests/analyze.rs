@@ -665,3 +665,100 @@ fn perfetto_export_matches_the_packets_table() {
         "qdisc step of the slowest packet",
     );
 }
+
+#[test]
+fn xlap_end_to_end_and_inliers_match_an_independent_computation() {
+    let cols = columns(&fixture().join("packets.parquet"));
+    let (kind, e2e) = (&cols["kind"], &cols["e2e_ns"]);
+    let (tx, rx) = (&cols["sender_total_ns"], &cols["receiver_total_ns"]);
+    // The column: sender + receiver total, the channel left out.
+    let xlap: Vec<Option<f64>> = (0..e2e.len()).map(|i| Some(tx[i]? + rx[i]?)).collect();
+    assert_eq!(cols["xlap_e2e_ns"], xlap);
+    let row = |rows: &[serde_json::Map<String, Value>], k: u64| {
+        rows.iter()
+            .find(|r| r["stage"] == "e2e" && r["kind"] == k)
+            .cloned()
+            .unwrap_or_else(|| panic!("no e2e row for kind {k}"))
+    };
+    // --e2e xlap: the analyses' e2e is that sum.
+    let rows = query("jitter", &["--e2e", "xlap"]);
+    for (k, mut v) in by_kind(kind, e2e, &xlap) {
+        v.sort_by(f64::total_cmp);
+        let r = row(&rows, k);
+        close(
+            num(&r, "median_ns"),
+            quantile(&v, 0.5),
+            1e-9,
+            "xlap e2e median",
+        );
+        close(num(&r, "max_ns"), v[v.len() - 1], 0.0, "xlap e2e max");
+        close(num(&r, "packets"), v.len() as f64, 0.0, "xlap e2e packets");
+    }
+    // --inliers: only the packets at or below their kind's e2e fence.
+    let rows = query("jitter", &["--inliers"]);
+    for (k, mut v) in by_kind(kind, e2e, e2e) {
+        v.sort_by(f64::total_cmp);
+        let fence = quantile(&v, 0.75) + 1.5 * (quantile(&v, 0.75) - quantile(&v, 0.25));
+        let inliers: Vec<f64> = v.iter().copied().filter(|x| *x <= fence).collect();
+        assert!(inliers.len() < v.len(), "the fixture has e2e outliers");
+        let r = row(&rows, k);
+        close(
+            num(&r, "packets"),
+            inliers.len() as f64,
+            0.0,
+            "inlier packets",
+        );
+        close(
+            num(&r, "max_ns"),
+            inliers[inliers.len() - 1],
+            0.0,
+            "inlier max",
+        );
+    }
+}
+
+#[test]
+fn deadline_and_activation_match_an_independent_computation() {
+    let cols = columns(&fixture().join("packets.parquet"));
+    let (kind, e2e) = (&cols["kind"], &cols["e2e_ns"]);
+    // 300 µs: the fixture's planted qdisc inflation (250 µs, data packets
+    // 100–199) pushes those over it.
+    let rows = query("deadline", &["-p", "deadline=300"]);
+    for (k, v) in by_kind(kind, e2e, e2e) {
+        let misses = v.iter().filter(|x| **x > 300_000.0).count();
+        let first = rows
+            .iter()
+            .find(|r| r["kind"] == k)
+            .unwrap_or_else(|| panic!("no deadline row for kind {k}"));
+        assert_eq!(num(first, "misses") as usize, misses, "kind {k}");
+        assert_eq!(num(first, "delivered") as usize, v.len(), "kind {k}");
+        if k == 0 {
+            assert!(misses >= 80, "{misses} misses");
+            assert_eq!(first["cause"], "qdisc_enqueue__qdisc_dequeue", "{rows:#?}");
+        }
+    }
+    // Default: the run's own deadline_missed flag (1 ms in synth).
+    let flagged = cols["deadline_missed"]
+        .iter()
+        .zip(e2e)
+        .filter(|(d, e)| *d == &Some(1.0) && e.is_some())
+        .count();
+    let rows = query("deadline", &[]);
+    let total: f64 = rows
+        .iter()
+        .map(|r| (r["kind"].as_u64().unwrap(), num(r, "misses")))
+        .collect::<BTreeMap<u64, f64>>()
+        .values()
+        .sum();
+    assert_eq!(total as usize, flagged);
+    // Activation: synth sends exactly every 100 µs per seq step.
+    let rows = query("activation", &[]);
+    for r in &rows {
+        assert_eq!(num(r, "period_us"), 100.0, "{r:?}");
+        assert_eq!(num(r, "max_us"), 0.0, "{r:?}");
+    }
+    // A period that is 1 % off: a drift of 10 ms per s (the schedule runs
+    // ahead of the sends by 1 µs per packet).
+    let rows = query("activation", &["-p", "period=99", "--kind", "0"]);
+    close(num(&rows[0], "drift_us_per_s"), 10_000.0, 1e-3, "drift");
+}

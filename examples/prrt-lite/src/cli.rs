@@ -153,7 +153,7 @@ pub struct Common {
     /// Write what happened as JSON lines to this file.
     #[arg(long)]
     log: Option<PathBuf>,
-    /// Busy-wait in a stage: STAGE=MICROS[@FROM-TO] (stages: encode, submit,
+    /// Busy-wait in a stage: STAGE=MICROS[@FROM-TO] (stages: activate, encode, submit,
     /// transmit, handle, decode, deliver). Repeatable.
     #[arg(long)]
     inject: Vec<Injection>,

@@ -7,6 +7,9 @@ use std::str::FromStr;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Stage {
+    /// Sender: after the packet's release time, before send_start (a late
+    /// activation, as a timer that fires late).
+    Activate,
     /// Sender: between encode_start and encode_end.
     Encode,
     /// Sender: before the packet is submitted to the transmit thread.
@@ -36,7 +39,7 @@ impl FromStr for Injection {
             .split_once('=')
             .ok_or_else(|| anyhow!("expected STAGE=MICROS[@FROM-TO], got {s:?}"))?;
         let stage = <Stage as clap::ValueEnum>::from_str(stage, true).map_err(|_| {
-            anyhow!("unknown stage {stage:?} (encode, submit, transmit, handle, decode, deliver)")
+            anyhow!("unknown stage {stage:?} (activate, encode, submit, transmit, handle, decode, deliver)")
         })?;
         let (micros, range) = match rest.split_once('@') {
             Some((m, r)) => (m, Some(r)),

@@ -206,6 +206,7 @@ fn produce<M: Markers>(cfg: &SenderConfig, tx: &mpsc::Sender<Submitted>) {
     let start = now_ns() + 1_000_000;
     for seq in 0..cfg.count {
         sleep_until(start + release_offset_ns(seq, cfg.burst, cfg.period_ns));
+        cfg.inject.apply(Stage::Activate, seq);
         let data = Kind::Data as u8;
         M::send_start(seq, data);
         M::encode_start(seq, data);

@@ -13,6 +13,8 @@
 //! 5. One row per (flow, kind, seq): a column per point (`<point>_ns`, dots
 //!    as underscores, on the reference clock; a device point of a stacked
 //!    or tunnel device above the one on the wire: `<point>_upper_ns`), X-LAP's durations, a column
+//!    (`sender_total_ns`, `channel_ns`, `receiver_total_ns`, `e2e_ns`, and
+//!    X-LAP's own end-to-end `xlap_e2e_ns` = sender + receiver total), a column
 //!    per stage between points of one side consecutive in their typical
 //!    order (`<a>__<b>_ns`; the crossing is `channel_ns`), flags:
 //!    `lost` (sent, nothing received), `recovered` (delivered by the receiver
@@ -423,6 +425,7 @@ pub fn correlate(
                 {rx_wire} - {tx_wire} AS channel_ns,
                 {rx_last} - {rx_wire} AS receiver_total_ns,
                 {rx_last} - {tx_first} AS e2e_ns,
+                ({tx_wire} - {tx_first}) + ({rx_last} - {rx_wire}) AS xlap_e2e_ns,
                 {stages},
                 NOT ({rx_any}) AS lost,
                 ({rx_any}) AND NOT ({rx_any_kernel}) AS recovered,

@@ -111,9 +111,42 @@ pub enum Shared {
     Lazy,
 }
 
+/// Which end-to-end latency the analyses call `e2e_ns`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum E2e {
+    /// First sender point to last receiver point (ours): the channel
+    /// included, the two hosts' clocks mapped onto one.
+    #[default]
+    Wire,
+    /// X-LAP's: sender total + receiver total, the channel left out, so no
+    /// clock mapping enters it (each host's part on its own clock).
+    Xlap,
+}
+
+/// What the analyses see of the packets table.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct View {
+    pub e2e: E2e,
+    /// Only the packets at or below their kind's end-to-end fence (Q3 +
+    /// 1.5·IQR of the chosen e2e), and the lost ones: X-LAP's box plots of
+    /// the regular packets, which the outliers do not stretch.
+    pub inliers: bool,
+}
+
 /// Opens `arg` in `conn` (an in-memory DuckDB), creating the views;
 /// `progress` reports the time of each shared step on stderr.
 pub fn open(conn: &Connection, arg: &Path, shared: Shared, progress: bool) -> Result<Dataset> {
+    open_view(conn, arg, shared, progress, View::default())
+}
+
+/// [`open`], the packets seen through `view`.
+pub fn open_view(
+    conn: &Connection,
+    arg: &Path,
+    shared: Shared,
+    progress: bool,
+    view: View,
+) -> Result<Dataset> {
     if !arg.exists() {
         return Err(input(
             arg,
@@ -166,6 +199,7 @@ pub fn open(conn: &Connection, arg: &Path, shared: Shared, progress: bool) -> Re
             c.points.into_iter().zip(c.point_sides).collect()
         }
     };
+    apply_view(conn, view, packets_file.is_none())?;
     describe_columns(conn, &sides)?;
     let stamp_files: Vec<String> = run_dirs
         .iter()
@@ -236,6 +270,36 @@ pub fn open(conn: &Connection, arg: &Path, shared: Shared, progress: bool) -> Re
         packets: packets as u64,
         delivered: delivered as u64,
     })
+}
+
+/// Puts `view` between the packets (a table when correlated here, else a
+/// view of the file) and everything that reads `packets`.
+fn apply_view(conn: &Connection, view: View, is_table: bool) -> Result<()> {
+    if view == View::default() {
+        return Ok(());
+    }
+    conn.execute_batch(if is_table {
+        "ALTER TABLE packets RENAME TO packets_all;"
+    } else {
+        "ALTER VIEW packets RENAME TO packets_all;"
+    })?;
+    let e2e = match view.e2e {
+        E2e::Wire => "",
+        E2e::Xlap => "REPLACE (sender_total_ns + receiver_total_ns AS e2e_ns)",
+    };
+    let filter = if view.inliers {
+        "SELECT p.* FROM p LEFT JOIN (
+             SELECT kind, quantile_cont(e2e_ns, 0.75) + 1.5 * (quantile_cont(e2e_ns, 0.75) - quantile_cont(e2e_ns, 0.25)) AS fence
+             FROM p WHERE e2e_ns IS NOT NULL GROUP BY kind
+         ) f USING (kind)
+         WHERE p.e2e_ns IS NULL OR p.e2e_ns <= f.fence"
+    } else {
+        "SELECT * FROM p"
+    };
+    conn.execute_batch(&format!(
+        "CREATE OR REPLACE TEMP VIEW packets AS WITH p AS (SELECT * {e2e} FROM packets_all) {filter};"
+    ))?;
+    Ok(())
 }
 
 /// `point_columns` (col, point, side, position) and `stage_columns` (col,

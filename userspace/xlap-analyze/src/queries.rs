@@ -24,6 +24,8 @@ const SOURCES: &[(&str, &str)] = bundled!(
     "trend",
     "loss",
     "trace",
+    "deadline",
+    "activation",
 );
 
 /// A query file: its header and its SQL.

@@ -187,6 +187,7 @@ pub fn generate(conn: &Connection, dir: &Path, packets: u64, seed: u32) -> Resul
                   dev_netif_rx_ns - dev_start_xmit_ns AS channel_ns,
                   {last_rx}_ns - dev_netif_rx_ns AS receiver_total_ns,
                   {last_rx}_ns - {TX_FIRST}_ns AS e2e_ns,
+                  (dev_start_xmit_ns - {TX_FIRST}_ns) + ({last_rx}_ns - dev_netif_rx_ns) AS xlap_e2e_ns,
                   {stages},
                   lost, false AS recovered, false AS duplicate, NULL::BIGINT AS duplicate_skew_ns,
                   false AS reordered, false AS retransmitted,

@@ -48,9 +48,19 @@ pub fn open(
     shared: dataset::Shared,
     progress: bool,
 ) -> Result<(Connection, dataset::Dataset)> {
+    open_view(run, shared, progress, dataset::View::default())
+}
+
+/// [`open`], the packets seen through `view` (`--e2e`, `--inliers`).
+pub fn open_view(
+    run: &Path,
+    shared: dataset::Shared,
+    progress: bool,
+    view: dataset::View,
+) -> Result<(Connection, dataset::Dataset)> {
     let conn = Connection::open_in_memory()?;
     conn.execute_batch("SET memory_limit = '4GB'; SET preserve_insertion_order = false;")?;
-    let ds = dataset::open(&conn, run, shared, progress).map_err(classify)?;
+    let ds = dataset::open_view(&conn, run, shared, progress, view).map_err(classify)?;
     Ok((conn, ds))
 }
 
@@ -60,8 +70,9 @@ pub fn open_with_kind(
     shared: dataset::Shared,
     progress: bool,
     kind: Option<&str>,
+    view: dataset::View,
 ) -> Result<(Connection, dataset::Dataset, Option<u64>)> {
-    let (conn, ds) = open(run, shared, progress)?;
+    let (conn, ds) = open_view(run, shared, progress, view)?;
     let kind = kind.map(|k| resolve_kind(&conn, k)).transpose()?;
     Ok((conn, ds, kind))
 }
@@ -195,6 +206,7 @@ pub fn analyze(a: &AnalyzeArgs) -> Result<()> {
         dataset::Shared::Materialized,
         !a.quiet,
         a.kind.as_deref(),
+        a.view.view(),
     )?;
     let params = params(kind, &a.param)?;
     let results = run_queries(&conn, &queries, &params, !a.quiet)?;
@@ -244,7 +256,7 @@ fn user_sql(conn: &Connection, sql: &str) -> Result<Table> {
 }
 
 pub fn sql(a: &SqlArgs) -> Result<()> {
-    let (conn, ds) = open(&a.run, dataset::Shared::Lazy, false)?;
+    let (conn, ds) = open_view(&a.run, dataset::Shared::Lazy, false, a.view.view())?;
     let format = format_of(a.format);
     if let Some(sql) = &a.sql {
         let t = user_sql(&conn, sql)?;

@@ -101,6 +101,8 @@ pub struct AnalyzeArgs {
     pub param: Vec<String>,
     #[arg(short, long, value_enum, default_value = "table")]
     pub format: OutputFormat,
+    #[command(flatten)]
+    pub view: ViewArgs,
     /// List the bundled queries and their parameters.
     #[arg(long)]
     pub list: bool,
@@ -118,6 +120,41 @@ pub struct SqlArgs {
     pub sql: Option<String>,
     #[arg(short, long, value_enum, default_value = "table")]
     pub format: OutputFormat,
+    #[command(flatten)]
+    pub view: ViewArgs,
+}
+
+/// Which end-to-end latency and which packets an analysis sees.
+#[derive(Args, Debug, Clone, Copy)]
+pub struct ViewArgs {
+    /// End-to-end latency as `e2e_ns`: `wire` (first sender point to last
+    /// receiver point, the channel included, clocks mapped) or `xlap`
+    /// (X-LAP's: sender total + receiver total, no clock mapping).
+    #[arg(long, value_enum, default_value = "wire")]
+    pub e2e: E2eArg,
+    /// Only the packets at or below their kind's end-to-end fence (Q3 +
+    /// 1.5·IQR), and the lost: X-LAP's box plots of the regular packets.
+    #[arg(long)]
+    pub inliers: bool,
+}
+
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum E2eArg {
+    Wire,
+    Xlap,
+}
+
+impl ViewArgs {
+    pub fn view(&self) -> xlap_analyze::dataset::View {
+        use xlap_analyze::dataset::{E2e, View};
+        View {
+            e2e: match self.e2e {
+                E2eArg::Wire => E2e::Wire,
+                E2eArg::Xlap => E2e::Xlap,
+            },
+            inliers: self.inliers,
+        }
+    }
 }
 
 #[derive(Args, Debug)]
@@ -133,6 +170,8 @@ pub struct ReportArgs {
     /// Slowest packets drawn as waterfalls.
     #[arg(long, default_value_t = 5)]
     pub slowest: u32,
+    #[command(flatten)]
+    pub view: ViewArgs,
 }
 
 #[derive(Args, Debug)]
@@ -188,9 +227,11 @@ pub struct CompareArgs {
     pub max_regression: f64,
     /// Smallest absolute change that can be a regression (10us, 500ns,
     /// 1ms): a regression exceeds both this and --max-regression.
-    #[arg(long, default_value = "10us", value_parser = crate::ci::compare::parse_duration_ns)]
+    #[arg(long, default_value = "20us", value_parser = crate::ci::compare::parse_duration_ns)]
     pub min_change: f64,
-    /// Confidence of the intervals.
+    /// Family-wise confidence: the chance that an unchanged candidate gets
+    /// no regression on any metric (each metric's interval at 1 − (1 −
+    /// confidence)/metrics).
     #[arg(long, default_value_t = 0.99)]
     pub confidence: f64,
     /// Print GitHub-flavoured Markdown (a CI step summary) instead of a

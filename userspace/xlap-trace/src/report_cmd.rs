@@ -8,7 +8,13 @@ use xlap_analyze::perfetto::{self, ExportOptions};
 use xlap_analyze::report::{self, ReportOptions};
 
 pub fn report(a: &ReportArgs) -> Result<()> {
-    let (conn, ds, kind) = open_with_kind(&a.run, Shared::Materialized, true, a.kind.as_deref())?;
+    let (conn, ds, kind) = open_with_kind(
+        &a.run,
+        Shared::Materialized,
+        true,
+        a.kind.as_deref(),
+        a.view.view(),
+    )?;
     let html = report::build(
         &conn,
         &ReportOptions {
@@ -29,7 +35,13 @@ pub fn report(a: &ReportArgs) -> Result<()> {
 }
 
 pub fn export(a: &ExportArgs) -> Result<()> {
-    let (conn, _, kind) = open_with_kind(&a.run, Shared::Lazy, false, a.kind.as_deref())?;
+    let (conn, _, kind) = open_with_kind(
+        &a.run,
+        Shared::Lazy,
+        false,
+        a.kind.as_deref(),
+        Default::default(),
+    )?;
     let done = perfetto::export(
         &conn,
         &a.perfetto,

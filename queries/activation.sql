@@ -1,0 +1,35 @@
+-- name: activation
+-- description: Activation jitter of a periodic sender (cf. time-triggered dispatch): each packet's send time (its first sender point) against the ideal schedule anchored at the flow's first packet, t0 + (seq − seq0) × period. Per flow and kind: the period used, the deviation's p50/p99/max (absolute), the worst packet and its signed deviation, the packets that started late (more than `late` after their ideal time: their count and the first 20 seqs), the drift (the deviation's slope over the run in µs per second: the sender keeps another period than the one given), and the correlation of the deviation with end-to-end latency (does a late start make a late packet?).
+-- reads: packets
+-- params: period = the sender's period per sequence number in µs (default: the median send-time gap per sequence step, or the mean period when bursts make that 0); late = lateness in µs that makes a start late (default: half the period); kind = packet kind to keep (default: every kind)
+WITH p AS (
+    SELECT flow, kind, seq, sent_ns, e2e_ns FROM packets
+    WHERE sent_ns IS NOT NULL AND (getvariable('kind') IS NULL OR kind = getvariable('kind'))
+), gaps AS (
+    SELECT flow, kind, seq, sent_ns,
+           (sent_ns - lag(sent_ns) OVER w) / nullif(seq - lag(seq) OVER w, 0) AS gap
+    FROM p WINDOW w AS (PARTITION BY flow, kind ORDER BY seq)
+), period AS (
+    SELECT flow, kind,
+           coalesce(getvariable('period') * 1000,
+                    CASE WHEN median(gap) > 0 THEN median(gap) ELSE regr_slope(sent_ns, seq) END) AS period_ns,
+           min(seq) AS seq0, arg_min(sent_ns, seq) AS t0
+    FROM gaps GROUP BY ALL
+), dev AS (
+    SELECT p.*, p.sent_ns - (r.t0 + (p.seq - r.seq0) * r.period_ns) AS dev_ns,
+           (p.sent_ns - r.t0) / 1e9 AS t_s, r.period_ns
+    FROM p JOIN period r USING (flow, kind)
+)
+SELECT flow, kind, count(*) AS packets, round(any_value(period_ns) / 1e3, 3) AS period_us,
+       round(quantile_cont(abs(dev_ns), 0.5) / 1e3, 3) AS p50_us,
+       round(quantile_cont(abs(dev_ns), 0.99) / 1e3, 3) AS p99_us,
+       round(max(abs(dev_ns)) / 1e3, 3) AS max_us,
+       arg_max(seq, abs(dev_ns)) AS worst_seq,
+       round(arg_max(dev_ns, abs(dev_ns)) / 1e3, 3) AS worst_us,
+       count(*) FILTER (WHERE dev_ns > coalesce(getvariable('late') * 1000, period_ns / 2)) AS late_packets,
+       list(seq ORDER BY seq) FILTER (WHERE dev_ns > coalesce(getvariable('late') * 1000, period_ns / 2))[1:20] AS late_seqs,
+       round(regr_slope(dev_ns, t_s) / 1e3, 3) AS drift_us_per_s,
+       round(corr(dev_ns, e2e_ns), 3) AS corr_e2e
+FROM dev
+GROUP BY flow, kind
+ORDER BY flow, kind;

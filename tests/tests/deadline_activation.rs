@@ -1,0 +1,170 @@
+//! Privileged: the `deadline` and `activation` queries on a traced run of the
+//! example protocol across the two-host stage, with known causes injected:
+//! the receiver's application thread busy-waits 5 ms before delivering a few
+//! packets (they miss a 4 ms deadline, as the receiver's own verdict says,
+//! and the stage that ends at delivery explains them), and the sender starts a few
+//! packets 1.5 ms late (reported late, as late as its own log says).
+//! Checked against the example's own logs: the receiver's own deadline
+//! verdict per packet, the sender's send times.
+
+use serde_json::Value;
+use std::collections::BTreeMap;
+use std::process::Command;
+use xlap_stage::Stage;
+use xlap_tests::example::{events, ExampleOptions};
+use xlap_tests::trace::trace_example;
+use xlap_tests::{bin, privileged};
+
+const PERIOD_US: u64 = 2_000;
+const DEADLINE_US: u64 = 4_000;
+const DELIVER_SLOW: [u32; 5] = [300, 600, 900, 1_200, 1_350];
+const LATE_START: std::ops::RangeInclusive<u32> = 500..=504;
+const LATE_START_US: u64 = 1_500;
+
+fn query(dir: &std::path::Path, name: &str, params: &[&str]) -> Vec<Value> {
+    let mut cmd = Command::new(bin("xlap-trace"));
+    cmd.arg("analyze")
+        .arg(dir)
+        .args(["-q", name, "-f", "json", "--quiet", "--kind", "data"]);
+    for p in params {
+        cmd.args(["-p", p]);
+    }
+    let out = cmd.output().expect("xlap-trace analyze");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    v[name].as_array().expect("rows").clone()
+}
+
+/// seq → t_ns of one event of the data packets in a log.
+fn times(log: &[Value], event: &str) -> BTreeMap<u64, i64> {
+    events(log, event)
+        .filter(|e| e.get("kind").is_none_or(|k| k == "data"))
+        .map(|e| (e["seq"].as_u64().unwrap(), e["t_ns"].as_i64().unwrap()))
+        .collect()
+}
+
+#[test]
+fn deadline_misses_and_late_activations_are_found_with_their_cause() {
+    let Some(_guard) = privileged("deadline_activation") else {
+        return;
+    };
+    let stage = Stage::two_hosts().expect("stage");
+    let mut recv_args = vec![
+        "--deadline-ms".to_string(),
+        (DEADLINE_US / 1000).to_string(),
+    ];
+    for s in DELIVER_SLOW {
+        recv_args.extend(["--inject".to_string(), format!("deliver=5000@{s}-{s}")]);
+    }
+    let t = trace_example(
+        &stage,
+        "deadline",
+        &ExampleOptions {
+            count: 1_500,
+            period_us: PERIOD_US,
+            markers: true,
+            send_args: vec![
+                "--inject".into(),
+                format!(
+                    "activate={LATE_START_US}@{}-{}",
+                    LATE_START.start(),
+                    LATE_START.end()
+                ),
+            ],
+            recv_args,
+            ..Default::default()
+        },
+        &["--quiet"],
+    );
+    let dir = t.run_dir();
+    let sent = times(&t.sent, "sent");
+
+    // The program's own account: the receiver's deadline verdict per
+    // packet (its latency from the send time in the header).
+    let own_misses: Vec<u64> = events(&t.received, "delivered")
+        .filter(|e| e["deadline_missed"] == true)
+        .map(|e| e["seq"].as_u64().unwrap())
+        .collect();
+    // The slowed packets miss; on a shared machine another packet may too
+    // (a stall of milliseconds), and then the tool must count it as well.
+    for s in DELIVER_SLOW {
+        assert!(
+            own_misses.contains(&s.into()),
+            "{s} not late: {own_misses:?}"
+        );
+    }
+
+    let rows = query(&dir, "deadline", &[&format!("deadline={DEADLINE_US}")]);
+    let first = &rows[0];
+    assert_eq!(first["misses"], own_misses.len() as u64, "{rows:#?}");
+    assert!(
+        first["cause"].as_str().unwrap().ends_with("__app_deliver"),
+        "the stage that ends at delivery first: {rows:#?}"
+    );
+    assert!(first["packets"].as_u64().unwrap() >= DELIVER_SLOW.len() as u64);
+    assert!(first["worst_us"].as_f64().unwrap() > 5_000.0, "{first:#}");
+    // Without the parameter, the run's own flag (none given: no misses).
+    let rows = query(&dir, "deadline", &[]);
+    assert_eq!(rows[0]["misses"], 0, "{rows:#?}");
+
+    // Activation: the log's send times (taken after the send call) against
+    // the schedule at the nominal period, less their median offset (the
+    // first send's own latency, which anchors the log's schedule).
+    let (&seq0, &t0) = sent.iter().next().unwrap();
+    let raw = |seq: u64| sent[&seq] - (t0 + (seq - seq0) as i64 * PERIOD_US as i64 * 1000);
+    let mut offsets: Vec<i64> = sent.keys().map(|s| raw(*s)).collect();
+    offsets.sort_unstable();
+    let median = offsets[offsets.len() / 2];
+    let own_dev = |seq: u64| raw(seq) - median;
+    // The log confirms the late starts (its times also hold the transmit
+    // thread's delays, so its own worst need not be an injected one).
+    for seq in LATE_START {
+        let late = own_dev(seq.into()) as f64 / 1e3;
+        assert!(
+            late > LATE_START_US as f64 - 200.0,
+            "seq {seq}: {late} µs late in the log"
+        );
+    }
+    let rows = query(&dir, "activation", &[&format!("period={PERIOD_US}")]);
+    assert_eq!(rows.len(), 1, "{rows:#?}");
+    let a = &rows[0];
+    assert_eq!(a["period_us"], PERIOD_US as f64);
+    // Late starts (over half a period): the injected ones, and any stall
+    // of the machine the log shows as well.
+    let late: Vec<u64> = a["late_seqs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s.as_u64().unwrap())
+        .collect();
+    for seq in LATE_START {
+        assert!(late.contains(&seq.into()), "{seq} not reported late: {a:#}");
+    }
+    for &seq in &late {
+        let own = own_dev(seq) as f64 / 1e3;
+        assert!(
+            own > PERIOD_US as f64 / 2.0 - 100.0,
+            "seq {seq} reported late, the log has it {own} µs off: {a:#}"
+        );
+    }
+    assert_eq!(a["late_packets"], late.len() as u64, "{a:#}");
+    // The worst start, as late as the log says (the tool stamps
+    // app.send_start, the log times the send after it).
+    let worst = a["worst_seq"].as_u64().unwrap();
+    let worst_us = a["worst_us"].as_f64().unwrap();
+    let own_us = own_dev(worst) as f64 / 1e3;
+    assert!(
+        worst_us > LATE_START_US as f64 - 50.0 && (worst_us - own_us).abs() < 200.0,
+        "worst {worst} at {worst_us} µs, the log says {own_us} µs: {a:#}"
+    );
+    // A few late starts of 1 500 do not move the p99 nor make a drift.
+    assert!(
+        a["p99_us"].as_f64().unwrap() < LATE_START_US as f64 / 2.0,
+        "{a:#}"
+    );
+    assert!(a["drift_us_per_s"].as_f64().unwrap().abs() < 100.0, "{a:#}");
+}
