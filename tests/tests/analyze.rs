@@ -558,9 +558,21 @@ fn report_renders_every_plot_in_headless_chromium() {
     };
     let scratch = Scratch::new("report");
     let html = scratch.path("report.html");
+    // A second run to overlay: another seed of the generator.
+    let other = scratch.path("other");
+    stdout(&xlap(&[
+        "synth",
+        "-o",
+        other.to_str().unwrap(),
+        "--packets",
+        "1000",
+        "--seed",
+        "7",
+    ]));
     stdout(&xlap(&[
         "report",
         fixture().to_str().unwrap(),
+        other.to_str().unwrap(),
         "-o",
         html.to_str().unwrap(),
     ]));
@@ -581,7 +593,10 @@ fn report_renders_every_plot_in_headless_chromium() {
         .output()
         .unwrap();
     let dom = String::from_utf8_lossy(&out.stdout);
-    for id in xlap_analyze::report::FIGURES {
+    let ids = xlap_analyze::report::FIGURES
+        .iter()
+        .chain([&xlap_analyze::report::OVERLAY_FIGURE]);
+    for id in ids {
         let at = dom
             .find(&format!("id=\"{id}\""))
             .unwrap_or_else(|| panic!("figure {id} missing"));
@@ -600,6 +615,9 @@ fn report_renders_every_plot_in_headless_chromium() {
         );
         assert!(w > 200 && h > 100, "figure {id} is {w}x{h}");
         assert!(marks > 0, "figure {id} drew nothing");
+        if *id == xlap_analyze::report::OVERLAY_FIGURE {
+            assert_eq!(marks, 2, "one profile per run");
+        }
     }
 }
 
@@ -761,4 +779,34 @@ fn deadline_and_activation_match_an_independent_computation() {
     // ahead of the sends by 1 µs per packet).
     let rows = query("activation", &["-p", "period=99", "--kind", "0"]);
     close(num(&rows[0], "drift_us_per_s"), 10_000.0, 1e-3, "drift");
+}
+
+#[test]
+fn latency_profile_runs_from_the_fastest_to_the_slowest_packet() {
+    let cols = columns(&fixture().join("packets.parquet"));
+    let rows = query("latency_profile", &[]);
+    for (k, mut v) in by_kind(&cols["kind"], &cols["e2e_ns"], &cols["e2e_ns"]) {
+        v.sort_by(f64::total_cmp);
+        let at = |e: f64| {
+            rows.iter()
+                .find(|r| {
+                    r["stage"] == "e2e" && r["kind"] == k && (num(r, "exceedance") - e).abs() < 1e-9
+                })
+                .map(|r| num(r, "ns"))
+                .unwrap_or_else(|| panic!("no e2e row at exceedance {e} for kind {k}"))
+        };
+        let n = v.len() as f64;
+        close(at(1.0), v[0], 0.0, "fastest packet");
+        close(at(0.5), quantile(&v, 0.5), 1e-9, "median");
+        close(at(0.01), quantile(&v, 0.99), 1e-9, "p99");
+        close(at(1.0 / n), v[v.len() - 1], 0.0, "slowest packet");
+        // Exceedance falls as latency grows.
+        let mut line: Vec<(f64, f64)> = rows
+            .iter()
+            .filter(|r| r["stage"] == "e2e" && r["kind"] == k)
+            .map(|r| (num(r, "exceedance"), num(r, "ns")))
+            .collect();
+        line.sort_by(|a, b| b.0.total_cmp(&a.0));
+        assert!(line.windows(2).all(|w| w[0].1 <= w[1].1), "{line:?}");
+    }
 }

@@ -26,6 +26,7 @@ const SOURCES: &[(&str, &str)] = bundled!(
     "trace",
     "deadline",
     "activation",
+    "gaps",
 );
 
 /// A query file: its header and its SQL.

@@ -159,8 +159,11 @@ impl ViewArgs {
 
 #[derive(Args, Debug)]
 pub struct ReportArgs {
-    /// A run directory, a directory of runs, or a packets Parquet file.
-    pub run: PathBuf,
+    /// A run directory, a directory of runs, or a packets Parquet file;
+    /// more than one: the report is about the first, with every run's
+    /// end-to-end latency profile overlaid in one plot.
+    #[arg(required = true, num_args = 1..)]
+    pub runs: Vec<PathBuf>,
     /// The HTML file to write.
     #[arg(short, long, default_value = "report.html")]
     pub output: PathBuf,

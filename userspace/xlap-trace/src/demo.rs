@@ -180,6 +180,7 @@ pub fn run(args: &DemoArgs) -> Result<()> {
             kind: Some(kind),
             slowest: 5,
             title: format!("the demo ({run})"),
+            others: Vec::new(),
         },
     )?;
     std::fs::write(&report, html)?;

@@ -3,7 +3,8 @@
 //!
 //! Plots: box plots per stage (jitter), outlier-cause frequencies, variance
 //! share and scatter of the most correlated stages, the latency profile on
-//! log axes, and waterfalls of the slowest packets. A few lines of script
+//! log axes (with other runs' end-to-end profiles overlaid when given),
+//! end-to-end latency over send time, and waterfalls of the slowest packets. A few lines of script
 //! at the end record, on each figure, the size the browser laid it out at
 //! and how many marks it drew (`data-rendered`): the report's tests read it
 //! back from headless Chromium.
@@ -25,6 +26,9 @@ pub struct ReportOptions {
     pub slowest: u32,
     /// What the report is about (the run argument).
     pub title: String,
+    /// Other runs (label, their `latency_profile` for the same kind): their
+    /// end-to-end profiles are overlaid on this run's in one plot.
+    pub others: Vec<(String, Table)>,
 }
 
 /// The ids of the figures every report has (tests check each).
@@ -34,8 +38,15 @@ pub const FIGURES: &[&str] = &[
     "variance-share",
     "scatter",
     "latency-profile",
+    "time-series",
     "waterfall",
 ];
+
+/// The figure a report of several runs adds: their end-to-end profiles.
+pub const OVERLAY_FIGURE: &str = "profile-overlay";
+
+/// Send-time bins of the time series.
+const TIME_BINS: usize = 600;
 
 const PALETTE: &[&str] = &[
     "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
@@ -304,6 +315,118 @@ fn profile_plot(t: &Table, stages: &[String]) -> String {
     f.finish("latency profile")
 }
 
+/// End-to-end profiles of several runs in one plot (log-log, as
+/// [`profile_plot`]), one line per run.
+fn overlay_plot(runs: &[(String, &Table)]) -> String {
+    let lines: Vec<(String, Vec<(f64, f64)>)> = runs
+        .iter()
+        .map(|(label, t)| {
+            let pts = rows(t)
+                .iter()
+                .filter(|r| text(&r("stage")) == "e2e")
+                .map(|r| (num(&r("ns")), num(&r("exceedance"))))
+                .filter(|(ns, e)| ns.is_finite() && e.is_finite())
+                .collect();
+            (label.clone(), pts)
+        })
+        .collect();
+    let all = || lines.iter().flat_map(|(_, p)| p.iter());
+    let lo = all().map(|p| p.0).fold(f64::INFINITY, f64::min).max(100.0);
+    let hi = all().map(|p| p.0).fold(1.0, f64::max);
+    let min_e = all().map(|p| p.1).fold(1.0, f64::min);
+    let mut f = Frame::new(
+        960.0,
+        420.0,
+        70.0,
+        Scale::log(us(lo), us(hi)),
+        Scale::log(min_e, 1.0),
+    );
+    let mut legend = String::new();
+    for (i, (label, pts)) in lines.iter().enumerate() {
+        if pts.is_empty() {
+            continue;
+        }
+        let color = PALETTE[i % PALETTE.len()];
+        let pts: Vec<String> = pts
+            .iter()
+            .map(|(ns, e)| format!("{:.1},{:.1}", f.px(us(*ns)), f.py(*e)))
+            .collect();
+        f.push(&format!(
+            r#"<polyline class="mark" points="{}" fill="none" stroke="{color}" stroke-width="2"><title>{}</title></polyline>"#,
+            pts.join(" "),
+            esc(label)
+        ));
+        let _ = write!(
+            legend,
+            r#"<text x="{:.1}" y="{:.1}" style="fill:{color}" class="row">{}</text>"#,
+            f.width - f.right - 360.0,
+            f.top + 16.0 + 15.0 * i as f64,
+            esc(label)
+        );
+    }
+    f.push(&legend);
+    f.x_axis("end-to-end latency, µs (log scale)");
+    f.y_axis("fraction of packets at or above (log)");
+    f.finish("end-to-end latency profiles of several runs")
+}
+
+/// End-to-end latency over send time, in [`TIME_BINS`] bins: each bin's
+/// median and maximum (log y), so periodic spikes show as a comb and a
+/// drift as a slope.
+fn time_series(conn: &Connection, kind: u64) -> Result<String> {
+    let t = queries::run_sql(
+        conn,
+        &format!(
+            "WITH d AS (
+                 SELECT (sent_ns - min(sent_ns) OVER ()) / 1e9 AS t, e2e_ns FROM packets
+                 WHERE kind = {kind} AND e2e_ns IS NOT NULL AND sent_ns IS NOT NULL
+             ), b AS (
+                 SELECT floor(t / (max(t) OVER () / {TIME_BINS} + 1e-9)) AS bin, t, e2e_ns FROM d
+             )
+             SELECT min(t)::DOUBLE, median(e2e_ns)::DOUBLE, max(e2e_ns)::DOUBLE
+             FROM b GROUP BY bin ORDER BY bin"
+        ),
+    )?;
+    let pts: Vec<(f64, f64, f64)> = t
+        .rows
+        .iter()
+        .map(|r| (num(&r[0]), num(&r[1]), num(&r[2])))
+        .collect();
+    let t_max = pts.iter().map(|p| p.0).fold(1e-6, f64::max);
+    let lo = pts
+        .iter()
+        .map(|p| p.1)
+        .fold(f64::INFINITY, f64::min)
+        .max(100.0);
+    let hi = pts.iter().map(|p| p.2).fold(1.0, f64::max);
+    let mut f = Frame::new(
+        960.0,
+        360.0,
+        70.0,
+        Scale::linear(0.0, t_max),
+        Scale::log(us(lo), us(hi)),
+    );
+    for (series, color, pick) in [("max", PALETTE[3], 2usize), ("median", PALETTE[0], 1usize)] {
+        let line: Vec<String> = pts
+            .iter()
+            .map(|p| {
+                let y = if pick == 1 { p.1 } else { p.2 };
+                format!("{:.1},{:.1}", f.px(p.0), f.py(us(y)))
+            })
+            .collect();
+        if line.is_empty() {
+            continue;
+        }
+        f.push(&format!(
+            r#"<polyline class="mark" points="{}" fill="none" stroke="{color}" stroke-width="1.2"><title>{series} per bin</title></polyline>"#,
+            line.join(" ")
+        ));
+    }
+    f.x_axis("send time, s since the first packet");
+    f.y_axis("end-to-end µs (log)");
+    Ok(f.finish("end-to-end latency over send time"))
+}
+
 /// Waterfalls: a row per slow packet, a segment per step between
 /// consecutive stamps, coloured by the side of the step's end point.
 fn waterfall(t: &Table) -> String {
@@ -493,8 +616,30 @@ pub fn build(conn: &Connection, opts: &ReportOptions) -> Result<String> {
         "<h2>Latency profile</h2>{}",
         figure(
             "latency-profile",
-            "Fraction of packets at or above a latency (log-log): the worst cases magnified.",
+            "Fraction of packets at or above a latency (log-log), from the fastest packet (1) to the slowest: the worst cases magnified.",
             profile_plot(&profile, &profile_stages)
+        )
+    );
+    if !opts.others.is_empty() {
+        let mut runs: Vec<(String, &Table)> = vec![(opts.title.clone(), &profile)];
+        runs.extend(opts.others.iter().map(|(l, t)| (l.clone(), t)));
+        let _ = write!(
+            html,
+            "{}",
+            figure(
+                OVERLAY_FIGURE,
+                "End-to-end latency profiles of the runs given, overlaid (log-log): load scenarios or builds side by side.",
+                overlay_plot(&runs)
+            )
+        );
+    }
+    let _ = write!(
+        html,
+        "<h2>Latency over time</h2>{}",
+        figure(
+            "time-series",
+            "End-to-end latency over send time: median and maximum per bin (600 bins); periodic spikes show as a comb.",
+            time_series(conn, kind)?
         )
     );
     let _ = write!(

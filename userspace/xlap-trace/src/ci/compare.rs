@@ -119,6 +119,10 @@ pub struct Row {
     pub change: f64,
     pub ci_low: f64,
     pub ci_high: f64,
+    /// The interval of candidate − baseline, µs (what --min-change is
+    /// tested on).
+    pub ci_low_us: f64,
+    pub ci_high_us: f64,
     pub verdict: Verdict,
     pub baseline: BoxStats,
     pub candidate: BoxStats,
@@ -279,6 +283,8 @@ pub fn compare(
                 change: frac(ch.rel),
                 ci_low: frac(ch.low),
                 ci_high: frac(ch.high),
+                ci_low_us: us(ch.abs_low),
+                ci_high_us: us(ch.abs_high),
                 verdict: verdict(&ch, max_regression, min_change_ns),
                 baseline: box_of(levels, b),
                 candidate: box_of(levels, c),

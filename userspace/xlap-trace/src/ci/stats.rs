@@ -84,7 +84,12 @@ impl Dist<'_> {
     }
 }
 
-/// The relative change of a quantile and its confidence interval.
+/// The change of a quantile, relative and absolute, with confidence
+/// intervals of each. Both are kept because they behave differently: the
+/// ratio of a stage near zero (80 ns growing to 50 µs) has an interval as
+/// wide as the base's own noise divided by almost nothing, while the
+/// difference stays as precise as the two quantiles; the absolute
+/// threshold is tested on the difference's interval.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Change {
     pub base: f64,
@@ -93,6 +98,9 @@ pub struct Change {
     pub rel: f64,
     pub low: f64,
     pub high: f64,
+    /// The interval of cand − base, ns.
+    pub abs_low: f64,
+    pub abs_high: f64,
 }
 
 /// Bootstrap replicates per interval.
@@ -102,33 +110,44 @@ pub const REPLICATES: usize = 4000;
 /// interval at `confidence`. A base at or below zero is taken as 1 ns.
 pub fn quantile_change(base: Dist, cand: Dist, p: f64, confidence: f64, rng: &mut Rng) -> Change {
     let rel = |b: f64, c: f64| (c - b) / b.max(1.0);
-    let mut reps: Vec<f64> = (0..REPLICATES)
-        .map(|_| rel(base.replicate(p, rng), cand.replicate(p, rng)))
-        .collect();
+    let (mut rels, mut diffs): (Vec<f64>, Vec<f64>) = (0..REPLICATES)
+        .map(|_| {
+            let (b, c) = (base.replicate(p, rng), cand.replicate(p, rng));
+            (rel(b, c), c - b)
+        })
+        .unzip();
+    let (b, c) = (base.quantile(p), cand.quantile(p));
+    let (low, high) = percentile_interval(&mut rels, rel(b, c), confidence);
+    let (abs_low, abs_high) = percentile_interval(&mut diffs, c - b, confidence);
+    Change {
+        base: b,
+        cand: c,
+        rel: rel(b, c),
+        low,
+        high,
+        abs_low,
+        abs_high,
+    }
+}
+
+/// The two-sided percentile interval of bootstrap replicates around the
+/// point estimate `x`. Replicates resolve a tail level down to a few of
+/// them; a level beyond (many metrics at a high confidence) is
+/// extrapolated from the last resolved one, each side scaled by the normal
+/// quantiles' ratio.
+fn percentile_interval(reps: &mut [f64], x: f64, confidence: f64) -> (f64, f64) {
     reps.sort_by(|a, b| a.total_cmp(b));
     let alpha = (1.0 - confidence) / 2.0;
     let at = |q: f64| reps[((reps.len() - 1) as f64 * q).round() as usize];
-    let (b, c) = (base.quantile(p), cand.quantile(p));
-    let r = rel(b, c);
-    // Replicates resolve a tail level down to a few of them; a level
-    // beyond (many metrics at a high confidence) is extrapolated from the
-    // last resolved one, each side scaled by the normal quantiles' ratio.
-    let resolved = TAIL_REPLICATES / REPLICATES as f64;
-    let (low, high) = if alpha >= resolved {
+    let resolved = TAIL_REPLICATES / reps.len() as f64;
+    if alpha >= resolved {
         (at(alpha), at(1.0 - alpha))
     } else {
         let k = normal_quantile(1.0 - alpha) / normal_quantile(1.0 - resolved);
         (
-            r - (r - at(resolved)).max(0.0) * k,
-            r + (at(1.0 - resolved) - r).max(0.0) * k,
+            x - (x - at(resolved)).max(0.0) * k,
+            x + (at(1.0 - resolved) - x).max(0.0) * k,
         )
-    };
-    Change {
-        base: b,
-        cand: c,
-        rel: r,
-        low,
-        high,
     }
 }
 
@@ -287,14 +306,15 @@ pub fn widen_by_runs(c: Change, run_values: &[f64], confidence: f64) -> Change {
         return c;
     }
     let base = c.base.max(1.0);
-    let rel: Vec<f64> = run_values.iter().map(|v| v / base - 1.0).collect();
-    let mean = rel.iter().sum::<f64>() / k as f64;
-    let sd = (rel.iter().map(|r| (r - mean).powi(2)).sum::<f64>() / (k - 1) as f64).sqrt();
+    let mean = run_values.iter().sum::<f64>() / k as f64;
+    let sd = (run_values.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / (k - 1) as f64).sqrt();
     let t = t_quantile(1.0 - (1.0 - confidence) / 2.0, (k - 1) as f64);
     let extra = t * sd * (1.0 + 1.0 / k as f64).sqrt();
     Change {
-        low: c.low - extra,
-        high: c.high + extra,
+        low: c.low - extra / base,
+        high: c.high + extra / base,
+        abs_low: c.abs_low - extra,
+        abs_high: c.abs_high + extra,
         ..c
     }
 }
@@ -365,11 +385,20 @@ pub fn widen_by_blocks(
     if var <= 0.0 || !var.is_finite() {
         return c;
     }
-    let dof = var * var / (vc * vc / (nc.blocks - 1) as f64 + vb * vb / (nb.blocks - 1) as f64);
-    let half = t_quantile(1.0 - (1.0 - confidence) / 2.0, dof.max(1.0)) * var.sqrt();
+    let welch = |vc: f64, vb: f64| {
+        let dof = (vc + vb).powi(2)
+            / (vc * vc / (nc.blocks - 1) as f64 + vb * vb / (nb.blocks - 1) as f64);
+        t_quantile(1.0 - (1.0 - confidence) / 2.0, dof.max(1.0)) * (vc + vb).sqrt()
+    };
+    let half = welch(vc, vb);
+    // The difference: var_c + var_b, in ns².
+    let half_abs = welch(nc.var, nb.var);
+    let diff = c.cand - c.base;
     Change {
         low: c.low.min(c.rel - half),
         high: c.high.max(c.rel + half),
+        abs_low: c.abs_low.min(diff - half_abs),
+        abs_high: c.abs_high.max(diff + half_abs),
         ..c
     }
 }
@@ -395,8 +424,7 @@ pub enum Verdict {
 /// whose p99 doubles on a noisy machine is not a regression, nor is a 1 %
 /// change of a long one.
 pub fn verdict(c: &Change, max_regression: f64, min_change_ns: f64) -> Verdict {
-    let base = c.base.max(1.0);
-    let (abs_low, abs_high) = (c.low * base, c.high * base);
+    let (abs_low, abs_high) = (c.abs_low, c.abs_high);
     if c.low > max_regression && abs_low > min_change_ns {
         Verdict::Regression
     } else if c.high < -max_regression && abs_high < -min_change_ns {
@@ -474,6 +502,8 @@ mod tests {
             rel: 1.0,
             low: 0.8,
             high: 1.2,
+            abs_low: 800.0,
+            abs_high: 1_200.0,
         };
         assert_eq!(verdict(&c, 0.1, 0.0), Verdict::Regression);
         // +800 to +1 200 ns: under a 1 µs floor it may or may not matter,
@@ -486,9 +516,23 @@ mod tests {
             rel: 0.0,
             low: -0.05,
             high: 0.2,
+            abs_low: -5_000.0,
+            abs_high: 20_000.0,
         };
         assert_eq!(verdict(&c, 0.1, 1_000.0), Verdict::Inconclusive);
         assert_eq!(verdict(&c, 0.1, 50_000.0), Verdict::Pass);
+        // A stage near zero that grows by 50 µs: its ratio is imprecise,
+        // the difference is not; a regression on both thresholds.
+        let c = Change {
+            base: 80.0,
+            cand: 50_080.0,
+            rel: 625.0,
+            low: 150.0,
+            high: 1_100.0,
+            abs_low: 49_000.0,
+            abs_high: 51_000.0,
+        };
+        assert_eq!(verdict(&c, 0.1, 20_000.0), Verdict::Regression);
     }
 
     #[test]
@@ -499,10 +543,13 @@ mod tests {
             rel: 0.2,
             low: 0.15,
             high: 0.25,
+            abs_low: 15.0,
+            abs_high: 25.0,
         };
         // Five runs at ±10 %: a 20 % change is no longer certain.
         let w = widen_by_runs(c, &[90.0, 110.0, 100.0, 95.0, 105.0], 0.99);
         assert!(w.low < 0.0 && w.high > 0.4, "{w:?}");
+        assert!(w.abs_low < 0.0 && w.abs_high > 40.0, "{w:?}");
         assert_eq!(widen_by_runs(c, &[100.0], 0.99), c);
     }
 
@@ -568,6 +615,8 @@ mod tests {
             rel: 0.0,
             low: -0.5,
             high: 0.5,
+            abs_low: -50.0,
+            abs_high: 50.0,
         };
         assert_eq!(widen_by_blocks(c, Some(n), Some(n), 0.99), c);
         assert_eq!(widen_by_blocks(c, None, Some(n), 0.99), c);
