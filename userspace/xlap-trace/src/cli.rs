@@ -419,6 +419,16 @@ pub struct RecordArgs {
     /// Print only the summary.
     #[arg(short, long)]
     pub quiet: bool,
+    /// Show, refreshed every second while recording, per kind the
+    /// end-to-end and per-stage p50/p99 of the last 10-20 s, packet and
+    /// stamp rates, the tracer's losses and the top outlier cause (redrawn
+    /// in place on a terminal, one block per second otherwise).
+    #[arg(long)]
+    pub live: bool,
+    /// Serve the same histograms and loss counters as OpenMetrics (for
+    /// Prometheus) on ADDR:PORT while recording, e.g. 127.0.0.1:9464.
+    #[arg(long, value_name = "ADDR:PORT")]
+    pub metrics: Option<std::net::SocketAddr>,
     /// Device and qdisc points only on this device (repeatable), looked up
     /// in each traced process's network namespace; default: every device.
     #[arg(long = "iface", value_name = "NAME")]

@@ -7,6 +7,7 @@ mod app_ring;
 mod bpf_stats;
 pub mod command;
 mod follow;
+mod live_view;
 mod protocols;
 mod session;
 mod tally;

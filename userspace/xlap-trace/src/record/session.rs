@@ -7,6 +7,7 @@
 use super::app_ring::AppRings;
 use super::bpf_stats::StatsSampler;
 use super::follow::Following;
+use super::live_view::LiveView;
 use super::tally::{ForeignFlows, Tally, BY_PORT_POINTS};
 use super::{brief_reason, protocols, RunFiles};
 use crate::capture::{self, Batch, Capture, Settings};
@@ -180,6 +181,9 @@ impl Session {
         );
         let host = args.host.clone().unwrap_or_else(runmeta::hostname);
         let comms = args.pids.iter().map(|&p| targets::comm(p)).collect();
+        let view = (args.live || args.metrics.is_some())
+            .then(|| LiveView::new(usdt.app_names.clone(), args.live, args.metrics))
+            .transpose()?;
         let live = Live {
             attached: Attached {
                 capture: self.capture,
@@ -197,6 +201,7 @@ impl Session {
                 tally: Tally::default(),
                 foreign: ForeignFlows::default(),
                 stats: StatsSampler::start(args.stats_mode()),
+                view,
             },
             info: RunInfo {
                 clock_start: ClockPair::sample(),
@@ -245,6 +250,8 @@ struct Sink {
     foreign: ForeignFlows,
     /// The windows in which the kernel times our programs.
     stats: StatsSampler,
+    /// `--live` / `--metrics`.
+    view: Option<LiveView>,
 }
 
 impl Sink {
@@ -255,6 +262,9 @@ impl Sink {
         }
         self.tally.add(&stamp);
         self.stats.note_stamp(stamp.ts_ns);
+        if let Some(v) = self.view.as_mut() {
+            v.note(&stamp);
+        }
         self.batcher.push(&stamp);
     }
 }
@@ -295,7 +305,7 @@ impl Live {
         let mut last_flush = Instant::now();
         let mut last_follow = Instant::now();
         let mut last_progress = Instant::now();
-        let progress = !args.quiet && std::io::stderr().is_terminal();
+        let progress = !args.quiet && !args.live && std::io::stderr().is_terminal();
         let ring_fd = self.ring.as_raw_fd();
         let reason = loop {
             let mut pfd = libc::pollfd {
@@ -333,6 +343,12 @@ impl Live {
                 p.caught_up();
             }
             self.sink.stats.tick();
+            if self.sink.view.is_some() {
+                let losses = losses_by_reason(&capture::losses(&self.losses)?);
+                if let Some(v) = self.sink.view.as_mut() {
+                    v.tick(&losses);
+                }
+            }
             if !self.sink.batcher.is_empty() && last_flush.elapsed() >= FLUSH_EVERY {
                 self.sink.stream.write(&self.sink.batcher.finish())?;
                 last_flush = Instant::now();
@@ -414,6 +430,9 @@ impl Live {
             app[xlap_loss::XLAP_LOSS_RINGBUF_FULL as usize] += ring_losses.full;
             app[xlap_loss::XLAP_LOSS_PARSE as usize] += ring_losses.skipped;
         }
+        if let Some(v) = sink.view.as_mut() {
+            v.finish(&losses_by_reason(&losses));
+        }
         let flows = capture::flows(&flow_maps)?;
         Ok(Detached {
             following,
@@ -425,6 +444,17 @@ impl Live {
             unavailable,
         })
     }
+}
+
+/// The loss table summed over points, by reason name.
+fn losses_by_reason(
+    table: &[[u64; xlap_loss::XLAP_LOSS_COUNT as usize]],
+) -> Vec<(&'static str, u64)> {
+    xlap_abi::LOSS_REASONS
+        .iter()
+        .enumerate()
+        .map(|(i, name)| (*name, table.iter().map(|row| row[i]).sum()))
+        .collect()
 }
 
 /// A session whose programs are gone, with everything they delivered.
