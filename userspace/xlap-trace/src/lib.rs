@@ -8,6 +8,7 @@ pub mod cli;
 pub mod correlate_cmd;
 pub mod demo;
 pub mod exit;
+pub mod hwts;
 pub mod ifaces;
 pub mod kfunc;
 pub mod point_sets;

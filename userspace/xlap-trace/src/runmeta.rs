@@ -162,6 +162,9 @@ pub struct RunMeta {
     /// draining the ring buffer, decoding, writing the Arrow stream.
     pub reader_cpu_s: f64,
     pub stop_reason: String,
+    /// The traced namespaces' devices and their timestamping (what
+    /// `ethtool -T` says, and whether hardware timestamping is on).
+    pub device_timestamping: Vec<crate::hwts::DeviceTimestamping>,
 }
 
 pub fn kernel_release() -> String {

@@ -363,11 +363,14 @@ pub fn block_noise(
     })
 }
 
-/// Widens a change's interval by both runs' block noise: a Welch t
-/// interval of the relative change (delta method) around it, where wider
-/// than the bootstrap's on either side. The bootstrap takes packets as
+/// Widens a change's interval by both runs' block noise, where wider than
+/// the bootstrap's on either side. The bootstrap takes packets as
 /// independent; the blocks hold the noise that comes and goes within a run
-/// (another tenant, frequency steps, a flush).
+/// (another tenant, frequency steps, a flush). The difference gets a Welch
+/// t interval; the ratio is bounded by each side's own interval (t at half
+/// the error each): [c_lo/b_hi − 1, c_hi/b_lo − 1], which stays right
+/// where a delta-method interval of a ratio fails, a base near zero (80 ns
+/// of a stage growing to 50 µs).
 pub fn widen_by_blocks(
     c: Change,
     base: Option<BlockNoise>,
@@ -377,26 +380,20 @@ pub fn widen_by_blocks(
     let (Some(nb), Some(nc)) = (base, cand) else {
         return c;
     };
-    let b = c.base.max(1.0);
-    // rel = cand/base − 1: var ≈ (var_c + (cand/base)²·var_b) / base².
-    let vc = nc.var / (b * b);
-    let vb = nb.var * (c.cand / b).powi(2) / (b * b);
-    let var = vc + vb;
-    if var <= 0.0 || !var.is_finite() {
+    if !(nb.var >= 0.0 && nc.var >= 0.0) || nb.var + nc.var <= 0.0 {
         return c;
     }
-    let welch = |vc: f64, vb: f64| {
-        let dof = (vc + vb).powi(2)
-            / (vc * vc / (nc.blocks - 1) as f64 + vb * vb / (nb.blocks - 1) as f64);
-        t_quantile(1.0 - (1.0 - confidence) / 2.0, dof.max(1.0)) * (vc + vb).sqrt()
-    };
-    let half = welch(vc, vb);
-    // The difference: var_c + var_b, in ns².
-    let half_abs = welch(nc.var, nb.var);
+    let alpha = 1.0 - confidence;
+    let dof = (nc.var + nb.var).powi(2)
+        / (nc.var * nc.var / (nc.blocks - 1) as f64 + nb.var * nb.var / (nb.blocks - 1) as f64);
+    let half_abs = t_quantile(1.0 - alpha / 2.0, dof.max(1.0)) * (nc.var + nb.var).sqrt();
+    let side = |n: BlockNoise| t_quantile(1.0 - alpha / 4.0, (n.blocks - 1) as f64) * n.var.sqrt();
+    let (b_lo, b_hi) = ((c.base - side(nb)).max(1.0), c.base + side(nb));
+    let (c_lo, c_hi) = (c.cand - side(nc), c.cand + side(nc));
     let diff = c.cand - c.base;
     Change {
-        low: c.low.min(c.rel - half),
-        high: c.high.max(c.rel + half),
+        low: c.low.min(c_lo / b_hi - 1.0),
+        high: c.high.max(c_hi / b_lo - 1.0),
         abs_low: c.abs_low.min(diff - half_abs),
         abs_high: c.abs_high.max(diff + half_abs),
         ..c
@@ -591,6 +588,31 @@ mod tests {
             let ratio = (est_var / true_var).sqrt();
             assert!((0.8..1.25).contains(&ratio), "p{p}: sd ratio {ratio}");
         }
+    }
+
+    #[test]
+    fn a_stage_near_zero_that_grows_is_a_regression() {
+        // CI: an 80 ns decode stage of parity packets with 50 µs injected;
+        // a delta-method ratio interval spanned −310..1561.
+        let c = Change {
+            base: 80.0,
+            cand: 50_080.0,
+            rel: 625.0,
+            low: 150.0,
+            high: 1_100.0,
+            abs_low: 49_900.0,
+            abs_high: 50_200.0,
+        };
+        let noise = |sd: f64| {
+            Some(BlockNoise {
+                var: sd * sd,
+                blocks: 10,
+            })
+        };
+        let w = widen_by_blocks(c, noise(30.0), noise(300.0), 1.0 - 1e-4);
+        assert!(w.low > 100.0 && w.high >= c.high, "{w:?}");
+        assert!(w.abs_low > 45_000.0, "{w:?}");
+        assert_eq!(verdict(&w, 0.1, 20_000.0), Verdict::Regression);
     }
 
     #[test]

@@ -181,6 +181,10 @@ impl Session {
         );
         let host = args.host.clone().unwrap_or_else(runmeta::hostname);
         let comms = args.pids.iter().map(|&p| targets::comm(p)).collect();
+        let timestamping = crate::hwts::survey(&args.pids);
+        if let Some(m) = crate::hwts::message(&timestamping) {
+            plan.note(m);
+        }
         let view = (args.live || args.metrics.is_some())
             .then(|| LiveView::new(usdt.app_names.clone(), args.live, args.metrics))
             .transpose()?;
@@ -212,6 +216,7 @@ impl Session {
                 comms,
                 ring_sites,
                 usdt,
+                timestamping,
             },
         };
         if let Some(ready) = &args.ready_file {
@@ -280,6 +285,7 @@ struct RunInfo {
     /// The (process, binary) whose markers write an in-process ring.
     ring_sites: Vec<(u32, std::path::PathBuf)>,
     usdt: crate::usdt::Plan,
+    timestamping: Vec<crate::hwts::DeviceTimestamping>,
 }
 
 /// A session attached to its targets.
@@ -611,6 +617,7 @@ impl Detached {
             },
             bpf_programs,
             reader_cpu_s,
+            device_timestamping: info.timestamping,
             stop_reason,
         };
         let json = serde_json::to_string_pretty(&meta)?;
