@@ -11,13 +11,19 @@
 //! the terminal shows the last 10–20 s, the metrics count since the start
 //! (Prometheus computes rates and windows from cumulative histograms).
 
+use super::tally::FastHasher;
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
+use std::hash::BuildHasherDefault;
 use std::io::{IsTerminal, Read, Write};
 use std::net::{SocketAddr, TcpListener};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use xlap_records::points::point_info;
+
+/// Maps on the per-stamp path hash with [`FastHasher`] (SipHash would be
+/// most of a stamp's cost here).
+type FastMap<K, V> = HashMap<K, V, BuildHasherDefault<FastHasher>>;
 use xlap_records::Stamp;
 
 /// A packet is complete when its newest stamp is this much older than the
@@ -111,14 +117,18 @@ impl Hist {
 #[derive(Clone, Default)]
 struct KindStats {
     e2e: Option<Hist>,
-    stages: BTreeMap<String, Hist>,
+    stages: FastMap<StageKey, Hist>,
     /// Per stage, the sum of its start's offset into the packet (ns): the
     /// mean puts the stages in path order.
-    offsets: BTreeMap<String, f64>,
+    offsets: FastMap<StageKey, f64>,
     /// Stages above their fence in end-to-end outliers.
-    causes: BTreeMap<String, u64>,
+    causes: FastMap<StageKey, u64>,
     outliers: u64,
 }
+
+/// A stage by its two points' ids (named only when shown: a packet of 28
+/// stamps would otherwise format 27 names).
+type StageKey = (u16, u16);
 
 impl KindStats {
     fn e2e(&mut self) -> &mut Hist {
@@ -130,16 +140,13 @@ impl KindStats {
             self.e2e().merge(h);
         }
         for (s, h) in &other.stages {
-            self.stages
-                .entry(s.clone())
-                .or_insert_with(Hist::new)
-                .merge(h);
+            self.stages.entry(*s).or_insert_with(Hist::new).merge(h);
         }
         for (s, n) in &other.causes {
-            *self.causes.entry(s.clone()).or_default() += n;
+            *self.causes.entry(*s).or_default() += n;
         }
         for (s, o) in &other.offsets {
-            *self.offsets.entry(s.clone()).or_default() += o;
+            *self.offsets.entry(*s).or_default() += o;
         }
         self.outliers += other.outliers;
     }
@@ -154,7 +161,7 @@ struct Pending {
 
 pub struct LiveView {
     app_names: Vec<String>,
-    pending: HashMap<(u32, u64), Pending>,
+    pending: FastMap<(u32, u64), Pending>,
     newest_ns: u64,
     total: Stats,
     current: Stats,
@@ -187,7 +194,7 @@ impl LiveView {
         let now = Instant::now();
         Ok(LiveView {
             app_names,
-            pending: HashMap::new(),
+            pending: FastMap::default(),
             newest_ns: 0,
             total: Stats::new(),
             current: Stats::new(),
@@ -222,10 +229,15 @@ impl LiveView {
         p.stamps.push((stamp.ts_ns, stamp.point));
     }
 
+    /// A second has passed since the last render.
+    pub fn due(&self) -> bool {
+        self.last_tick.elapsed() >= Duration::from_secs(1)
+    }
+
     /// Completes the quiet packets; every second, renders the view and the
     /// metrics. `losses`: the tracer's losses so far, by reason.
     pub fn tick(&mut self, losses: &[(&str, u64)]) {
-        if self.last_tick.elapsed() < Duration::from_secs(1) {
+        if !self.due() {
             return;
         }
         self.complete(false);
@@ -269,6 +281,15 @@ impl LiveView {
         point_info(id, &self.app_names).map_or(format!("unknown.{id}"), |p| p.0)
     }
 
+    /// `a__b`, as the packets table names stages.
+    fn stage_name(&self, (a, b): StageKey) -> String {
+        format!(
+            "{}__{}",
+            self.point_name(a).replace('.', "_"),
+            self.point_name(b).replace('.', "_")
+        )
+    }
+
     /// One complete packet into the histograms.
     fn account(&mut self, kind: u32, mut p: Pending) {
         p.stamps.sort_unstable();
@@ -285,17 +306,10 @@ impl LiveView {
         self.packets += 1;
         let e2e = p.stamps[p.stamps.len() - 1].0 - p.stamps[0].0;
         let first = p.stamps[0].0;
-        let stages: Vec<(String, u64, u64)> = p
+        let stages: Vec<(StageKey, u64, u64)> = p
             .stamps
             .windows(2)
-            .map(|w| {
-                let name = format!(
-                    "{}__{}",
-                    self.point_name(w[0].1).replace('.', "_"),
-                    self.point_name(w[1].1).replace('.', "_")
-                );
-                (name, w[1].0 - w[0].0, w[0].0 - first)
-            })
+            .map(|w| ((w[0].1, w[1].1), w[1].0 - w[0].0, w[0].0 - first))
             .collect();
         // Causes against the window's fences before this packet joins it.
         let window = self.current.entry(kind).or_default();
@@ -313,7 +327,7 @@ impl LiveView {
                     .and_then(|h| h.fence())
                     .is_some_and(|f| *ns as f64 > f)
                 {
-                    causes.push(s.clone());
+                    causes.push(*s);
                 }
             }
         }
@@ -321,13 +335,13 @@ impl LiveView {
             let k = stats.entry(kind).or_default();
             k.e2e().add(e2e);
             for (s, ns, offset) in &stages {
-                k.stages.entry(s.clone()).or_insert_with(Hist::new).add(*ns);
-                *k.offsets.entry(s.clone()).or_default() += *offset as f64;
+                k.stages.entry(*s).or_insert_with(Hist::new).add(*ns);
+                *k.offsets.entry(*s).or_default() += *offset as f64;
             }
             if outlier {
                 k.outliers += 1;
                 for c in &causes {
-                    *k.causes.entry(c.clone()).or_default() += 1;
+                    *k.causes.entry(*c).or_default() += 1;
                 }
             }
         }
@@ -345,7 +359,9 @@ impl LiveView {
             self.window_start = Instant::now();
         }
         if let Some(m) = &self.metrics {
-            let text = openmetrics(&self.total, self.stamps, self.packets, losses);
+            let text = openmetrics(&self.total, self.stamps, self.packets, losses, &|k| {
+                self.stage_name(k)
+            });
             if let Ok(mut slot) = m.lock() {
                 *slot = text;
             }
@@ -406,7 +422,11 @@ impl LiveView {
         };
         for (kind, k) in stats {
             let Some(e2e) = &k.e2e else { continue };
-            let top = k.causes.iter().max_by_key(|(_, n)| **n);
+            let top = k
+                .causes
+                .iter()
+                .max_by_key(|(s, n)| (**n, std::cmp::Reverse(**s)))
+                .map(|(s, n)| (self.stage_name(*s), n));
             let _ = writeln!(
                 s,
                 "kind {kind}: {} packets (last 10-20 s), e2e p50 {} µs  p99 {} µs  outliers {}{}",
@@ -421,14 +441,18 @@ impl LiveView {
             );
             // The most common stages, in path order (mean offset into the
             // packet).
-            let mut stages: Vec<(&String, &Hist)> = k.stages.iter().collect();
-            stages.sort_by(|a, b| b.1.n.cmp(&a.1.n).then(a.0.cmp(b.0)));
+            let mut stages: Vec<(String, StageKey, &Hist)> = k
+                .stages
+                .iter()
+                .map(|(key, h)| (self.stage_name(*key), *key, h))
+                .collect();
+            stages.sort_by(|a, b| b.2.n.cmp(&a.2.n).then(a.0.cmp(&b.0)));
             stages.truncate(SHOWN_STAGES);
-            let offset = |name: &String, h: &Hist| {
-                k.offsets.get(name).copied().unwrap_or(0.0) / h.n.max(1) as f64
+            let offset = |key: &StageKey, h: &Hist| {
+                k.offsets.get(key).copied().unwrap_or(0.0) / h.n.max(1) as f64
             };
-            stages.sort_by(|a, b| offset(a.0, a.1).total_cmp(&offset(b.0, b.1)));
-            for (name, h) in stages {
+            stages.sort_by(|a, b| offset(&a.1, a.2).total_cmp(&offset(&b.1, b.2)));
+            for (name, _, h) in stages {
                 let _ = writeln!(
                     s,
                     "  {name:<48} {:>9} p50 {:>9} p99 {:>9} µs",
@@ -443,7 +467,13 @@ impl LiveView {
 }
 
 /// The metrics as OpenMetrics text.
-fn openmetrics(stats: &Stats, stamps: u64, packets: u64, losses: &[(&str, u64)]) -> String {
+fn openmetrics(
+    stats: &Stats,
+    stamps: u64,
+    packets: u64,
+    losses: &[(&str, u64)],
+    name: &dyn Fn(StageKey) -> String,
+) -> String {
     let mut s = String::new();
     let _ = writeln!(s, "# TYPE xlap_stamps counter\n# HELP xlap_stamps Stamps recorded.\nxlap_stamps_total {stamps}");
     let _ = writeln!(s, "# TYPE xlap_packets counter\n# HELP xlap_packets Packets completed (two or more stamps).\nxlap_packets_total {packets}");
@@ -453,11 +483,10 @@ fn openmetrics(stats: &Stats, stamps: u64, packets: u64, losses: &[(&str, u64)])
     }
     let _ = writeln!(s, "# TYPE xlap_latency_seconds histogram\n# HELP xlap_latency_seconds End-to-end (stage e2e) and stage latency per packet kind.\n# UNIT xlap_latency_seconds seconds");
     for (kind, k) in stats {
-        let hists = k
-            .e2e
-            .iter()
-            .map(|h| ("e2e", h))
-            .chain(k.stages.iter().map(|(n, h)| (n.as_str(), h)));
+        let mut stages: Vec<(String, &Hist)> =
+            k.stages.iter().map(|(key, h)| (name(*key), h)).collect();
+        stages.sort_by(|a, b| a.0.cmp(&b.0));
+        let hists = k.e2e.iter().map(|h| ("e2e".to_string(), h)).chain(stages);
         for (stage, h) in hists {
             let labels = format!("kind=\"{kind}\",stage=\"{stage}\"");
             for b in BOUNDS_S {
@@ -566,8 +595,15 @@ mod tests {
         assert_eq!(v.packets, 100);
         let e2e = k.e2e.as_ref().unwrap();
         assert!((e2e.quantile(0.5).unwrap() / 30_000.0 - 1.0).abs() < 0.05);
-        assert_eq!(k.stages["app_send__app_deliver"].n, 100);
-        let text = openmetrics(&v.total, v.stamps, v.packets, &[("ringbuf_full", 0)]);
+        assert_eq!(k.stages[&(app, app + 1)].n, 100);
+        assert_eq!(v.stage_name((app, app + 1)), "app_send__app_deliver");
+        let text = openmetrics(
+            &v.total,
+            v.stamps,
+            v.packets,
+            &[("ringbuf_full", 0)],
+            &|k| v.stage_name(k),
+        );
         assert!(
             text.contains("xlap_latency_seconds_count{kind=\"1\",stage=\"e2e\"} 100"),
             "{text}"
