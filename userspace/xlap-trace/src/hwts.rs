@@ -54,6 +54,7 @@ struct TsInfo {
 
 /// `struct ethtool_drvinfo`.
 #[repr(C)]
+#[derive(Default)]
 struct DrvInfo {
     cmd: u32,
     driver: [u8; 32],
@@ -140,17 +141,7 @@ fn devices_here(netns: u32) -> Vec<DeviceTimestamping> {
         }
         let mut drv = DrvInfo {
             cmd: ETHTOOL_GDRVINFO,
-            driver: [0; 32],
-            version: [0; 32],
-            fw_version: [0; 32],
-            bus_info: [0; 32],
-            erom_version: [0; 32],
-            reserved2: [0; 12],
-            n_priv_flags: 0,
-            n_stats: 0,
-            testinfo_len: 0,
-            eedump_len: 0,
-            regdump_len: 0,
+            ..Default::default()
         };
         let driver = if ioctl(fd, SIOCETHTOOL, &ifname, &mut drv) {
             c_string(&drv.driver)

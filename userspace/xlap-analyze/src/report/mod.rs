@@ -253,85 +253,50 @@ fn scatter(conn: &Connection, stages: &[String], kind: u64) -> Result<String> {
     Ok(panels)
 }
 
-/// Latency profile: latency (log x) against the fraction of packets at or
-/// above it (log y, 1 at the top).
-fn profile_plot(t: &Table, stages: &[String]) -> String {
-    let rs = rows(t);
-    let pick: Vec<_> = rs
+/// One line of a profile plot: label, (ns, exceedance) points, stroke width.
+type ProfileLine = (String, Vec<(f64, f64)>, f64);
+
+/// A stage's profile points (ns, exceedance) from a `latency_profile` table.
+fn profile_points(t: &Table, stage: &str) -> Vec<(f64, f64)> {
+    rows(t)
         .iter()
-        .filter(|r| stages.contains(&text(&r("stage"))))
-        .collect();
-    let lo = pick
-        .iter()
-        .map(|r| num(&r("ns")))
-        .fold(f64::INFINITY, f64::min)
-        .max(1.0);
-    let hi = pick.iter().map(|r| num(&r("ns"))).fold(1.0, f64::max);
-    let min_e = pick
-        .iter()
-        .map(|r| num(&r("exceedance")))
-        .fold(1.0, f64::min);
-    let mut f = Frame::new(
-        960.0,
-        420.0,
-        70.0,
-        Scale::log(us(lo), us(hi)),
-        Scale::log(min_e, 1.0),
-    );
-    let mut legend = String::new();
-    for (i, stage) in stages.iter().enumerate() {
-        let color = PALETTE[i % PALETTE.len()];
-        let pts: Vec<String> = pick
-            .iter()
-            .filter(|r| &text(&r("stage")) == stage)
-            .map(|r| {
-                format!(
-                    "{:.1},{:.1}",
-                    f.px(us(num(&r("ns")))),
-                    f.py(num(&r("exceedance")))
-                )
-            })
-            .collect();
-        if pts.is_empty() {
-            continue;
-        }
-        let width = if stage == "e2e" { 3.0 } else { 1.5 };
-        f.push(&format!(
-            r#"<polyline class="mark" points="{}" fill="none" stroke="{color}" stroke-width="{width}"><title>{}</title></polyline>"#,
-            pts.join(" "),
-            esc(stage)
-        ));
-        let _ = write!(
-            legend,
-            r#"<text x="{:.1}" y="{:.1}" style="fill:{color}" class="row">{}</text>"#,
-            f.width - f.right - 260.0,
-            f.top + 16.0 + 15.0 * i as f64,
-            esc(&stage.replace("__", " → "))
-        );
-    }
-    f.push(&legend);
-    f.x_axis("latency, µs (log scale)");
-    f.y_axis("fraction of packets at or above (log)");
-    f.finish("latency profile")
+        .filter(|r| text(&r("stage")) == stage)
+        .map(|r| (num(&r("ns")), num(&r("exceedance"))))
+        .filter(|(ns, e)| ns.is_finite() && e.is_finite())
+        .collect()
 }
 
-/// End-to-end profiles of several runs in one plot (log-log, as
-/// [`profile_plot`]), one line per run.
-fn overlay_plot(runs: &[(String, &Table)]) -> String {
-    let lines: Vec<(String, Vec<(f64, f64)>)> = runs
+/// Latency profile: latency (log x) against the fraction of packets at or
+/// above it (log y, 1 at the top), one line per stage of this run.
+fn profile_plot(t: &Table, stages: &[String]) -> String {
+    let lines: Vec<ProfileLine> = stages
         .iter()
-        .map(|(label, t)| {
-            let pts = rows(t)
-                .iter()
-                .filter(|r| text(&r("stage")) == "e2e")
-                .map(|r| (num(&r("ns")), num(&r("exceedance"))))
-                .filter(|(ns, e)| ns.is_finite() && e.is_finite())
-                .collect();
-            (label.clone(), pts)
+        .map(|stage| {
+            let width = if stage == "e2e" { 3.0 } else { 1.5 };
+            (stage.replace("__", " → "), profile_points(t, stage), width)
         })
         .collect();
-    let all = || lines.iter().flat_map(|(_, p)| p.iter());
-    let lo = all().map(|p| p.0).fold(f64::INFINITY, f64::min).max(100.0);
+    profile_lines(&lines, "latency, µs (log scale)", "latency profile")
+}
+
+/// End-to-end profiles of several runs in one plot, one line per run.
+fn overlay_plot(runs: &[(String, &Table)]) -> String {
+    let lines: Vec<ProfileLine> = runs
+        .iter()
+        .map(|(label, t)| (label.clone(), profile_points(t, "e2e"), 2.0))
+        .collect();
+    profile_lines(
+        &lines,
+        "end-to-end latency, µs (log scale)",
+        "end-to-end latency profiles of several runs",
+    )
+}
+
+/// Lines of (ns, exceedance) on log-log axes, with a legend: (label,
+/// points, stroke width) each.
+fn profile_lines(lines: &[ProfileLine], x_title: &str, aria: &str) -> String {
+    let all = || lines.iter().flat_map(|(_, p, _)| p.iter());
+    let lo = all().map(|p| p.0).fold(f64::INFINITY, f64::min).max(1.0);
     let hi = all().map(|p| p.0).fold(1.0, f64::max);
     let min_e = all().map(|p| p.1).fold(1.0, f64::min);
     let mut f = Frame::new(
@@ -342,7 +307,7 @@ fn overlay_plot(runs: &[(String, &Table)]) -> String {
         Scale::log(min_e, 1.0),
     );
     let mut legend = String::new();
-    for (i, (label, pts)) in lines.iter().enumerate() {
+    for (i, (label, pts, width)) in lines.iter().enumerate() {
         if pts.is_empty() {
             continue;
         }
@@ -352,7 +317,7 @@ fn overlay_plot(runs: &[(String, &Table)]) -> String {
             .map(|(ns, e)| format!("{:.1},{:.1}", f.px(us(*ns)), f.py(*e)))
             .collect();
         f.push(&format!(
-            r#"<polyline class="mark" points="{}" fill="none" stroke="{color}" stroke-width="2"><title>{}</title></polyline>"#,
+            r#"<polyline class="mark" points="{}" fill="none" stroke="{color}" stroke-width="{width}"><title>{}</title></polyline>"#,
             pts.join(" "),
             esc(label)
         ));
@@ -365,9 +330,9 @@ fn overlay_plot(runs: &[(String, &Table)]) -> String {
         );
     }
     f.push(&legend);
-    f.x_axis("end-to-end latency, µs (log scale)");
+    f.x_axis(x_title);
     f.y_axis("fraction of packets at or above (log)");
-    f.finish("end-to-end latency profiles of several runs")
+    f.finish(aria)
 }
 
 /// End-to-end latency over send time, in [`TIME_BINS`] bins: each bin's

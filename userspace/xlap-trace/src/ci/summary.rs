@@ -90,11 +90,7 @@ impl Summary {
     pub fn of_run(dir: &Path) -> Result<Summary> {
         let (conn, _) = analyze_cmd::open(dir, Shared::Materialized, false)?;
         let levels = grid();
-        let list = levels
-            .iter()
-            .map(|p| format!("{p}"))
-            .collect::<Vec<_>>()
-            .join(", ");
+        let list = sql_list(&levels);
         let mut stmt = conn.prepare(&format!(
             "SELECT stage, side, position::BIGINT, kind::UBIGINT, packets::UBIGINT, p, ns::DOUBLE \
              FROM stage_quantiles([{list}]) ORDER BY kind, position, stage, p"
@@ -178,12 +174,7 @@ impl Summary {
             let rows = stmt.query_map([], |r| r.get::<_, String>(0))?;
             rows.collect::<std::result::Result<_, _>>()?
         };
-        let list = self
-            .levels
-            .iter()
-            .map(|p| format!("{p}"))
-            .collect::<Vec<_>>()
-            .join(", ");
+        let list = sql_list(&self.levels);
         for name in missing {
             let Some((from, to)) = name.split_once("__") else {
                 continue;
@@ -206,19 +197,10 @@ impl Summary {
             })?;
             for row in rows {
                 let (kind, packets, values) = row?;
-                let duckdb::types::Value::List(values) = values else {
+                let Some(quantiles_ns) = whole_ns(values) else {
                     continue;
                 };
-                let quantiles_ns: Vec<f64> = values
-                    .iter()
-                    .map(|v| match v {
-                        duckdb::types::Value::Double(x) => x.round(),
-                        _ => f64::NAN,
-                    })
-                    .collect();
-                if quantiles_ns.len() != self.levels.len()
-                    || quantiles_ns.iter().any(|v| v.is_nan())
-                {
+                if quantiles_ns.len() != self.levels.len() {
                     continue;
                 }
                 self.stages.push(StageSummary {
@@ -369,11 +351,7 @@ fn add_blocks(
     levels: &[f64],
     stages: &mut [StageSummary],
 ) -> Result<()> {
-    let list = levels
-        .iter()
-        .map(|p| format!("{p}"))
-        .collect::<Vec<_>>()
-        .join(", ");
+    let list = sql_list(levels);
     let mut stmt = conn.prepare(&format!(
         "SELECT kind::UBIGINT, stage, quantile_cont(ns, [{list}])::DOUBLE[] FROM \
          (SELECT kind, stage, ns::DOUBLE AS ns, \
@@ -399,26 +377,39 @@ fn add_blocks(
         if s.packets < BLOCKS * MIN_BLOCK_PACKETS {
             continue;
         }
-        let duckdb::types::Value::List(values) = values else {
-            continue;
-        };
-        s.blocks_ns.push(
-            values
-                .iter()
-                .map(|v| match v {
-                    duckdb::types::Value::Double(x) => x.round(),
-                    _ => f64::NAN,
-                })
-                .collect(),
-        );
+        // An incomplete block stays empty, and drops the stage's blocks below.
+        s.blocks_ns.push(whole_ns(values).unwrap_or_default());
     }
-    // A stage whose blocks came out incomplete keeps none.
     for s in stages.iter_mut() {
-        if s.blocks_ns.len() as u64 != BLOCKS || s.blocks_ns.iter().flatten().any(|v| v.is_nan()) {
+        if s.blocks_ns.len() as u64 != BLOCKS || s.blocks_ns.iter().any(Vec::is_empty) {
             s.blocks_ns.clear();
         }
     }
     Ok(())
+}
+
+/// Quantile levels as a DuckDB list literal's items.
+fn sql_list(levels: &[f64]) -> String {
+    levels
+        .iter()
+        .map(|p| format!("{p}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// A DuckDB `DOUBLE[]` of quantiles in whole nanoseconds (the clock's own
+/// resolution, and a third of the file); `None` if any is not a number.
+fn whole_ns(values: duckdb::types::Value) -> Option<Vec<f64>> {
+    let duckdb::types::Value::List(values) = values else {
+        return None;
+    };
+    values
+        .iter()
+        .map(|v| match v {
+            duckdb::types::Value::Double(x) => Some(x.round()),
+            _ => None,
+        })
+        .collect()
 }
 
 /// The value of a quantile grid at level `p` (linear between levels).

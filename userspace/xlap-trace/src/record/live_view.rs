@@ -214,12 +214,11 @@ impl LiveView {
 
     pub fn note(&mut self, stamp: &Stamp) {
         self.stamps += 1;
-        let (Some(seq), Some(kind)) = (stamp.seq, stamp.kind.or(Some(0))) else {
+        let Some(seq) = stamp.seq.filter(|_| !stamp.fragment) else {
             return;
         };
-        if stamp.fragment {
-            return;
-        }
+        // A layout without a kind field: one kind, 0.
+        let kind = stamp.kind.unwrap_or(0);
         self.newest_ns = self.newest_ns.max(stamp.ts_ns);
         let p = self.pending.entry((kind, seq)).or_insert(Pending {
             newest_ns: 0,
