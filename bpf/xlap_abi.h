@@ -91,8 +91,9 @@ struct xlap_stamp {
   __u16 queue; /* TX/RX queue where known */
   __u8 flags;  /* XLAP_FLAG_* */
   __u8 _pad;
-  __u32 kind; /* the protocol's packet kind, full width (XLAP_FLAG_KIND) */
-  __u32 _reserved;
+  __u32 kind;     /* the protocol's packet kind, full width (XLAP_FLAG_KIND) */
+  __u32 priority; /* skb->priority at transmit device points (the class an
+                   * htb/prio qdisc reads from SO_PRIORITY), else 0 */
 };
 
 /* xlap_stamp.flow: the source address folded to 16 bits (bits 63..48),

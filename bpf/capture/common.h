@@ -180,7 +180,8 @@ static __always_inline __u64 wakeup_flag(void) {
 
 static __always_inline void fill(struct xlap_stamp *s, __u16 point, __u64 ts,
                                  const struct xl_ident *id, __u32 tid,
-                                 __u32 ifindex, __u16 queue, __u64 hw_ts) {
+                                 __u32 ifindex, __u16 queue, __u64 hw_ts,
+                                 __u32 priority) {
   s->ts_ns = ts;
   s->flow = id->flow;
   s->seq = id->seq;
@@ -194,7 +195,7 @@ static __always_inline void fill(struct xlap_stamp *s, __u16 point, __u64 ts,
   s->queue = queue;
   s->kind = id->kind;
   s->_pad = 0;
-  s->_reserved = 0;
+  s->priority = priority;
   s->flags = id->flags | (hw_ts ? XLAP_FLAG_HW_TS : 0);
 }
 
@@ -244,6 +245,7 @@ struct xl_at {
   __u64 hw_ts;
   __u32 tid;
   __u32 ifindex;
+  __u32 priority;
   __u16 point;
   __u16 queue;
 };
@@ -282,7 +284,7 @@ __attribute__((noinline)) int xl_emit(const struct xl_at *at,
         if (n == 0)
           b->oldest_ns = ts;
         fill(&b->stamps[n & (XLAP_BATCH_STAMPS - 1)], at->point, ts, id,
-             at->tid, at->ifindex, at->queue, at->hw_ts);
+             at->tid, at->ifindex, at->queue, at->hw_ts, at->priority);
         b->n = n + 1;
         if (n + 1 >= XLAP_BATCH_STAMPS ||
             (__s64)(ts - b->oldest_ns) > (__s64)XLAP_BATCH_MAX_AGE_NS)
@@ -298,7 +300,8 @@ __attribute__((noinline)) int xl_emit(const struct xl_at *at,
     count_loss(at->point, XLAP_LOSS_RINGBUF_FULL);
     return 0;
   }
-  fill(s, at->point, ts, id, at->tid, at->ifindex, at->queue, at->hw_ts);
+  fill(s, at->point, ts, id, at->tid, at->ifindex, at->queue, at->hw_ts,
+       at->priority);
   bpf_ringbuf_submit(s, wakeup_flag());
   return 0;
 }

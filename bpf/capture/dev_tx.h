@@ -150,11 +150,12 @@ static __always_inline void tx_forget(__u64 key, const struct xl_tx *e) {
 /* One stamp per datagram of a known skb. */
 static __always_inline void stamp_tx(__u16 point, __u64 key,
                                      const struct xl_tx *e, __u32 ifindex,
-                                     __u16 queue) {
+                                     __u16 queue, __u32 priority) {
   struct xl_at at = {.point = point,
                      .ts = bpf_ktime_get_ns(),
                      .tid = (__u32)bpf_get_current_pid_tgid(),
                      .ifindex = ifindex,
+                     .priority = priority,
                      .queue = queue};
   struct xl_segs *segs = 0;
   __u32 n = 1;
@@ -221,7 +222,8 @@ static __always_inline void tx_first_queue(struct sk_buff *skb, __u64 key,
     id.flags |= XLAP_FLAG_FRAGMENT;
     struct xl_tx e = {.id = id, .sk = (__u64)skb->sk, .nseg = 1, .depth = 1};
     if (tx_put(key, &e) == 0 && iface_allowed(skb->dev))
-      stamp_tx(point, key, &e, skb->dev->ifindex, skb->queue_mapping);
+      stamp_tx(point, key, &e, skb->dev->ifindex, skb->queue_mapping,
+               skb->priority);
     return;
   }
   if (ret != XL_OK) {
@@ -260,6 +262,7 @@ static __always_inline void tx_first_queue(struct sk_buff *skb, __u64 key,
                        .ts = bpf_ktime_get_ns(),
                        .tid = (__u32)bpf_get_current_pid_tgid(),
                        .ifindex = skb->dev->ifindex,
+                       .priority = skb->priority,
                        .queue = skb->queue_mapping};
     emit_all(&at, &id, segs, e.nseg);
     if (e.beyond)
@@ -304,7 +307,7 @@ int BPF_PROG(on_net_dev_queue, struct sk_buff *skb) {
       e->depth++;
     if (iface_allowed(skb->dev))
       stamp_tx(XLAP_POINT_DEV_QUEUE, key, e, skb->dev->ifindex,
-               skb->queue_mapping);
+               skb->queue_mapping, skb->priority);
     return 0;
   }
   if (e)
@@ -325,7 +328,7 @@ int BPF_PROG(on_net_dev_start_xmit, struct sk_buff *skb,
   if (e) {
     if (iface_allowed(dev))
       stamp_tx(XLAP_POINT_DEV_START_XMIT, key, e, dev->ifindex,
-               skb->queue_mapping);
+               skb->queue_mapping, skb->priority);
     return 0;
   }
   /* An skb the stack made after the queue point: a segment of a GSO skb
@@ -355,7 +358,7 @@ int BPF_PROG(on_net_dev_xmit, struct sk_buff *skb, int rc,
   /* rc 0: sent. Otherwise dropped or congested on a lower device (an
    * upper device returns its lower queue's verdict): no stamp. */
   if (rc == 0 && iface_allowed(dev))
-    stamp_tx(XLAP_POINT_DEV_XMIT, key, e, dev->ifindex, 0);
+    stamp_tx(XLAP_POINT_DEV_XMIT, key, e, dev->ifindex, 0, 0);
   if (e->depth > 1)
     e->depth--;
   else

@@ -86,7 +86,9 @@ impl Scratch {
 
 impl Drop for Scratch {
     fn drop(&mut self) {
-        if !std::thread::panicking() {
+        // Kept after a failure, or on request (XLAP_KEEP_SCRATCH=1) to
+        // look at a passing run's files.
+        if !std::thread::panicking() && std::env::var_os("XLAP_KEEP_SCRATCH").is_none() {
             let _ = std::fs::remove_dir_all(&self.0);
         }
     }

@@ -29,6 +29,8 @@ pub struct Row {
     pub tid: u32,
     pub cpu: u16,
     pub ifindex: Option<u32>,
+    /// skb->priority at the transmit device points.
+    pub priority: Option<u32>,
     /// A later IP fragment's extra stamp.
     pub fragment: bool,
 }
@@ -167,6 +169,8 @@ pub fn read_stamps(path: &Path) -> Vec<Row> {
         let cpu = cpu.as_any().downcast_ref::<UInt16Array>().unwrap();
         let ifindex = col("ifindex");
         let ifindex = ifindex.as_any().downcast_ref::<UInt32Array>().unwrap();
+        let priority = col("priority");
+        let priority = priority.as_any().downcast_ref::<UInt32Array>().unwrap();
         let fragment = col("fragment");
         let fragment = fragment.as_any().downcast_ref::<BooleanArray>().unwrap();
         for i in 0..batch.num_rows() {
@@ -185,6 +189,7 @@ pub fn read_stamps(path: &Path) -> Vec<Row> {
                 tid: tid.value(i),
                 cpu: cpu.value(i),
                 ifindex: (!ifindex.is_null(i)).then(|| ifindex.value(i)),
+                priority: (!priority.is_null(i)).then(|| priority.value(i)),
                 fragment: fragment.value(i),
             });
         }

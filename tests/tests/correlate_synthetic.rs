@@ -29,6 +29,7 @@ fn stamp(point: u16, ts: u64, seq: u64, flow: u64, pid: u32) -> Stamp {
         ifindex: None,
         queue: None,
         hw_ts_ns: None,
+        priority: None,
         from_user: flow == 0,
         fragment: false,
     }

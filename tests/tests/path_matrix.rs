@@ -9,7 +9,9 @@
 //! sending point, each datagram the receiver logged one at each receiving
 //! point, with its own seq and kind (no stamp of a datagram that was not
 //! there), in causal order; a missing stamp must be counted as a loss of
-//! that point in run.json.
+//! that point in run.json. Every sender sets SO_PRIORITY 3: each of its
+//! stamps at a transmit device point (GSO segments, fragments and the
+//! devices of a stack or tunnel too) carries that priority.
 
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
@@ -363,6 +365,33 @@ fn check_tuples(cell: &Cell, t: &Traced, rows: &[Row]) -> Vec<String> {
     problems
 }
 
+/// SO_PRIORITY of every cell's sender.
+const SENDER_PRIORITY: u32 = 3;
+
+/// The sender's stamps at the transmit device points carry its socket's
+/// priority; no other point carries one.
+fn check_priority(cell: &Cell, rows: &[Row], sender: u32) -> Vec<String> {
+    let device = [
+        "dev.queue",
+        "qdisc.enqueue",
+        "qdisc.dequeue",
+        "dev.start_xmit",
+    ];
+    let mut wrong: BTreeMap<(&str, Option<u32>), usize> = BTreeMap::new();
+    for r in rows.iter().filter(|r| r.pid == sender) {
+        let expected = device
+            .contains(&r.point.as_str())
+            .then_some(SENDER_PRIORITY);
+        if r.priority != expected {
+            *wrong.entry((r.point.as_str(), r.priority)).or_default() += 1;
+        }
+    }
+    wrong
+        .into_iter()
+        .map(|((point, p), n)| format!("{}: {n} stamps at {point} with priority {p:?}", cell.name))
+        .collect()
+}
+
 fn run_cell(cell: &Cell) -> Vec<String> {
     let stage = Stage::build(&StageConfig {
         hosts: 2,
@@ -378,7 +407,12 @@ fn run_cell(cell: &Cell) -> Vec<String> {
             count: cell.count,
             period_us: 200,
             ipv6: cell.ipv6,
-            send_args: cell.send_args.iter().map(|s| s.to_string()).collect(),
+            send_args: cell
+                .send_args
+                .iter()
+                .map(|s| s.to_string())
+                .chain(["--priority".to_string(), SENDER_PRIORITY.to_string()])
+                .collect(),
             recv_args: cell.recv_args.iter().map(|s| s.to_string()).collect(),
             ..Default::default()
         },
@@ -420,6 +454,7 @@ fn run_cell(cell: &Cell) -> Vec<String> {
     ));
     problems.extend(check_order(cell, &tx, &rx, &received));
     problems.extend(check_tuples(cell, &t, &rows));
+    problems.extend(check_priority(cell, &rows, sender));
     if !problems.is_empty() {
         eprintln!("{}: run.json points: {}", cell.name, t.meta["points"]);
         eprintln!("{}: xlap-trace stderr: {}", cell.name, t.stderr);

@@ -95,6 +95,21 @@ pub enum Role {
         /// ignored.
         #[arg(long)]
         late_socket: bool,
+        /// Send every datagram twice: also on a second socket to this
+        /// address, over a second, independent path (AFDX's network B); the
+        /// receiver keeps the first copy. `sent` lines then carry `path` (1
+        /// or 2), one line per copy. Not with --gso, --sendmmsg or
+        /// --late-socket.
+        #[arg(long, conflicts_with_all = ["gso", "sendmmsg", "late_socket"])]
+        dest2: Option<SocketAddr>,
+        /// Local address of the second path's socket.
+        #[arg(long, default_value = "0.0.0.0:0", requires = "dest2")]
+        bind2: SocketAddr,
+        /// SO_PRIORITY of the sender's sockets: a tc class id (`1:20`, hex
+        /// as tc writes it: an htb or prio qdisc puts the packets straight
+        /// into that class) or a decimal number.
+        #[arg(long, value_parser = crate::udp::parse_priority)]
+        priority: Option<u32>,
         #[command(flatten)]
         common: Common,
     },
@@ -143,6 +158,13 @@ pub enum Role {
         /// parent waits for it and exits with its status.
         #[arg(long)]
         fork: bool,
+        /// Also listen on this address, the second path of a sender with
+        /// --dest2: both sockets are polled, the first copy of a packet is
+        /// kept and a later one is logged as a `duplicate` with its skew.
+        /// `received` and `delivered` lines carry `path` (1 or 2). Only with
+        /// the default --recv-mode.
+        #[arg(long, conflicts_with_all = ["udp_gro", "reuseport", "fork"])]
+        bind2: Option<SocketAddr>,
         #[command(flatten)]
         common: Common,
     },
@@ -154,7 +176,7 @@ pub struct Common {
     #[arg(long)]
     log: Option<PathBuf>,
     /// Busy-wait in a stage: STAGE=MICROS[@FROM-TO] (stages: activate, encode, submit,
-    /// transmit, handle, decode, deliver). Repeatable.
+    /// transmit, path1, handle, decode, deliver). Repeatable.
     #[arg(long)]
     inject: Vec<Injection>,
 }
@@ -217,6 +239,9 @@ fn run<M: Markers>(cli: Cli) -> anyhow::Result<()> {
             send_call,
             ipv6_ext,
             late_socket,
+            dest2,
+            bind2,
+            priority,
             common,
         } => {
             anyhow::ensure!(
@@ -237,6 +262,8 @@ fn run<M: Markers>(cli: Cli) -> anyhow::Result<()> {
                 linger: Duration::from_millis(linger_ms),
                 start_file,
                 start_timeout: Duration::from_secs(start_timeout_s),
+                second_path: dest2.map(|dest| (dest, bind2)),
+                priority,
                 burst: burst.unwrap_or(gso.or(sendmmsg).map_or(1, u32::from)),
                 gso,
                 sendmmsg,
@@ -260,6 +287,7 @@ fn run<M: Markers>(cli: Cli) -> anyhow::Result<()> {
             recv_mode,
             reuseport,
             fork,
+            bind2,
             common,
         } => {
             let log = EventLog::open(common.log.as_deref())?;
@@ -276,6 +304,7 @@ fn run<M: Markers>(cli: Cli) -> anyhow::Result<()> {
                 recv_mode,
                 reuseport,
                 fork,
+                bind2,
             };
             let result = receiver::run::<M>(&cfg, &log);
             log.flush()?;

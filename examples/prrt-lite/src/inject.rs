@@ -16,6 +16,10 @@ pub enum Stage {
     Submit,
     /// Sender: in the transmit thread, before the send syscall.
     Transmit,
+    /// Sender with a second path (--dest2): the copy on path 1 leaves this
+    /// long after the copy on path 2 (sent first, then a busy-wait), as
+    /// when path 1's network is slow.
+    Path1,
     /// Receiver: between handle_start and handle_end.
     Handle,
     /// Receiver: between decode_start and decode_end.
@@ -39,7 +43,7 @@ impl FromStr for Injection {
             .split_once('=')
             .ok_or_else(|| anyhow!("expected STAGE=MICROS[@FROM-TO], got {s:?}"))?;
         let stage = <Stage as clap::ValueEnum>::from_str(stage, true).map_err(|_| {
-            anyhow!("unknown stage {stage:?} (activate, encode, submit, transmit, handle, decode, deliver)")
+            anyhow!("unknown stage {stage:?} (activate, encode, submit, transmit, path1, handle, decode, deliver)")
         })?;
         let (micros, range) = match rest.split_once('@') {
             Some((m, r)) => (m, Some(r)),
@@ -74,6 +78,13 @@ impl FromStr for Injection {
 pub struct Injections(pub Vec<Injection>);
 
 impl Injections {
+    /// Whether an injection of `stage` covers `seq`.
+    pub fn covers(&self, stage: Stage, seq: u32) -> bool {
+        self.0
+            .iter()
+            .any(|inj| inj.stage == stage && inj.seqs.is_none_or(|(a, b)| (a..=b).contains(&seq)))
+    }
+
     /// Busy-waits for every injection of `stage` that covers `seq`.
     pub fn apply(&self, stage: Stage, seq: u32) {
         for inj in &self.0 {

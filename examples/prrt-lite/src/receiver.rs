@@ -43,6 +43,8 @@ pub struct ReceiverConfig {
     pub reuseport: bool,
     /// Fork after binding; the child receives.
     pub fork: bool,
+    /// A second socket, for the second path of a redundant sender.
+    pub bind2: Option<SocketAddr>,
 }
 
 /// Room for any single UDP datagram (at most 65 527 bytes of payload).
@@ -88,6 +90,8 @@ struct Ready {
     seq: u32,
     send_time_ns: u64,
     recovered: bool,
+    /// The path whose copy was kept (two paths only; none when rebuilt).
+    path: Option<u8>,
 }
 
 #[derive(Default)]
@@ -157,6 +161,7 @@ impl Reassembly {
                 seq,
                 send_time_ns,
                 recovered: true,
+                path: None,
             },
         );
     }
@@ -228,6 +233,23 @@ pub fn run<M: Markers>(cfg: &ReceiverConfig, log: &EventLog) -> Result<()> {
         "cookie": udp::cookie(&socket)?, "pid": std::process::id(),
     }));
     enlarge_receive_buffer(&socket, RECEIVE_BUFFER_BYTES);
+    let second = match cfg.bind2 {
+        None => None,
+        Some(addr) => {
+            anyhow::ensure!(
+                cfg.recv_mode == udp::RecvMode::Recvfrom,
+                "--bind2 works with the default --recv-mode only"
+            );
+            let second = UdpSocket::bind(addr)
+                .with_context(|| format!("cannot bind the second path's socket to {addr}"))?;
+            log.record(json!({
+                "event": "socket", "local": second.local_addr()?.to_string(), "path": 2,
+                "cookie": udp::cookie(&second)?, "pid": std::process::id(),
+            }));
+            enlarge_receive_buffer(&second, RECEIVE_BUFFER_BYTES);
+            Some(second)
+        }
+    };
     if cfg.udp_gro {
         udp::enable_gro(&socket).context("cannot enable UDP_GRO on the receiver's socket")?;
     }
@@ -241,7 +263,7 @@ pub fn run<M: Markers>(cfg: &ReceiverConfig, log: &EventLog) -> Result<()> {
     let (tx, rx) = mpsc::channel::<Ready>();
     std::thread::scope(|scope| {
         let app = scope.spawn(|| deliver_all::<M>(rx, cfg, log));
-        let result = receive::<M>(&socket, &tx, cfg, log);
+        let result = receive::<M>(&socket, second.as_ref(), &tx, cfg, log);
         drop(tx);
         let delivered = app.join().expect("application thread panicked");
         result.map(|counters| {
@@ -284,11 +306,15 @@ fn deliver_all<M: Markers>(
         let missed = latency_ns > cfg.deadline_ns;
         stats.delivered += 1;
         stats.deadline_missed += missed as u64;
-        log.record(json!({
+        let mut event = json!({
             "event": "delivered", "seq": ready.seq, "t_ns": now,
             "recovered": ready.recovered, "latency_ns": latency_ns,
             "deadline_missed": missed,
-        }));
+        });
+        if let Some(path) = ready.path {
+            event["path"] = path.into();
+        }
+        log.record(event);
     }
     stats
 }
@@ -299,6 +325,7 @@ type Received = (Vec<(usize, usize)>, SocketAddr, Option<usize>, bool);
 
 fn receive<M: Markers>(
     socket: &UdpSocket,
+    second: Option<&UdpSocket>,
     tx: &mpsc::Sender<Ready>,
     cfg: &ReceiverConfig,
     log: &EventLog,
@@ -318,6 +345,7 @@ fn receive<M: Markers>(
     let started = now_ns();
     let mut last_packet_ns: Option<u64> = None;
     let mut feedback = FeedbackState::default();
+    let mut copies = FirstCopies::default();
 
     loop {
         let now = now_ns();
@@ -338,7 +366,16 @@ fn receive<M: Markers>(
         if let (Some(st), Some(to)) = (&mut state, peer) {
             feedback.maybe_send::<M>(socket, to, st, cfg, now, log, &mut counters);
         }
-        let received: std::io::Result<Received> = if cfg.udp_gro {
+        // The path the datagram came on (1 without a second socket).
+        let mut path = 1u8;
+        let received: std::io::Result<Received> = if let Some(second) = second {
+            udp::wait_readable(&[socket, second], 5).and_then(|i| {
+                path = i as u8 + 1;
+                [socket, second][i]
+                    .recv_from(&mut buf)
+                    .map(|(n, from)| (vec![(0, n)], from, None, false))
+            })
+        } else if cfg.udp_gro {
             udp::recv_coalesced(socket, &mut buf)
                 .map(|c| (vec![(0, c.len)], c.from, c.segment_size, c.truncated))
         } else {
@@ -431,7 +468,14 @@ fn receive<M: Markers>(
             M::link_receive(header.seq, kind);
             M::handle_start(header.seq, kind);
             cfg.inject.apply(Stage::Handle, header.seq);
-            peer = Some(from);
+            if second.is_some() {
+                event["path"] = path.into();
+                copies.note(kind, header.seq, path, arrival, log);
+            }
+            // Feedback goes back on the first path (the sender reads it there).
+            if path == 1 {
+                peer = Some(from);
+            }
             log.record(event);
             let st = state.get_or_insert_with(|| Reassembly {
                 k: header.k.max(1) as u32,
@@ -455,6 +499,7 @@ fn receive<M: Markers>(
                                 seq: header.seq,
                                 send_time_ns: header.send_time_ns,
                                 recovered: false,
+                                path: second.is_some().then_some(path),
                             },
                         );
                         st.block_mut(header.block)
@@ -518,6 +563,32 @@ fn receive<M: Markers>(
         }
     }
     Ok(counters)
+}
+
+/// When the first copy of each packet arrived, and on which path (two paths
+/// only), to log a later copy's skew.
+#[derive(Default)]
+struct FirstCopies(HashMap<(u8, u32), (u64, u8)>);
+
+/// Copies further apart than this are not matched (bounded memory).
+const COPY_WINDOW_NS: u64 = 1_000_000_000;
+
+impl FirstCopies {
+    fn note(&mut self, kind: u8, seq: u32, path: u8, arrival: u64, log: &EventLog) {
+        match self.0.get(&(kind, seq)) {
+            Some(&(first, first_path)) => log.record(json!({
+                "event": "duplicate", "kind": Kind::from_u8(kind), "seq": seq, "path": path,
+                "first_path": first_path, "skew_ns": arrival.saturating_sub(first), "t_ns": arrival,
+            })),
+            None => {
+                if self.0.len() >= 65_536 {
+                    self.0
+                        .retain(|_, (t, _)| arrival.saturating_sub(*t) < COPY_WINDOW_NS);
+                }
+                self.0.insert((kind, seq), (arrival, path));
+            }
+        }
+    }
 }
 
 /// Adds `gro_batch` and `gro_segments` to an event (with `--udp-gro`).

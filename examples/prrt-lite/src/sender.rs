@@ -51,6 +51,11 @@ pub struct SenderConfig {
     pub ipv6_ext: Option<Ipv6Ext>,
     /// The call that sends a datagram when neither gso nor sendmmsg batch.
     pub send_call: crate::udp::SendCall,
+    /// (destination, local address) of a second path: every datagram is
+    /// sent on both.
+    pub second_path: Option<(SocketAddr, SocketAddr)>,
+    /// SO_PRIORITY of the sockets.
+    pub priority: Option<u32>,
 }
 
 /// The largest `--payload`: a data packet of [`MAX_SEND_BYTES`].
@@ -125,6 +130,28 @@ pub fn run<M: Markers>(cfg: &SenderConfig, log: &EventLog) -> Result<()> {
         "event": "socket", "local": socket.local_addr()?.to_string(),
         "peer": cfg.dest.to_string(), "cookie": udp::cookie(&socket)?, "pid": std::process::id(),
     }));
+    let second = match cfg.second_path {
+        None => None,
+        Some((dest, bind)) => {
+            let second = UdpSocket::bind(bind)
+                .with_context(|| format!("cannot bind the second path's socket to {bind}"))?;
+            second
+                .connect(dest)
+                .with_context(|| format!("cannot connect the second path's socket to {dest}"))?;
+            log.record(serde_json::json!({
+                "event": "socket", "local": second.local_addr()?.to_string(), "path": 2,
+                "peer": dest.to_string(), "cookie": udp::cookie(&second)?, "pid": std::process::id(),
+            }));
+            Some(second)
+        }
+    };
+    if let Some(priority) = cfg.priority {
+        for s in std::iter::once(&socket).chain(&second) {
+            udp::set_priority(s, priority).with_context(|| {
+                format!("cannot set SO_PRIORITY {priority:#x} (above 6 it takes CAP_NET_ADMIN)")
+            })?;
+        }
+    }
     if let Some(ext) = cfg.ipv6_ext {
         anyhow::ensure!(
             is_ipv6_destination(cfg.dest),
@@ -154,7 +181,7 @@ pub fn run<M: Markers>(cfg: &SenderConfig, log: &EventLog) -> Result<()> {
 
     std::thread::scope(|scope| -> Result<()> {
         let transmit_socket = socket.try_clone()?;
-        let transmitter = scope.spawn(|| transmit::<M>(transmit_socket, rx, cfg, log));
+        let transmitter = scope.spawn(|| transmit::<M>(transmit_socket, second, rx, cfg, log));
         let feedback_socket = socket.try_clone()?;
         let (stop_fb, count_fb) = (stop.clone(), feedbacks.clone());
         scope.spawn(move || read_feedback(feedback_socket, &stop_fb, &count_fb, log));
@@ -286,6 +313,7 @@ struct Transmitted {
 /// `--gso`), unless the artificial channel drops it.
 fn transmit<M: Markers>(
     socket: UdpSocket,
+    second: Option<UdpSocket>,
     rx: mpsc::Receiver<Submitted>,
     cfg: &SenderConfig,
     log: &EventLog,
@@ -326,6 +354,10 @@ fn transmit<M: Markers>(
                 gso.send::<M>(&socket, batch, log);
             }
             continue;
+        } else if let Some(second) = &second {
+            stats.sent += 1;
+            send_on_both::<M>([&socket, second], &out, cfg, &mut file, log);
+            continue;
         } else {
             M::link_transmit_start(out.seq, kind);
             // A refused datagram (no receiver yet: ECONNREFUSED from an ICMP
@@ -345,6 +377,34 @@ fn transmit<M: Markers>(
         gso.flush::<M>(&socket, log);
     }
     Ok(stats)
+}
+
+/// Sends a datagram on both paths, path 1 first unless an injected `path1`
+/// delay makes path 1's copy leave that long after path 2's. One `sent` line
+/// per copy, with its path.
+fn send_on_both<M: Markers>(
+    sockets: [&UdpSocket; 2],
+    out: &Outgoing,
+    cfg: &SenderConfig,
+    file: &mut crate::udp::SendFile,
+    log: &EventLog,
+) {
+    let late_path1 = cfg.inject.covers(Stage::Path1, out.seq);
+    let order = if late_path1 { [2, 1] } else { [1, 2] };
+    M::link_transmit_start(out.seq, out.kind as u8);
+    for (i, path) in order.into_iter().enumerate() {
+        if i == 1 {
+            cfg.inject.apply(Stage::Path1, out.seq);
+        }
+        if let Err(e) = crate::udp::send_with(sockets[path - 1], cfg.send_call, file, &out.bytes) {
+            log.record(json!({"event": "send_error", "kind": out.kind, "seq": out.seq, "path": path, "error": e.to_string()}));
+        }
+        log.record(json!({
+            "event": "sent", "kind": out.kind, "seq": out.seq,
+            "t_ns": now_ns(), "dropped": false, "path": path,
+        }));
+    }
+    M::link_transmit_end(out.seq, out.kind as u8);
 }
 
 /// The transmit thread's UDP GSO state: the batch being filled and the

@@ -699,6 +699,66 @@ fn set_option(socket: &UdpSocket, level: i32, name: i32, value: &[u8]) -> io::Re
     Ok(())
 }
 
+/// Parses a socket priority as `tc` writes a class (`MAJOR:MINOR`, hex, as
+/// `1:20`) or as a plain decimal number. An htb or prio qdisc takes an skb
+/// whose priority equals one of its class ids straight into that class.
+pub fn parse_priority(s: &str) -> Result<u32, String> {
+    match s.split_once(':') {
+        Some((major, minor)) => {
+            let hex = |v: &str| u16::from_str_radix(v, 16).map_err(|e| format!("{s:?}: {e}"));
+            Ok(((hex(major)? as u32) << 16) | hex(minor)? as u32)
+        }
+        None => s.parse().map_err(|e| format!("{s:?}: {e}")),
+    }
+}
+
+/// Sets SO_PRIORITY (values above 6 take CAP_NET_ADMIN).
+pub fn set_priority(socket: &UdpSocket, priority: u32) -> io::Result<()> {
+    let value = priority as libc::c_int;
+    // SAFETY: setsockopt with an int option value on our own socket.
+    let rc = unsafe {
+        libc::setsockopt(
+            socket.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PRIORITY,
+            (&value as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// Waits up to `timeout_ms` for a datagram on any of `sockets`; the index of
+/// the first readable one (in the order given), or `WouldBlock` when none
+/// became readable in time.
+pub fn wait_readable(sockets: &[&UdpSocket], timeout_ms: i32) -> io::Result<usize> {
+    let mut fds: Vec<libc::pollfd> = sockets
+        .iter()
+        .map(|s| libc::pollfd {
+            fd: s.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        })
+        .collect();
+    // SAFETY: fds is a valid array of pollfd of the given length.
+    let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout_ms) };
+    if n < 0 {
+        let e = io::Error::last_os_error();
+        return Err(if e.kind() == io::ErrorKind::Interrupted {
+            io::ErrorKind::WouldBlock.into()
+        } else {
+            e
+        });
+    }
+    fds.iter()
+        .position(|f| f.revents & (libc::POLLIN | libc::POLLERR) != 0)
+        .ok_or_else(|| io::ErrorKind::WouldBlock.into())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -21,6 +21,8 @@
 //!    without crossing the wire), `duplicate` (received more than once, with
 //!    the skew of the copies), `reordered` (a later seq arrived before it),
 //!    `retransmitted` (sent more than once), `deadline_missed`.
+//!    `priority` is the skb's priority on the sender's wire device (the
+//!    class an htb or prio qdisc takes from SO_PRIORITY).
 //!    The flow's 5-tuple rides along: `src_addr`/`dst_addr` (null where the
 //!    capture could not note them), `src_port`/`dst_port`, and the cookies
 //!    of the traced sockets that sent and received it; `kind` is null for
@@ -162,6 +164,18 @@ pub fn correlate(
         [],
         |r| r.get(0),
     )?;
+    // skb->priority at the sender's device points (runs from before it was
+    // recorded have none).
+    let has_priority: bool = conn.query_row(
+        "SELECT count(*) > 0 FROM (DESCRIBE stamps) WHERE column_name = 'priority'",
+        [],
+        |r| r.get(0),
+    )?;
+    let priority_col = if has_priority {
+        "s.priority"
+    } else {
+        "NULL::UINTEGER"
+    };
     let whole = if has_fragment {
         "AND NOT s.fragment"
     } else {
@@ -172,7 +186,7 @@ pub fn correlate(
          INSERT INTO run_domain VALUES {domains_values};
          -- 1. domains and flows
          CREATE OR REPLACE TEMP TABLE s0 AS
-           SELECT s.run_id, s.host, s.point, s.side, s.ts_ns, s.seq::HUGEINT AS seq, coalesce(s.kind::BIGINT, -1) AS kind, s.flow, s.pid, s.ifindex, d.domain, d.span
+           SELECT s.run_id, s.host, s.point, s.side, s.ts_ns, s.seq::HUGEINT AS seq, coalesce(s.kind::BIGINT, -1) AS kind, s.flow, s.pid, s.ifindex, {priority_col} AS priority, d.domain, d.span
            FROM stamps s JOIN run_domain d USING (run_id) WHERE s.seq IS NOT NULL {whole};
          CREATE OR REPLACE TEMP TABLE kflow AS
            SELECT run_id, pid, kind, seq, flow, min(ts_ns) AS t FROM s0 WHERE flow <> 0 GROUP BY ALL;
@@ -408,9 +422,23 @@ pub fn correlate(
         .map(|(c, _)| format!("min(t) FILTER (WHERE col = '{c}') AS {}", q(c)))
         .collect::<Vec<_>>()
         .join(",\n  ");
+    // The priority of the skb on the wire device (the qdisc's class input).
+    let wire_device_cols: Vec<String> = ["dev_queue_ns", "qdisc_enqueue_ns", "dev_start_xmit_ns"]
+        .into_iter()
+        .filter(|n| cols.iter().any(|(c, _)| c == n))
+        .map(|n| format!("'{n}'"))
+        .collect();
+    let priority = if !wire_device_cols.is_empty() {
+        format!(
+            "arg_min(priority, t) FILTER (WHERE priority IS NOT NULL AND col IN ({}))",
+            wire_device_cols.join(", ")
+        )
+    } else {
+        "NULL".to_string()
+    };
     conn.execute_batch(&format!(
         "CREATE OR REPLACE TEMP TABLE pk AS
-         SELECT flow, kind, useq, {pivot_cols}
+         SELECT flow, kind, useq, {priority}::UINTEGER AS __priority, {pivot_cols}
          FROM s5 GROUP BY flow, kind, useq;
          CREATE OR REPLACE TABLE packets AS
          SELECT e.tx_run AS run_id, p.flow, nullif(p.kind, -1)::UINTEGER AS kind, p.useq::UBIGINT AS seq,
@@ -420,7 +448,8 @@ pub fn correlate(
                 fa.tx_socket_cookie, fa.rx_socket_cookie,
                 e.tx_host, e.rx_host, e.tx_pid, e.rx_pid,
                 {tx_first} AS sent_ns,
-                p.* EXCLUDE (flow, kind, useq),
+                p.__priority AS priority,
+                p.* EXCLUDE (flow, kind, useq, __priority),
                 {tx_wire} - {tx_first} AS sender_total_ns,
                 {rx_wire} - {tx_wire} AS channel_ns,
                 {rx_last} - {rx_wire} AS receiver_total_ns,

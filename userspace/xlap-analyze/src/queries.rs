@@ -27,6 +27,8 @@ const SOURCES: &[(&str, &str)] = bundled!(
     "deadline",
     "activation",
     "gaps",
+    "qdisc_classes",
+    "redundancy",
 );
 
 /// A query file: its header and its SQL.

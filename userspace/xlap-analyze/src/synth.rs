@@ -179,9 +179,14 @@ pub fn generate(conn: &Connection, dir: &Path, packets: u64, seed: u32) -> Resul
                 rx AS (SELECT *, {rx_cols} FROM tx),
                 p AS (SELECT i, seq, kind, lost, {tx_list}, {rx_null} FROM rx)
            SELECT 'synth-{seed}' AS run_id, 1::UBIGINT AS flow, kind, seq,
+                  '10.0.0.1' AS src_addr, '10.0.0.2' AS dst_addr,
+                  NULL::USMALLINT AS src_port, 1::USMALLINT AS dst_port,
+                  NULL::UBIGINT AS tx_socket_cookie, NULL::UBIGINT AS rx_socket_cookie,
                   'synth-a' AS tx_host, CASE WHEN lost THEN NULL ELSE 'synth-b' END AS rx_host,
                   1000::UINTEGER AS tx_pid, CASE WHEN lost THEN NULL ELSE 2000::UINTEGER END AS rx_pid,
                   {TX_FIRST}_ns AS sent_ns,
+                  -- the htb classes 1:10 (kind 0) and 1:20 (kind 1) by SO_PRIORITY
+                  CASE WHEN kind = 1 THEN 65568 ELSE 65552 END::UINTEGER AS priority,
                   {all_points},
                   dev_start_xmit_ns - {TX_FIRST}_ns AS sender_total_ns,
                   dev_netif_rx_ns - dev_start_xmit_ns AS channel_ns,

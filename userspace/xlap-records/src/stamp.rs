@@ -24,11 +24,29 @@ pub struct Stamp {
     pub ifindex: Option<u32>,
     pub queue: Option<u16>,
     pub hw_ts_ns: Option<u64>,
+    /// `skb->priority` at the transmit device points that see the skb
+    /// whole (dev.queue, qdisc.enqueue/dequeue, dev.start_xmit): the class
+    /// an htb or prio qdisc picks from SO_PRIORITY (major:minor as
+    /// 0xMMMMmmmm). `None` at other points.
+    pub priority: Option<u32>,
     /// Seq and kind came from the syscall's user buffer, not from an skb.
     pub from_user: bool,
     /// A later IP fragment of the datagram (an extra stamp at a device
     /// point; the datagram's own stamp is its first fragment's).
     pub fragment: bool,
+}
+
+/// The points whose stamps carry `skb->priority` (dev.xmit does not read
+/// the skb: the driver may have freed it).
+fn carries_priority(point: u16) -> bool {
+    use xlap_abi::xlap_point as p;
+    [
+        p::XLAP_POINT_DEV_QUEUE,
+        p::XLAP_POINT_QDISC_ENQUEUE,
+        p::XLAP_POINT_QDISC_DEQUEUE,
+        p::XLAP_POINT_DEV_START_XMIT,
+    ]
+    .contains(&(point as u32))
 }
 
 impl Stamp {
@@ -48,6 +66,7 @@ impl Stamp {
             ifindex: (raw.ifindex != 0).then_some(raw.ifindex),
             queue: (raw.ifindex != 0).then_some(raw.queue),
             hw_ts_ns: (flags & XLAP_FLAG_HW_TS != 0).then_some(raw.hw_ts_ns),
+            priority: carries_priority(raw.point).then_some(raw.priority),
             from_user: flags & XLAP_FLAG_FROM_USER != 0,
             fragment: flags & XLAP_FLAG_FRAGMENT != 0,
         }

@@ -70,6 +70,7 @@ pub struct StampBatcher {
     ifindexes: UInt32Builder,
     queues: UInt16Builder,
     hw_ts: Int64Builder,
+    priorities: UInt32Builder,
     from_user: BooleanBuilder,
     fragment: BooleanBuilder,
     rows: usize,
@@ -104,6 +105,7 @@ impl StampBatcher {
             ifindexes: UInt32Builder::new(),
             queues: UInt16Builder::new(),
             hw_ts: Int64Builder::new(),
+            priorities: UInt32Builder::new(),
             from_user: BooleanBuilder::new(),
             fragment: BooleanBuilder::new(),
             rows: 0,
@@ -155,6 +157,7 @@ impl StampBatcher {
         self.ifindexes.append_option(s.ifindex);
         self.queues.append_option(s.queue);
         self.hw_ts.append_option(s.hw_ts_ns.map(|v| v as i64));
+        self.priorities.append_option(s.priority);
         self.from_user.append_value(s.from_user);
         self.fragment.append_value(s.fragment);
         self.rows += 1;
@@ -184,6 +187,7 @@ impl StampBatcher {
             Arc::new(self.ifindexes.finish()),
             Arc::new(self.queues.finish()),
             Arc::new(self.hw_ts.finish()),
+            Arc::new(self.priorities.finish()),
             Arc::new(self.from_user.finish()),
             Arc::new(self.fragment.finish()),
         ];
@@ -423,6 +427,7 @@ mod tests {
             ifindex: None,
             queue: None,
             hw_ts_ns: None,
+            priority: None,
             from_user: false,
             fragment: false,
         }

@@ -52,12 +52,17 @@ pub enum Qdisc {
     },
     /// One HTB class as the default class, at `rate`.
     Htb { rate: String },
+    /// HTB with several classes `1:<minor>` at their rates (ceil = rate),
+    /// the first the default; a socket picks one with SO_PRIORITY
+    /// 0x1<minor> (tc's `1:<minor>`, minor in hex).
+    HtbClasses { classes: Vec<(u16, String)> },
     /// A plain FIFO (bypassed while empty: dequeue stamps only).
     Pfifo,
 }
 
 impl Qdisc {
-    /// Parses `tbf[:RATE[:BURST[:LATENCY]]]`, `htb[:RATE]` or `pfifo`.
+    /// Parses `tbf[:RATE[:BURST[:LATENCY]]]`, `htb[:RATE]`,
+    /// `htb-classes:MINOR=RATE,MINOR=RATE...` (minors in hex, as tc) or `pfifo`.
     pub fn parse(spec: &str) -> Result<Qdisc, String> {
         let mut parts = spec.split(':');
         let kind = parts.next().unwrap_or_default();
@@ -69,9 +74,24 @@ impl Qdisc {
                 latency: next("50ms"),
             }),
             "htb" => Ok(Qdisc::Htb { rate: next("1gbit") }),
+            "htb-classes" => {
+                let list = next("");
+                let classes = list
+                    .split(',')
+                    .map(|c| {
+                        let (minor, rate) = c.split_once('=')?;
+                        Some((u16::from_str_radix(minor, 16).ok()?, rate.to_string()))
+                    })
+                    .collect::<Option<Vec<_>>>()
+                    .filter(|c| !c.is_empty() && c.iter().all(|(m, r)| *m > 0 && !r.is_empty()))
+                    .ok_or_else(|| {
+                        format!("htb-classes:{list}: expected MINOR=RATE,... (minor in hex, above 0), e.g. htb-classes:10=1gbit,20=4mbit")
+                    })?;
+                Ok(Qdisc::HtbClasses { classes })
+            }
             "pfifo" => Ok(Qdisc::Pfifo),
             other => Err(format!(
-                "unknown qdisc {other:?}: use tbf[:RATE[:BURST[:LATENCY]]], htb[:RATE] or pfifo (netem is not in this kernel)"
+                "unknown qdisc {other:?}: use tbf[:RATE[:BURST[:LATENCY]]], htb[:RATE], htb-classes:MINOR=RATE,... or pfifo (netem is not in this kernel)"
             )),
         }
     }
@@ -94,6 +114,9 @@ pub struct Host {
     pub wire_ifname: String,
     pub ipv4: Ipv4Addr,
     pub ipv6: Ipv6Addr,
+    /// The host's addresses on the second path ([`StageConfig::second_path`]:
+    /// `xl1`, 10.78.0.x/24 and fd78::x/64), if the stage has one.
+    pub second: Option<(Ipv4Addr, Ipv6Addr)>,
 }
 
 impl Host {
@@ -128,6 +151,17 @@ impl Host {
             Ok(f())
         });
         handle.join().expect("netns thread panicked")
+    }
+
+    /// The host's address on the second path, if the stage has one.
+    pub fn second_addr(&self, v6: bool) -> Option<IpAddr> {
+        self.second.map(|(v4, v6addr)| {
+            if v6 {
+                IpAddr::V6(v6addr)
+            } else {
+                IpAddr::V4(v4)
+            }
+        })
     }
 
     pub fn addr(&self, v6: bool) -> IpAddr {
@@ -243,6 +277,34 @@ impl Host {
                     .concat(),
                 )
             }
+            Qdisc::HtbClasses { classes } => {
+                let default = format!("{:x}", classes[0].0);
+                run(
+                    "tc",
+                    &[
+                        &ns[..],
+                        &["qdisc", "replace"],
+                        &dev[..],
+                        &["root", "handle", "1:", "htb", "default", &default],
+                    ]
+                    .concat(),
+                )?;
+                for (minor, rate) in classes {
+                    let classid = format!("1:{minor:x}");
+                    run(
+                        "tc",
+                        &[
+                            &ns[..],
+                            &["class", "replace"],
+                            &dev[..],
+                            &["parent", "1:", "classid", &classid, "htb", "rate", rate],
+                            &["ceil", rate],
+                        ]
+                        .concat(),
+                    )?;
+                }
+                Ok(())
+            }
             Qdisc::Pfifo => run(
                 "tc",
                 &[&ns[..], &["qdisc", "replace"], &dev[..], &["root", "pfifo"]].concat(),
@@ -347,6 +409,11 @@ pub struct StageConfig {
     /// stage) and of a macvlan over it; a VXLAN device gets this minus
     /// [`VXLAN_OVERHEAD`]. `None`: the kernel's default (1500; vx0 1450).
     pub mtu: Option<u32>,
+    /// A second, independent link between the two hosts of a veth stage:
+    /// the veth pair `xl1` (no qdisc, the same MTU) with 10.78.0.x/24 and
+    /// fd78::x/64 ([`Host::second`]), for redundant transmission over two
+    /// paths (AFDX's networks A and B).
+    pub second_path: bool,
 }
 
 impl Default for StageConfig {
@@ -356,6 +423,7 @@ impl Default for StageConfig {
             qdiscs: Vec::new(),
             link: Link::Veth,
             mtu: None,
+            second_path: false,
         }
     }
 }
@@ -516,6 +584,11 @@ impl Stage {
                 config.link.name()
             )));
         }
+        if config.second_path && (n != 2 || config.link != Link::Veth) {
+            return Err(StageError::Unsupported(
+                "a second path needs a two-host veth stage".into(),
+            ));
+        }
         if let (Link::Vxlan, Some(mtu)) = (config.link, config.mtu) {
             if mtu < 1280 + VXLAN_OVERHEAD {
                 return Err(StageError::Unsupported(format!(
@@ -557,6 +630,12 @@ impl Stage {
                 wire_ifname: "xl0".to_string(),
                 ipv4: Ipv4Addr::new(10, 77, 0, i as u8 + 1),
                 ipv6: Ipv6Addr::new(0xfd77, 0, 0, 0, 0, 0, 0, i as u16 + 1),
+                second: config.second_path.then(|| {
+                    (
+                        Ipv4Addr::new(10, 78, 0, i as u8 + 1),
+                        Ipv6Addr::new(0xfd78, 0, 0, 0, 0, 0, 0, i as u16 + 1),
+                    )
+                }),
             });
         }
         let mtu = config.mtu.map(|m| m.to_string());
@@ -669,6 +748,9 @@ impl Stage {
             run("ip", &["-n", ns, "link", "set", "xl0", "up"])?;
             run("ip", &["-n", ns, "link", "set", &host.ifname, "up"])?;
         }
+        if config.second_path {
+            stage.add_second_path(mtu.as_deref())?;
+        }
         stage.wait_until_up()?;
         if let (Some(b), Some(a)) = (taps.pop(), taps.pop()) {
             // Started once both devices are up: a TAP that is down refuses
@@ -689,6 +771,31 @@ impl Stage {
             }
         }
         Ok(stage)
+    }
+
+    /// The veth pair `xl1` between the two hosts, with their second
+    /// addresses, up.
+    fn add_second_path(&self, mtu: Option<&str>) -> Result<(), StageError> {
+        let (a, b) = (&self.hosts[0], &self.hosts[1]);
+        run(
+            "ip",
+            &[
+                "link", "add", "name", "xl1", "netns", &a.netns, "type", "veth", "peer", "name",
+                "xl1", "netns", &b.netns,
+            ],
+        )?;
+        for host in [a, b] {
+            let ns = host.netns.as_str();
+            if let Some(mtu) = mtu {
+                run("ip", &["-n", ns, "link", "set", "xl1", "mtu", mtu])?;
+            }
+            let (v4, v6) = host
+                .second
+                .expect("hosts of a second-path stage have addresses");
+            add_addresses(ns, "xl1", v4, v6)?;
+            run("ip", &["-n", ns, "link", "set", "xl1", "up"])?;
+        }
+        Ok(())
     }
 
     /// [`Link::Tap`]: a TAP device `xl0` in each host, opened from inside
@@ -742,6 +849,9 @@ impl Stage {
             if host.ifname != host.wire_ifname {
                 devs.push(&host.ifname);
             }
+            if host.second.is_some() {
+                devs.push("xl1");
+            }
             for dev in devs {
                 loop {
                     let out = output("ip", &["-n", &host.netns, "-o", "link", "show", dev])?;
@@ -774,6 +884,14 @@ impl Stage {
                 .map(|h| [h.ipv4.to_string(), h.ipv6.to_string()])
                 .collect(),
         )];
+        if let Some(second) = self
+            .hosts
+            .iter()
+            .map(|h| h.second.map(|(v4, v6)| [v4.to_string(), v6.to_string()]))
+            .collect::<Option<Vec<_>>>()
+        {
+            layers.push(("xl1", second));
+        }
         if self.link == Link::Vxlan {
             layers.push((
                 "xl0",

@@ -70,6 +70,14 @@ pub enum Command {
     Export(ExportArgs),
     /// Generate a synthetic run with a known ground truth (tests, benchmarks).
     Synth(SynthArgs),
+    /// A built-in UDP prober: an echo responder (`serve`) and RTT
+    /// measurements to it (`rtt`), for `estimate`.
+    #[command(subcommand)]
+    Probe(crate::probe::ProbeCommand),
+    /// Every host's software latency (mean, quantiles, with intervals) from
+    /// the RTTs between pairs of three or more hosts, without synchronised
+    /// clocks.
+    Estimate(crate::estimate::EstimateArgs),
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -525,9 +533,15 @@ pub enum StageCommand {
         #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u8).range(2..=3))]
         hosts: u8,
         /// Qdisc of a host's link: HOST=SPEC with HOST a letter (a, b, c) and
-        /// SPEC tbf[:RATE[:BURST[:LATENCY]]], htb[:RATE] or pfifo. Repeatable.
+        /// SPEC tbf[:RATE[:BURST[:LATENCY]]], htb[:RATE],
+        /// htb-classes:MINOR=RATE,... (classes 1:MINOR, hex, the first the
+        /// default; SO_PRIORITY 0x1MINOR picks one) or pfifo. Repeatable.
         #[arg(long, value_name = "HOST=SPEC")]
         qdisc: Vec<String>,
+        /// A second veth pair xl1 between two veth hosts (10.78.0.x,
+        /// fd78::x): a second path for redundant transmission.
+        #[arg(long)]
+        second_path: bool,
         /// The link between the hosts: veth, veth-gro (NAPI + GRO), tap (a
         /// NIC-style receive through napi_gro_frags), macvlan (a stacked
         /// device) or vxlan (a tunnel). Two hosts only, except veth.

@@ -8,7 +8,7 @@
 //! | 3 | missing privileges (not root, no CAP_BPF/CAP_PERFMON) |
 //! | 4 | the kernel lacks something needed (BTF, a tracepoint) |
 //! | 5 | a target process does not exist |
-//! | 6 | a bad input file or run directory (not a run or packets table, wrong schema version, no packets, one end only) |
+//! | 6 | a bad input file or run directory (not a run or packets table, wrong schema version, no packets, one end only); for `estimate`, not an RTT file of `probe rtt`, a pair without samples, or pairs that do not determine every host (the message names the pairs to add) |
 //! | 7 | nothing to key: the targets held only TCP sockets and never opened a UDP socket during the run (its files are still written) |
 //!
 //! `xlap-trace run -- CMD` exits with the command's status instead (128 +

@@ -5,7 +5,9 @@ use clap::Parser;
 use std::process::ExitCode;
 use xlap_trace::cli::{self, Cli, Command, StageCommand};
 use xlap_trace::exit::{failure, Code};
-use xlap_trace::{analyze_cmd, correlate_cmd, demo, exit, proto, record, report_cmd};
+use xlap_trace::{
+    analyze_cmd, correlate_cmd, demo, estimate, exit, probe, proto, record, report_cmd,
+};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -53,6 +55,19 @@ fn run(cli: Cli) -> Result<ExitCode> {
         Some(Command::Export(a)) => report_cmd::export(&a),
         Some(Command::Stage(c)) => stage(c),
         Some(Command::Demo(a)) => demo::run(&a),
+        Some(Command::Probe(probe::ProbeCommand::Serve(a))) => {
+            let s = probe::serve::run(&a)?;
+            println!(
+                "probe serve {}: echoed {} probes, ignored {} other datagrams",
+                a.bind, s.echoed, s.ignored
+            );
+            Ok(())
+        }
+        Some(Command::Probe(probe::ProbeCommand::Rtt(a))) => {
+            let f = probe::rtt::run(&a)?;
+            probe::rtt::write(&a, &f)
+        }
+        Some(Command::Estimate(a)) => estimate::run(&a),
         Some(Command::Correlate(a)) => {
             let dirs: Vec<&std::path::Path> = a.runs.iter().map(|p| p.as_path()).collect();
             let result = correlate_cmd::correlate(&dirs, &a.output, a.deadline_ms)?;
@@ -246,6 +261,7 @@ fn stage(c: StageCommand) -> Result<()> {
             qdisc,
             link,
             mtu,
+            second_path,
         } => {
             let qdiscs = cli::parse_qdisc_args(&qdisc, hosts as usize)?;
             let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -257,6 +273,7 @@ fn stage(c: StageCommand) -> Result<()> {
                 qdiscs,
                 link,
                 mtu,
+                second_path,
             })
             .map_err(stage_err)?;
             for h in &stage.hosts {
@@ -268,6 +285,9 @@ fn stage(c: StageCommand) -> Result<()> {
                     h.ipv4,
                     h.ipv6
                 );
+                if let Some((v4, v6)) = h.second {
+                    println!("  second path: dev xl1 {v4} {v6}");
+                }
             }
             println!(
                 "run commands in a host with: ip netns exec NETNS CMD; Ctrl-C removes the stage"

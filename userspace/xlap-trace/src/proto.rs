@@ -124,6 +124,19 @@ pub const PRESETS: &[(&str, Layout, &str)] = &[
         },
         "RTCP (RFC 3550): packet type as kind; as seq the middle 32 bits of a sender report's NTP timestamp (what receivers echo as LSR)",
     ),
+    (
+        "xlap-probe",
+        Layout {
+            seq_offset: 8,
+            seq_size: 8,
+            kind_offset: 0,
+            kind_size: 1,
+            kind_mask: 0,
+            big_endian: true,
+            kind_names: &[(1, "probe"), (2, "echo")],
+        },
+        "xlap-trace probe (rtt, serve): kind u8 at 0, seq u64 big-endian at 8",
+    ),
 ];
 
 pub fn preset(name: &str) -> Result<Layout> {

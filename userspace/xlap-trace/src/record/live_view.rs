@@ -580,6 +580,7 @@ mod tests {
             ifindex: None,
             queue: None,
             hw_ts_ns: None,
+            priority: None,
             from_user: false,
             fragment: false,
         };
