@@ -2,10 +2,14 @@
 -- description: Queueing per traffic class (htb/prio classes picked by SO_PRIORITY, cf. AFDX/TSN traffic classes): per sending host, flow and skb priority on the wire device (shown as the class major:minor), packets, the time from qdisc enqueue to dequeue (p50, p99, max; only packets the qdisc held) and the sender's whole time (p50, p99). A class whose queue is slow shows here before it shows end to end.
 -- reads: packets (priority, the qdisc_enqueue__qdisc_dequeue stage)
 -- params: kind = packet kind to keep (default: every kind)
+-- The queue stage of each packet, long format: only this column is
+-- unpivoted (sender_total_ns, always there, keeps COLUMNS() from matching
+-- nothing in a run without qdisc stamps).
 WITH q AS (
     SELECT flow, kind, seq, ns
-    FROM stages
-    WHERE stage = 'qdisc_enqueue__qdisc_dequeue'
+    FROM (UNPIVOT (SELECT flow, kind, seq, COLUMNS('^(qdisc_enqueue__qdisc_dequeue|sender_total)_ns$') FROM delivered)
+          ON COLUMNS(* EXCLUDE (flow, kind, seq)) INTO NAME col VALUE ns)
+    WHERE col = 'qdisc_enqueue__qdisc_dequeue_ns'
 )
 SELECT d.tx_host, d.flow, d.priority,
        printf('%x:%x', d.priority >> 16, d.priority & 65535) AS class,

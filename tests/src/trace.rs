@@ -249,3 +249,23 @@ pub fn trace_example(
         scratch,
     }
 }
+
+/// The rows of one bundled query (`xlap-trace analyze DIR -q NAME -f json`)
+/// with extra arguments (`--kind data`, `-p name=value`); the command must
+/// succeed.
+pub fn analyze_rows(dir: &Path, name: &str, args: &[&str]) -> Vec<Value> {
+    let out = Command::new(bin("xlap-trace"))
+        .arg("analyze")
+        .arg(dir)
+        .args(["-q", name, "-f", "json", "--quiet"])
+        .args(args)
+        .output()
+        .expect("xlap-trace analyze");
+    assert!(
+        out.status.success(),
+        "xlap-trace analyze -q {name}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    v[name].as_array().expect("rows").clone()
+}

@@ -9,11 +9,10 @@
 
 use serde_json::Value;
 use std::collections::BTreeMap;
-use std::process::Command;
 use xlap_stage::Stage;
 use xlap_tests::example::{events, ExampleOptions};
-use xlap_tests::trace::trace_example;
-use xlap_tests::{bin, privileged};
+use xlap_tests::privileged;
+use xlap_tests::trace::{analyze_rows, trace_example};
 
 const PERIOD_US: u64 = 2_000;
 const DEADLINE_US: u64 = 4_000;
@@ -22,21 +21,11 @@ const LATE_START: std::ops::RangeInclusive<u32> = 500..=504;
 const LATE_START_US: u64 = 1_500;
 
 fn query(dir: &std::path::Path, name: &str, params: &[&str]) -> Vec<Value> {
-    let mut cmd = Command::new(bin("xlap-trace"));
-    cmd.arg("analyze")
-        .arg(dir)
-        .args(["-q", name, "-f", "json", "--quiet", "--kind", "data"]);
+    let mut args = vec!["--kind", "data"];
     for p in params {
-        cmd.args(["-p", p]);
+        args.extend(["-p", p]);
     }
-    let out = cmd.output().expect("xlap-trace analyze");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: Value = serde_json::from_slice(&out.stdout).expect("JSON");
-    v[name].as_array().expect("rows").clone()
+    analyze_rows(dir, name, &args)
 }
 
 /// seq → t_ns of one event of the data packets in a log.

@@ -7,11 +7,10 @@
 //! injected cause and must stand out.
 
 use serde_json::Value;
-use std::process::Command;
 use xlap_stage::{Qdisc, Stage, StageConfig};
 use xlap_tests::example::{events, ExampleOptions, ProtocolRun};
-use xlap_tests::trace::Recorder;
-use xlap_tests::{bin, privileged, Scratch};
+use xlap_tests::trace::{analyze_rows, Recorder};
+use xlap_tests::{privileged, Scratch};
 
 const FAST: u32 = 0x10010;
 const SLOW: u32 = 0x10020;
@@ -111,19 +110,7 @@ fn the_slow_class_queues_and_every_class_counts_as_tc_does() {
         tc_class_packets(&stage, "20") - slow_before,
     );
 
-    let out = Command::new(bin("xlap-trace"))
-        .arg("analyze")
-        .arg(scratch.path("run"))
-        .args(["-q", "qdisc_classes", "-f", "json", "--quiet"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
-    let rows = v["qdisc_classes"].as_array().unwrap();
+    let rows = analyze_rows(&scratch.path("run"), "qdisc_classes", &[]);
     let class = |priority: u32| -> Vec<&Value> {
         rows.iter().filter(|r| r["priority"] == priority).collect()
     };

@@ -10,13 +10,11 @@
 //! while both copies arrived (it then reads path 1 first): it is checked
 //! only to mostly follow the injection.
 
-use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
-use std::process::Command;
 use xlap_stage::{Stage, StageConfig};
 use xlap_tests::example::{events, ExampleOptions, RECEIVER_PORT, SENDER_PORT};
-use xlap_tests::trace::trace_example;
-use xlap_tests::{bin, privileged};
+use xlap_tests::privileged;
+use xlap_tests::trace::{analyze_rows, trace_example};
 
 const COUNT: u32 = 300;
 /// Longer than the injected delay: the transmit thread never falls behind.
@@ -112,28 +110,12 @@ fn the_tool_sees_which_path_won_and_the_late_copies_as_the_protocol_does() {
         .map(|(s, _)| *s)
         .collect();
 
-    let out = Command::new(bin("xlap-trace"))
-        .arg("analyze")
-        .arg(t.run_dir())
-        .args([
-            "-q",
-            "redundancy",
-            "-f",
-            "json",
-            "--quiet",
-            "--kind",
-            "data",
-        ])
-        .args(["-p", &format!("skew_max={SKEW_MAX_US}")])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let skew_max = format!("skew_max={SKEW_MAX_US}");
+    let rows = analyze_rows(
+        &t.run_dir(),
+        "redundancy",
+        &["--kind", "data", "-p", &skew_max],
     );
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
-    let rows = v["redundancy"].as_array().unwrap();
     assert_eq!(rows.len(), 1, "one redundant stream: {rows:#?}");
     let r = &rows[0];
     let paths: Vec<&str> = r["paths"]

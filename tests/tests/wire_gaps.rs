@@ -4,12 +4,10 @@
 //! sooner than half a period after the previous one are the second to
 //! fourth of each burst, as the sender's own log of its send times says.
 
-use serde_json::Value;
-use std::process::Command;
 use xlap_stage::Stage;
 use xlap_tests::example::{events, ExampleOptions};
-use xlap_tests::trace::trace_example;
-use xlap_tests::{bin, privileged};
+use xlap_tests::privileged;
+use xlap_tests::trace::{analyze_rows, trace_example};
 
 const PERIOD_US: u64 = 500;
 const COUNT: u32 = 400;
@@ -50,20 +48,8 @@ fn bursts_break_the_minimum_gap_where_the_sender_says() {
         own.len()
     );
 
-    let out = Command::new(bin("xlap-trace"))
-        .arg("analyze")
-        .arg(t.run_dir())
-        .args(["-q", "gaps", "-f", "json", "--quiet", "--kind", "data"])
-        .args(["-p", &format!("bag={bag_us}")])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
-    let rows = v["gaps"].as_array().unwrap();
+    let bag = format!("bag={bag_us}");
+    let rows = analyze_rows(&t.run_dir(), "gaps", &["--kind", "data", "-p", &bag]);
     assert_eq!(rows.len(), 1, "one flow: {rows:#?}");
     let r = &rows[0];
     assert_eq!(r["violations"], own.len() as u64, "{r:#}");

@@ -369,7 +369,7 @@ fn receive<M: Markers>(
         // The path the datagram came on (1 without a second socket).
         let mut path = 1u8;
         let received: std::io::Result<Received> = if let Some(second) = second {
-            udp::wait_readable(&[socket, second], 5).and_then(|i| {
+            udp::wait_readable([socket, second], 5).and_then(|i| {
                 path = i as u8 + 1;
                 [socket, second][i]
                     .recv_from(&mut buf)

@@ -735,15 +735,16 @@ pub fn set_priority(socket: &UdpSocket, priority: u32) -> io::Result<()> {
 /// Waits up to `timeout_ms` for a datagram on any of `sockets`; the index of
 /// the first readable one (in the order given), or `WouldBlock` when none
 /// became readable in time.
-pub fn wait_readable(sockets: &[&UdpSocket], timeout_ms: i32) -> io::Result<usize> {
-    let mut fds: Vec<libc::pollfd> = sockets
-        .iter()
-        .map(|s| libc::pollfd {
-            fd: s.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        })
-        .collect();
+pub fn wait_readable<const N: usize>(
+    sockets: [&UdpSocket; N],
+    timeout_ms: i32,
+) -> io::Result<usize> {
+    // On the stack: this runs once per received datagram.
+    let mut fds = sockets.map(|s| libc::pollfd {
+        fd: s.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    });
     // SAFETY: fds is a valid array of pollfd of the given length.
     let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout_ms) };
     if n < 0 {

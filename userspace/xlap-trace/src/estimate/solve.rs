@@ -2,8 +2,9 @@
 //! distribution, less twice the pair's hardware time, solved for the hosts
 //! by least squares; a bootstrap over each pair's samples for the error.
 
-use super::stats::{all_stats, interval, resample, Rng, STATS};
+use super::stats::{all_stats, interval, resample, STATS};
 use super::system::{Determined, Refusal, System};
+use crate::ci::stats::Rng;
 use serde::Serialize;
 use std::collections::BTreeMap;
 

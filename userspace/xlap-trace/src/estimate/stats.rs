@@ -1,5 +1,7 @@
 //! The statistics estimated per host, and the resampling behind their
-//! intervals.
+//! intervals (with the CI comparison's generator, `ci::stats::Rng`).
+
+use crate::ci::stats::Rng;
 
 /// A statistic of an RTT distribution and of a host's latency.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -57,30 +59,6 @@ pub fn quantile_sorted(sorted: &[f64], q: f64) -> f64 {
 pub fn all_stats(samples: &mut [f64]) -> Vec<f64> {
     samples.sort_unstable_by(f64::total_cmp);
     STATS.iter().map(|s| s.of_sorted(samples)).collect()
-}
-
-/// SplitMix64: a small, seedable generator for the bootstrap (results are
-/// reproducible for a given `--seed`).
-#[derive(Clone, Debug)]
-pub struct Rng(u64);
-
-impl Rng {
-    pub fn new(seed: u64) -> Rng {
-        Rng(seed)
-    }
-
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in `0..n` (n > 0).
-    pub fn below(&mut self, n: usize) -> usize {
-        ((self.next_u64() as u128 * n as u128) >> 64) as usize
-    }
 }
 
 /// A resample with replacement of `from`, into `into`.

@@ -1,9 +1,9 @@
 //! The solver on synthetic RTTs with a known answer.
 
 use super::solve::{estimate, Options, PairInput};
-use super::stats::Rng;
 use super::system::{Determined, Refusal};
 use super::{apply_hardware, refusal_error};
+use crate::ci::stats::Rng;
 use crate::exit::{code_of, Code};
 
 const OPTS: Options = Options {
