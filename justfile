@@ -18,9 +18,10 @@ demo *ARGS: build
 
 # Every tier: lint, unit, integration, privileged end-to-end.
 test: lint build
-    cargo test --workspace --no-fail-fast
-    @# A test that leaked a stage fails the suite (and the leak is removed).
-    {{xlap}} stage sweep --check
+    @# A test that leaked a stage fails the suite (and the leak is removed),
+    @# checked even when tests failed.
+    {{xlap}} stage sweep >/dev/null
+    status=0; cargo test --workspace --no-fail-fast || status=$?; {{xlap}} stage sweep --check; exit $status
 
 # Formatting, clippy, clang-format, and the committed schemas.
 lint:

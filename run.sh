@@ -7,7 +7,8 @@
 #   ./run.sh setup    only install the system packages and `just`
 #   ./run.sh RECIPE   any other recipe of the justfile (bench, stage, ...)
 #
-# Exit codes: those of the recipe; 3 not root; 4 kernel without BTF.
+# Exit codes: those of the recipe; 3 not root; 4 kernel without BTF or
+# older than 5.17.
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -20,6 +21,12 @@ die() {
 	die "needs root (it loads BPF and builds network namespaces): run it as root, e.g. sudo -E ./run.sh ${1:-demo}" 3
 [ -e /sys/kernel/btf/vmlinux ] ||
 	die "this kernel has no BTF (/sys/kernel/btf/vmlinux is missing): xlap-trace needs a kernel built with CONFIG_DEBUG_INFO_BTF=y" 4
+# bpf_loop: the capture loads on Linux 5.17 and later (README: minimum
+# kernel per feature).
+IFS=. read -r kmajor kminor _ <<<"$(uname -r)"
+kminor=${kminor%%[!0-9]*}
+((kmajor > 5 || (kmajor == 5 && kminor >= 17))) ||
+	die "this kernel is Linux $(uname -r); xlap-trace needs 5.17 or later (6.12+ for every point)" 4
 export PATH="$HOME/.cargo/bin:$PATH"
 command -v cargo >/dev/null || die "cargo not found: install Rust (rustup, stable) first" 1
 
@@ -27,9 +34,11 @@ command -v cargo >/dev/null || die "cargo not found: install Rust (rustup, stabl
 # the stage's GRO/NAPI modes), test peers.
 # chromium renders the HTML report in its test; python3-venv hosts the
 # pandas baseline of bench-analysis; bpftrace is the perturbation bench's
-# anchor (a hand-written script).
+# anchor (a hand-written script); capsh (libcap2-bin) runs the least-privilege
+# test, python3 its third-party-style senders.
 PACKAGES=(clang llvm libbpf-dev bpftool libclang-dev clang-format systemtap-sdt-dev
-	build-essential pkg-config iproute2 iperf3 sockperf ethtool chromium python3-venv bpftrace)
+	build-essential pkg-config iproute2 iperf3 sockperf ethtool chromium python3-venv bpftrace
+	libcap2-bin python3)
 missing=()
 for p in "${PACKAGES[@]}"; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -21,6 +21,7 @@
  *   sock_rx.h   the datagram handed to its socket
  *   sched.h     the reader's wake-up and switch-in
  *   usdt.h      application markers
+ *   flush.h     the per-CPU batches exported on a timer
  */
 #include "capture/common.h"
 #include "capture/packet.h"
@@ -28,6 +29,7 @@
 
 #include "capture/dev_rx.h"
 #include "capture/dev_tx.h"
+#include "capture/flush.h"
 #include "capture/qdisc.h"
 #include "capture/sched.h"
 #include "capture/sock_rx.h"

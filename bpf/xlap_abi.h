@@ -192,14 +192,18 @@ struct xlap_iface_key {
  * (bpf_ringbuf_output of stamps[0..n]) carries up to XLAP_BATCH_STAMPS of
  * them, which amortises the record's cost (reserve, commit, the reader's
  * work) over the batch. A batch is exported when it is full, when its oldest
- * stamp is older than XLAP_BATCH_MAX_AGE_NS at the next stamp, and when the
- * CPU goes idle; what is left when tracing stops is read from the map by
- * userspace. `depth` guards against nesting: a program that interrupts (or
- * preempts) another one in the middle of an append finds depth > 0 and
- * writes its stamp as a record of its own. If a batch cannot be exported,
- * each of its stamps is counted as lost at its own point. */
+ * stamp is older than XLAP_BATCH_MAX_AGE_NS at the next stamp, when the
+ * CPU goes idle, and every XLAP_FLUSH_INTERVAL_MS (a timer in userspace); what
+ * is left when tracing stops is read from the map by userspace. `depth` guards
+ * against nesting: a program that interrupts (or preempts) another one in the
+ * middle of an append finds depth > 0 and writes its stamp as a record of its
+ * own. If a batch cannot be exported, each of its stamps is counted as lost at
+ * its own point. */
 #define XLAP_BATCH_STAMPS 32
 #define XLAP_BATCH_MAX_AGE_NS 2000000ULL
+/* Userspace also exports every CPU's batch this often (bpf/capture/flush.h),
+ * so a batch never waits longer for the reader, whatever the CPU does. */
+#define XLAP_FLUSH_INTERVAL_MS 100
 
 struct xlap_batch {
   __u32 n;     /* stamps waiting in stamps[] */

@@ -11,9 +11,30 @@ pub mod example;
 pub mod multiset;
 pub mod trace;
 
-/// The environment variable that turns a skipped privileged test into a
-/// failure (CI sets it).
+/// The environment variable that lets a test skip what this machine cannot
+/// run (not root, no BTF, no Chromium): without it such a test fails, so a
+/// green run never hides a test that did not run. CI never sets it, and
+/// sets `XLAP_REQUIRE_PRIVILEGED`, which refuses a skip even with it.
+pub const ALLOW_SKIP: &str = "XLAP_ALLOW_SKIP";
 pub const REQUIRE_PRIVILEGED: &str = "XLAP_REQUIRE_PRIVILEGED";
+
+fn set(var: &str) -> bool {
+    std::env::var_os(var).is_some_and(|v| v != "0" && !v.is_empty())
+}
+
+/// The one check of every test that needs something this machine may not
+/// have: `false` means skip (the reason printed), allowed only with
+/// `XLAP_ALLOW_SKIP=1` and never under `XLAP_REQUIRE_PRIVILEGED=1`.
+pub fn may_skip(test: &str, reason: &str) -> bool {
+    if set(REQUIRE_PRIVILEGED) {
+        panic!("{test} cannot run ({reason}) and {REQUIRE_PRIVILEGED} is set");
+    }
+    if !set(ALLOW_SKIP) {
+        panic!("{test} cannot run here ({reason}); set {ALLOW_SKIP}=1 to skip what this machine cannot run");
+    }
+    eprintln!("SKIPPED {test}: {reason}");
+    true
+}
 
 /// Why privileged tests cannot run here, if they cannot.
 pub fn privileged_unavailable() -> Option<String> {
@@ -26,16 +47,13 @@ pub fn privileged_unavailable() -> Option<String> {
     None
 }
 
-/// Start of every privileged test: `None` means skip (reason printed), and
-/// under `XLAP_REQUIRE_PRIVILEGED=1` a skip is a failure. The guard it
-/// returns serialises privileged tests (they share the kernel's probes).
+/// Start of every privileged test: `None` means skip ([`may_skip`]). The
+/// guard it returns serialises privileged tests (they share the kernel's
+/// probes).
 pub fn privileged(test: &str) -> Option<MutexGuard<'static, ()>> {
     static SERIAL: Mutex<()> = Mutex::new(());
     if let Some(reason) = privileged_unavailable() {
-        if std::env::var_os(REQUIRE_PRIVILEGED).is_some_and(|v| v != "0" && !v.is_empty()) {
-            panic!("{test}: privileged test cannot run ({reason}) and {REQUIRE_PRIVILEGED} is set");
-        }
-        eprintln!("SKIPPED {test}: {reason} (privileged tests need root)");
+        may_skip(test, &format!("{reason}; privileged tests need root"));
         return None;
     }
     Some(SERIAL.lock().unwrap_or_else(|p| p.into_inner()))

@@ -19,6 +19,15 @@ fn main() {
     // directory (artifacts of path packages are named alike), and an
     // absolute path would let a fresh checkout reuse another's objects.
     println!("cargo:rerun-if-changed=../../bpf");
+    // The BPF side reads syscall arguments by x86-64's syscall numbers and
+    // pt_regs (__TARGET_ARCH_x86), and the USDT argument decoder knows
+    // x86-64's registers only: another target would build and trace wrong.
+    let arch = std::env::var("CARGO_CFG_TARGET_ARCH").unwrap_or_default();
+    if arch != "x86_64" {
+        fail(&format!(
+            "xlap-trace supports x86-64 only (syscall numbers, registers of USDT arguments); this build targets {arch}"
+        ));
+    }
 
     let vmlinux = out.join("vmlinux.h");
     let btf = Path::new("/sys/kernel/btf/vmlinux");

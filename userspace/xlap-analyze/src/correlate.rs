@@ -520,17 +520,42 @@ fn realtime_mapping(reference: &Run, other: &Run) -> Mapping {
         (Some(a), Some(b)) => Some((a + b) * 1e3),
         _ => None,
     };
+    let mut method: String = if uncertainty.is_some() {
+        "realtime clock pairs (both hosts report synchronised clocks; bound = sum of their max errors)".into()
+    } else {
+        "realtime clock pairs (no two-way traffic; clocks not known to be synchronised: uncertainty unknown)".into()
+    };
+    // A realtime step during either run: the pairs of the run's start hold
+    // only until the step.
+    let steps: Vec<String> = [reference, other]
+        .iter()
+        .flat_map(|r| {
+            r.meta["clock_steps"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(move |s| {
+                    Some(format!(
+                        "{}'s realtime clock stepped {:+.6} s during its run",
+                        r.host,
+                        s["step_ns"].as_i64()? as f64 / 1e9
+                    ))
+                })
+        })
+        .collect();
+    if !steps.is_empty() {
+        method += &format!(
+            "; WARNING: {}: the mapping is off by as much after the step",
+            steps.join(", ")
+        );
+    }
     Mapping {
         domain: other.boot_id.clone(),
         offset_ns: ((ra - ma) - (rb - mb)) as f64,
         drift_ppm: 0.0,
         t0_ns: 0,
         uncertainty_ns: uncertainty,
-        method: if uncertainty.is_some() {
-            "realtime clock pairs (both hosts report synchronised clocks; bound = sum of their max errors)".into()
-        } else {
-            "realtime clock pairs (no two-way traffic; clocks not known to be synchronised: uncertainty unknown)".into()
-        },
+        method,
         windows: 0,
     }
 }

@@ -36,6 +36,11 @@ impl Run {
             AnalyzeError::Input { what, .. } => err(what),
             other => other,
         })?;
+        if meta["state"] == "running" {
+            return Err(err(format!(
+                "the run has not ended (run.json says running): it is still being recorded, or its recorder died; `xlap-trace recover {shown}` makes it whole once the recorder is gone"
+            )));
+        }
         if !dir.join("stamps.parquet").exists() {
             return Err(err(
                 "stamps.parquet is missing (the run did not end cleanly: stamps.arrows holds what was recorded)".into(),

@@ -204,7 +204,8 @@ pub fn flow_ports(flow: u64) -> (Option<u16>, Option<u16>) {
     ((sport != 0).then_some(sport), (dport != 0).then_some(dport))
 }
 
-/// An Arrow IPC stream of stamps, flushed after every batch.
+/// An Arrow IPC stream of stamps (buffers zstd-compressed), flushed after
+/// every batch.
 pub struct StampStream {
     path: PathBuf,
     writer: StreamWriter<File>,
@@ -216,11 +217,20 @@ impl StampStream {
             path: path.to_path_buf(),
             source,
         })?;
+        let arrow = |source| WriteError::Arrow {
+            path: path.to_path_buf(),
+            source,
+        };
+        // Each batch's buffers zstd-compressed (level 1: the reader keeps up
+        // at millions of stamps per second): the live stream of a long run
+        // costs a fraction of the disk of an uncompressed one, and a batch
+        // is still whole or absent after a crash.
+        let options = arrow_ipc::writer::IpcWriteOptions::default()
+            .try_with_compression(Some(arrow_ipc::CompressionType::ZSTD))
+            .and_then(|o| o.try_with_compression_level(Some(1)))
+            .map_err(arrow)?;
         let writer =
-            StreamWriter::try_new(file, &schema::stamps()).map_err(|source| WriteError::Arrow {
-                path: path.to_path_buf(),
-                source,
-            })?;
+            StreamWriter::try_new_with_options(file, &schema::stamps(), options).map_err(arrow)?;
         Ok(StampStream {
             path: path.to_path_buf(),
             writer,
@@ -355,26 +365,75 @@ fn fill_flows(batch: RecordBatch, table: &FlowTable) -> RecordBatch {
 /// Converts an IPC stream (complete or cut short by a crash) into Parquet at
 /// `parquet`, written to `<parquet>.tmp` and renamed when complete. Returns
 /// the number of rows.
-pub fn stream_to_parquet(stream: &Path, parquet: &Path) -> Result<u64, WriteError> {
+pub fn stream_to_parquet(stream: &Path, parquet: &Path) -> Result<StreamCopy, WriteError> {
     stream_to_parquet_with(stream, parquet, &DropFlows::default(), &FlowTable::new())
-        .map(|(rows, _)| rows)
+}
+
+/// What a conversion of the live stream to Parquet found.
+#[derive(Clone, Debug, Default)]
+pub struct StreamCopy {
+    /// Rows written to Parquet.
+    pub rows: u64,
+    /// Stamps left out per point (`DropFlows`).
+    pub removed: BTreeMap<String, u64>,
+    /// Bytes of the stream up to the end of its last complete batch, and
+    /// in all: a stream cut short by a crash has a partial message after.
+    pub bytes_used: u64,
+    pub bytes_total: u64,
+    /// The stream ended with its end-of-stream marker (the recorder
+    /// finished it), rather than at a crash.
+    pub finished: bool,
+}
+
+/// Counts the bytes a reader hands out (the stream reader reads whole
+/// messages: at the end of a batch, the count is its end offset).
+struct Counting<R> {
+    inner: R,
+    bytes: std::rc::Rc<std::cell::Cell<u64>>,
+}
+
+impl<R: std::io::Read> std::io::Read for Counting<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.bytes.set(self.bytes.get() + n as u64);
+        Ok(n)
+    }
+}
+
+/// Whether an IPC stream file ends with the end-of-stream marker
+/// (continuation, then a zero length).
+fn ends_with_eos(path: &Path) -> bool {
+    use std::io::{Read, Seek, SeekFrom};
+    let mut tail = [0u8; 8];
+    File::open(path)
+        .and_then(|mut f| {
+            f.seek(SeekFrom::End(-8))?;
+            f.read_exact(&mut tail)
+        })
+        .is_ok()
+        && tail == [0xff, 0xff, 0xff, 0xff, 0, 0, 0, 0]
 }
 
 /// [`stream_to_parquet`] without the stamps `drop` names, with the
-/// addresses and sockets of `flows` filled in. Returns the rows written and
-/// the stamps left out per point.
+/// addresses and sockets of `flows` filled in.
 pub fn stream_to_parquet_with(
     stream: &Path,
     parquet: &Path,
     drop: &DropFlows,
     flows: &FlowTable,
-) -> Result<(u64, BTreeMap<String, u64>), WriteError> {
+) -> Result<StreamCopy, WriteError> {
     let io = |path: &Path| {
         let path = path.to_path_buf();
         move |source| WriteError::Io { path, source }
     };
+    let file = File::open(stream).map_err(io(stream))?;
+    let bytes_total = file.metadata().map_err(io(stream))?.len();
+    let bytes = std::rc::Rc::new(std::cell::Cell::new(0u64));
     let reader = StreamReader::try_new(
-        BufReader::new(File::open(stream).map_err(io(stream))?),
+        Counting {
+            inner: BufReader::new(file),
+            bytes: bytes.clone(),
+        },
         None,
     )
     .map_err(|source| WriteError::Arrow {
@@ -393,19 +452,36 @@ pub fn stream_to_parquet_with(
         source,
     };
     let mut writer = ArrowWriter::try_new(file, reader.schema(), Some(props)).map_err(pq)?;
-    let mut rows = 0u64;
-    let mut removed = BTreeMap::new();
+    let mut copy = StreamCopy {
+        bytes_used: bytes.get(),
+        bytes_total,
+        finished: true,
+        ..Default::default()
+    };
     for batch in reader {
         // A stream cut short by a crash ends in a partial message: keep every
         // complete batch before it.
-        let Ok(batch) = batch else { break };
-        let batch = fill_flows(drop.apply(batch, &mut removed), flows);
-        rows += batch.num_rows() as u64;
+        let Ok(batch) = batch else {
+            copy.finished = false;
+            break;
+        };
+        copy.bytes_used = bytes.get();
+        let batch = fill_flows(drop.apply(batch, &mut copy.removed), flows);
+        copy.rows += batch.num_rows() as u64;
         writer.write(&batch).map_err(pq)?;
+    }
+    // A stream that stops at a batch's end (or a few bytes after it)
+    // without the end-of-stream marker also ends the loop without an
+    // error: only the marker says the recorder finished it.
+    if copy.finished {
+        copy.finished = bytes.get() == bytes_total && ends_with_eos(stream);
+        if copy.finished {
+            copy.bytes_used = bytes_total;
+        }
     }
     writer.close().map_err(pq)?;
     std::fs::rename(&tmp, parquet).map_err(io(parquet))?;
-    Ok((rows, removed))
+    Ok(copy)
 }
 
 #[cfg(test)]
@@ -431,6 +507,46 @@ mod tests {
             from_user: false,
             fragment: false,
         }
+    }
+
+    /// A stream cut at any byte keeps exactly the batches that were
+    /// complete there (their ends taken from the file's size after each
+    /// flushed write), says it was not finished and where the last
+    /// complete batch ended; only the finished stream says finished.
+    #[test]
+    fn a_cut_stream_keeps_its_complete_batches_and_says_where_it_ends() {
+        let dir = std::env::temp_dir().join(format!("xlap-cut-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (stream, parquet) = (dir.join("s.arrows"), dir.join("s.parquet"));
+        let point = xlap_abi::xlap_point::XLAP_POINT_DEV_QUEUE as u16;
+        let mut writer = StampStream::create(&stream).unwrap();
+        let mut ends = vec![std::fs::metadata(&stream).unwrap().len()]; // the schema
+        for rows in [3, 5, 2] {
+            let mut batcher = StampBatcher::new("r", "h", vec![]);
+            for _ in 0..rows {
+                batcher.push(&stamp(point, 9));
+            }
+            writer.write(&batcher.finish()).unwrap();
+            ends.push(std::fs::metadata(&stream).unwrap().len());
+        }
+        writer.finish().unwrap();
+        let whole = std::fs::read(&stream).unwrap();
+        let copy = stream_to_parquet(&stream, &parquet).unwrap();
+        assert_eq!((copy.rows, copy.finished), (10, true));
+        assert_eq!(copy.bytes_used, whole.len() as u64);
+        let rows_before = [0u64, 3, 8, 10];
+        // Every byte near a batch's end, every 7th elsewhere.
+        let near = |c: usize| ends.iter().any(|&e| (c as i64 - e as i64).abs() <= 16);
+        for cut in (ends[0] as usize..whole.len()).filter(|&c| near(c) || c % 7 == 0) {
+            std::fs::write(&stream, &whole[..cut]).unwrap();
+            let copy = stream_to_parquet(&stream, &parquet).unwrap();
+            let complete = ends.iter().rposition(|&e| e as usize <= cut).unwrap();
+            assert_eq!(copy.rows, rows_before[complete], "cut at byte {cut}");
+            assert!(!copy.finished, "cut at byte {cut}");
+            assert_eq!(copy.bytes_used, ends[complete], "cut at byte {cut}");
+            assert_eq!(copy.bytes_total, cut as u64);
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     /// A stream converted with a flow table: addresses on the flow's

@@ -520,6 +520,45 @@ pub fn sweep_orphans() -> Result<Vec<String>, StageError> {
     Ok(removed)
 }
 
+/// Where stages note the orphans they swept: a later `sweep --check` must
+/// still see a leak another stage cleaned up on its way.
+fn leak_ledger() -> std::path::PathBuf {
+    std::env::temp_dir().join("xlap-stage-leaks")
+}
+
+/// Sweeps orphans before a new stage, warns about them and notes them for
+/// [`take_noted_leaks`].
+fn sweep_and_note() {
+    let Ok(removed) = sweep_orphans() else { return };
+    if removed.is_empty() {
+        return;
+    }
+    eprintln!(
+        "xlap-stage: warning: removed {} namespaces left by exited processes: {}",
+        removed.len(),
+        removed.join(" ")
+    );
+    use std::io::Write;
+    if let Ok(mut f) = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(leak_ledger())
+    {
+        let _ = writeln!(f, "{}", removed.join("\n"));
+    }
+}
+
+/// The leaks stages swept since the last call (the ledger is emptied).
+pub fn take_noted_leaks() -> Vec<String> {
+    let path = leak_ledger();
+    let text = std::fs::read_to_string(&path).unwrap_or_default();
+    let _ = std::fs::remove_file(&path);
+    text.lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(str::to_string)
+        .collect()
+}
+
 /// Underlay IPv4 address of host `i` of a [`Link::Vxlan`] stage.
 fn underlay_v4(i: usize) -> Ipv4Addr {
     Ipv4Addr::new(10, 76, 0, i as u8 + 1)
@@ -575,7 +614,7 @@ impl Stage {
 
     pub fn build(config: &StageConfig) -> Result<Stage, StageError> {
         check_privileges()?;
-        let _ = sweep_orphans();
+        sweep_and_note();
         let n = config.hosts;
         assert!((2..=3).contains(&n), "a stage has 2 or 3 hosts");
         if n == 3 && config.link != Link::Veth {

@@ -151,6 +151,8 @@ pub struct Capture {
     pub unavailable: Vec<(String, String)>,
     /// Whether skb bytes in page fragments are readable (else why not).
     pub dynptr: Result<(), String>,
+    /// The timer export of per-CPU batches (else why not).
+    pub batch_export: Result<crate::batch_export::BatchExport, String>,
 }
 
 pub struct Settings {
@@ -243,11 +245,25 @@ impl Capture {
         }
         let dynptr = dynptr.map(|_| ());
         attach_socket_hooks(&mut bpf, dynptr.is_ok(), &mut unavailable)?;
+        // Per-stamp records never wait in a batch.
+        let batch_export = if settings.per_stamp {
+            Err("one record per stamp (--per-stamp-records)".to_string())
+        } else {
+            crate::batch_export::BatchExport::load(&mut bpf)
+        };
         Ok(Capture {
             bpf,
             unavailable,
             dynptr,
+            batch_export,
         })
+    }
+
+    /// Exports every CPU's waiting batch to the ring buffer now.
+    pub fn export_batches(&mut self) {
+        if let Ok(export) = &mut self.batch_export {
+            export.run();
+        }
     }
 
     /// Marks sockets the traced processes already held as traced (new ones

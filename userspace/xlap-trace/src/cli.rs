@@ -52,6 +52,11 @@ pub enum Command {
     /// Join the stamps of one or more runs (e.g. the two hosts of a
     /// connection) into the per-packet table, clocks mapped onto the first.
     Correlate(CorrelateArgs),
+    /// Make runs whose recorder died (kill -9, out of memory) whole again:
+    /// stamps.parquet from the live stream, run.json marked `recovered`
+    /// with what cannot be known. The commands that read runs do it by
+    /// themselves.
+    Recover(RecoverArgs),
     /// List the stamp points and the protocol presets.
     Points,
     /// The main job end to end: a two-host stage, the example protocol
@@ -278,6 +283,13 @@ pub struct HistoryArgs {
 }
 
 #[derive(Args, Debug)]
+pub struct RecoverArgs {
+    /// Run directories left `running` by a recorder that is gone.
+    #[arg(required = true)]
+    pub runs: Vec<PathBuf>,
+}
+
+#[derive(Args, Debug)]
 pub struct CorrelateArgs {
     /// Run directories (written by `record`); the first one's clock is the
     /// reference.
@@ -354,6 +366,16 @@ pub struct RecordArgs {
     /// Write this file (with our pid) once every probe is attached.
     #[arg(long)]
     pub ready_file: Option<PathBuf>,
+    /// File mode mask (octal) of everything the run writes; the default
+    /// keeps a run private to its owner (files 0600, directories 0700):
+    /// 022 shares it read-only.
+    #[arg(long, default_value = "077", value_parser = parse_umask)]
+    pub umask: u32,
+    /// Start even without a capability the run needs (for kernels or
+    /// security modules where xlap-trace's table is wrong): it is said, and
+    /// the run may fail or miss points.
+    #[arg(long)]
+    pub skip_capability_check: bool,
     /// Named layout of seq and kind in the UDP payload (see `xlap-trace
     /// points`); default xlap-example. With explicit --seq-* options and no
     /// --proto, the layout has no kind unless --kind-* give one.
@@ -559,6 +581,14 @@ pub enum StageCommand {
     },
     /// List the stage namespaces on this machine.
     List,
+}
+
+/// An octal file mode mask (`077`, `0022`).
+fn parse_umask(text: &str) -> Result<u32, String> {
+    u32::from_str_radix(text, 8)
+        .ok()
+        .filter(|m| *m <= 0o777)
+        .ok_or_else(|| format!("not an octal mode mask (e.g. 077 or 022): {text}"))
 }
 
 pub fn parse_qdisc_args(specs: &[String], hosts: usize) -> Result<Vec<Option<xlap_stage::Qdisc>>> {

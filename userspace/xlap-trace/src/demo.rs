@@ -40,8 +40,9 @@ fn wait_for(path: &Path, timeout: Duration) -> Result<()> {
 }
 
 pub fn run(args: &DemoArgs) -> Result<()> {
-    preflight::check_privileges()?;
+    preflight::check_privileges(false)?;
     preflight::check_btf()?;
+    crate::preflight::check_kernel()?;
     let example = sibling(if args.plain {
         "xlap-example-plain"
     } else {

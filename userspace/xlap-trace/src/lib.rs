@@ -1,6 +1,8 @@
 //! xlap-trace as a library: the pieces the CLI and the benchmark share.
 
 pub mod analyze_cmd;
+pub mod batch_export;
+pub mod capabilities;
 pub mod capture;
 pub mod cgroup;
 pub mod ci;
@@ -18,6 +20,7 @@ pub mod probe;
 pub mod proto;
 pub mod reader_priority;
 pub mod record;
+pub mod recover;
 pub mod report_cmd;
 pub mod runmeta;
 pub mod sockets;

@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use xlap_trace::cli::{self, Cli, Command, StageCommand};
 use xlap_trace::exit::{failure, Code};
 use xlap_trace::{
-    analyze_cmd, correlate_cmd, demo, estimate, exit, probe, proto, record, report_cmd,
+    analyze_cmd, correlate_cmd, demo, estimate, exit, probe, proto, record, recover, report_cmd,
 };
 
 fn main() -> ExitCode {
@@ -29,7 +29,23 @@ fn main() -> ExitCode {
     }
 }
 
+/// The runs a command reads (recovered first when their recorder died).
+fn runs_read(command: &Option<Command>) -> Vec<&std::path::Path> {
+    match command {
+        Some(Command::Analyze(a)) => a.run.iter().map(|p| p.as_path()).collect(),
+        Some(Command::Sql(a)) => vec![a.run.as_path()],
+        Some(Command::Report(a)) => a.runs.iter().map(|p| p.as_path()).collect(),
+        Some(Command::Export(a)) => vec![a.run.as_path()],
+        Some(Command::Correlate(a)) => a.runs.iter().map(|p| p.as_path()).collect(),
+        Some(Command::Summary(a)) => a.runs.iter().map(|p| p.as_path()).collect(),
+        Some(Command::Compare(a)) => vec![a.baseline.as_path(), a.candidate.as_path()],
+        Some(Command::History(a)) => a.runs.iter().map(|p| p.as_path()).collect(),
+        _ => Vec::new(),
+    }
+}
+
 fn run(cli: Cli) -> Result<ExitCode> {
+    recover::before_reading(&runs_read(&cli.command));
     let done = match cli.command {
         None | Some(Command::Record(_)) => {
             let args = match cli.command {
@@ -68,6 +84,15 @@ fn run(cli: Cli) -> Result<ExitCode> {
             probe::rtt::write(&a, &f)
         }
         Some(Command::Estimate(a)) => estimate::run(&a),
+        Some(Command::Recover(a)) => {
+            for dir in &a.runs {
+                match recover::recover(dir)? {
+                    Some(r) => recover::report(&r),
+                    None => println!("{}: nothing to recover (the run ended)", dir.display()),
+                }
+            }
+            Ok(())
+        }
         Some(Command::Correlate(a)) => {
             let dirs: Vec<&std::path::Path> = a.runs.iter().map(|p| p.as_path()).collect();
             let result = correlate_cmd::correlate(&dirs, &a.output, a.deadline_ms)?;
@@ -300,9 +325,14 @@ fn stage(c: StageCommand) -> Result<()> {
             Ok(())
         }
         StageCommand::Sweep { check } => {
-            let removed = xlap_stage::sweep_orphans().map_err(stage_err)?;
+            let mut removed = xlap_stage::sweep_orphans().map_err(stage_err)?;
             for ns in &removed {
                 println!("removed {ns}");
+            }
+            // Leaks a stage swept before it was built (since the last sweep).
+            for ns in xlap_stage::take_noted_leaks() {
+                println!("removed earlier by a new stage: {ns}");
+                removed.push(ns);
             }
             if check && !removed.is_empty() {
                 return Err(failure(

@@ -4,33 +4,11 @@ use crate::exit::{failure, Code};
 use anyhow::Result;
 use std::path::Path;
 
-const CAP_SYS_ADMIN: u32 = 21;
-const CAP_PERFMON: u32 = 38;
-const CAP_BPF: u32 = 39;
-
-/// Effective capabilities of this process, from /proc/self/status.
-fn effective_caps() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("CapEff:"))
-                .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
-        })
-        .unwrap_or(0)
-}
-
-/// Loading tracing BPF needs CAP_BPF + CAP_PERFMON (or CAP_SYS_ADMIN).
-pub fn check_privileges() -> Result<()> {
-    let caps = effective_caps();
-    let has = |c: u32| caps & (1 << c) != 0;
-    if has(CAP_SYS_ADMIN) || (has(CAP_BPF) && has(CAP_PERFMON)) {
-        return Ok(());
-    }
-    Err(failure(
-        Code::Privileges,
-        "loading BPF programs needs root (or CAP_BPF + CAP_PERFMON): run with sudo",
-    ))
+/// The capabilities of a recording (`capabilities::NEEDS`): a missing
+/// required one is an error naming it (unless `unchecked`); the needs not
+/// met are returned.
+pub fn check_privileges(unchecked: bool) -> Result<Vec<crate::capabilities::Need>> {
+    crate::capabilities::check(unchecked)
 }
 
 /// tp_btf programs and CO-RE need the kernel's BTF.
@@ -44,6 +22,31 @@ pub fn check_btf() -> Result<()> {
     ))
 }
 
+/// The oldest kernel the capture loads on (`bpf_loop`: Linux 5.17; the
+/// README lists what each feature needs beyond it).
+pub const MIN_KERNEL: (u32, u32) = (5, 17);
+
+/// (major, minor) of a kernel release string (`6.18.44-fc-v657`).
+fn release_version(release: &str) -> Option<(u32, u32)> {
+    let mut parts = release.split(|c: char| !c.is_ascii_digit());
+    Some((parts.next()?.parse().ok()?, parts.next()?.parse().ok()?))
+}
+
+/// Refuses a kernel older than [`MIN_KERNEL`], naming both.
+pub fn check_kernel() -> Result<()> {
+    let release = crate::runmeta::kernel_release();
+    match release_version(&release) {
+        Some(v) if v < MIN_KERNEL => Err(failure(
+            Code::Kernel,
+            format!(
+                "this kernel is Linux {release}; xlap-trace's capture needs Linux {}.{} or later (bpf_loop), and 6.12+ for datagrams in page fragments and the sock.queue point",
+                MIN_KERNEL.0, MIN_KERNEL.1
+            ),
+        )),
+        _ => Ok(()),
+    }
+}
+
 /// Every pid must name a running process.
 pub fn check_pids(pids: &[u32]) -> Result<()> {
     for pid in pids {
@@ -55,4 +58,17 @@ pub fn check_pids(pids: &[u32]) -> Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn kernel_releases_parse_to_major_minor() {
+        assert_eq!(super::release_version("6.18.44-fc-v657"), Some((6, 18)));
+        assert_eq!(super::release_version("6.1.0-28-amd64"), Some((6, 1)));
+        assert_eq!(super::release_version("5.4"), Some((5, 4)));
+        assert_eq!(super::release_version("garbage"), None);
+        assert!(super::release_version("5.15.0").unwrap() < super::MIN_KERNEL);
+        assert!(super::release_version("6.1.0").unwrap() >= super::MIN_KERNEL);
+    }
 }

@@ -15,6 +15,17 @@ pub struct ClockPair {
     pub spread_ns: u64,
 }
 
+/// A step of the realtime clock against monotonic (settimeofday, a
+/// clock jump of NTP or PTP), seen between two clock pairs of a run.
+#[derive(Clone, Copy, Debug, Serialize)]
+pub struct ClockStep {
+    /// The monotonic time of the pair that saw it (the step came after the
+    /// pair before).
+    pub seen_monotonic_ns: u64,
+    /// How far realtime moved beyond monotonic, ns.
+    pub step_ns: i64,
+}
+
 /// One clock's time now, ns.
 pub fn read_clock(clock: libc::clockid_t) -> u64 {
     let mut ts = libc::timespec {
@@ -27,6 +38,20 @@ pub fn read_clock(clock: libc::clockid_t) -> u64 {
 }
 
 impl ClockPair {
+    /// How far realtime moved beyond monotonic since `earlier`, when more
+    /// than slewing can (NTP slews at most 500 ppm; 1000 ppm allowed) plus
+    /// the two readings' error and 100 µs.
+    pub fn step_since(&self, earlier: &ClockPair) -> Option<ClockStep> {
+        let mono = self.monotonic_ns as i64 - earlier.monotonic_ns as i64;
+        let real = self.realtime_ns as i64 - earlier.realtime_ns as i64;
+        let step = real - mono;
+        let tolerance = mono.abs() / 1000 + (self.spread_ns + earlier.spread_ns) as i64 + 100_000;
+        (step.abs() > tolerance).then_some(ClockStep {
+            seen_monotonic_ns: self.monotonic_ns,
+            step_ns: step,
+        })
+    }
+
     /// The tightest of a few readings.
     pub fn sample() -> ClockPair {
         (0..5)
@@ -117,10 +142,72 @@ pub struct FlowCounts {
     pub not_noted: u64,
 }
 
+/// Where a run is in its life: `running` from the moment its probes are
+/// attached (run.json is rewritten at every checkpoint), `complete` once
+/// stamps.parquet and the final counts are written. A run left `running`
+/// by a recorder that died is taken up by `xlap-trace recover`, which
+/// marks it `recovered`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RunState {
+    Running,
+    Complete,
+}
+
+/// The process that records a run: a recorder whose pid is alive with the
+/// same start time is still at work (a pid alone may have been reused).
+#[derive(Clone, Debug, Serialize)]
+pub struct Recorder {
+    pub pid: u32,
+    /// Start time of the process, clock ticks after boot (/proc/PID/stat).
+    pub start_ticks: u64,
+}
+
+impl Recorder {
+    pub fn this_process() -> Recorder {
+        let pid = std::process::id();
+        Recorder {
+            pid,
+            start_ticks: process_start_ticks(pid).unwrap_or(0),
+        }
+    }
+}
+
+/// Field 22 of /proc/PID/stat (after the parenthesised command, which may
+/// itself hold spaces and parentheses).
+pub fn process_start_ticks(pid: u32) -> Option<u64> {
+    start_ticks_of(&std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
+}
+
+fn start_ticks_of(stat: &str) -> Option<u64> {
+    let after_comm = &stat[stat.rfind(')')? + 1..];
+    // Fields 3.. follow the command: state is field 3, start time 22.
+    after_comm.split_whitespace().nth(19)?.parse().ok()
+}
+
+/// The last checkpoint of a running recording: what had reached the live
+/// stream, and when (the counts in run.json are those of this moment).
+#[derive(Clone, Debug, Serialize)]
+pub struct Checkpoint {
+    pub clock: ClockPair,
+    /// Stamps written to stamps.arrows so far.
+    pub streamed_stamps: u64,
+    /// Its size then, bytes.
+    pub stream_bytes: u64,
+}
+
 #[derive(Debug, Serialize)]
 pub struct RunMeta {
     pub schema_version: &'static str,
     pub software_version: &'static str,
+    pub state: RunState,
+    pub recorder: Recorder,
+    /// Seconds between checkpoints while the run goes on.
+    pub checkpoint_every_s: f64,
+    pub checkpoint: Option<Checkpoint>,
+    /// How often every CPU's batch of stamps was exported to the reader
+    /// (null: only by later stamps and idle CPUs, see the run's notes).
+    pub batch_export_every_ms: Option<u64>,
     pub run_id: String,
     pub host: String,
     pub kernel: String,
@@ -131,6 +218,10 @@ pub struct RunMeta {
     pub clock_sync: ClockSync,
     pub clock_start: ClockPair,
     pub clock_end: ClockPair,
+    /// Steps of the realtime clock seen between the run's clock pairs (at
+    /// each checkpoint and at the end): wall times and realtime mappings
+    /// to other hosts hold only before the first.
+    pub clock_steps: Vec<ClockStep>,
     pub options: serde_json::Value,
     pub targets: Vec<Target>,
     /// Children the targets forked, traced since (their stamps carry their
@@ -165,6 +256,22 @@ pub struct RunMeta {
     /// The traced namespaces' devices and their timestamping (what
     /// `ethtool -T` says, and whether hardware timestamping is on).
     pub device_timestamping: Vec<crate::hwts::DeviceTimestamping>,
+    /// Optional capabilities the recorder ran without (what each one
+    /// leaves out: `xlap-trace` says it at start).
+    pub capabilities_missing: Vec<&'static str>,
+}
+
+impl RunMeta {
+    /// Writes run.json whole or not at all (a temporary file renamed), so
+    /// a reader, or a recorder that dies while writing it, never leaves a
+    /// torn file.
+    pub fn write(&self, path: &std::path::Path) -> anyhow::Result<()> {
+        use anyhow::Context;
+        let json = serde_json::to_string_pretty(self)? + "\n";
+        let tmp = path.with_extension("json.tmp");
+        std::fs::write(&tmp, json).with_context(|| format!("cannot write {}", tmp.display()))?;
+        std::fs::rename(&tmp, path).with_context(|| format!("cannot write {}", path.display()))
+    }
 }
 
 pub fn kernel_release() -> String {
@@ -212,6 +319,60 @@ pub fn hostname() -> String {
 
 #[cfg(test)]
 mod tests {
+    /// A command may hold spaces and parentheses: fields count from the
+    /// last ')'.
+    /// A step is realtime moving beyond monotonic by more than slewing
+    /// and the readings' error explain.
+    #[test]
+    fn a_realtime_step_is_told_from_slewing() {
+        let pair = |m: u64, r: u64| super::ClockPair {
+            monotonic_ns: m,
+            realtime_ns: r,
+            tai_ns: r,
+            spread_ns: 1_000,
+        };
+        let start = pair(1_000_000_000, 5_000_000_000);
+        // 10 s later, slewed by 400 ppm: no step.
+        assert!(pair(11_000_000_000, 15_004_000_000)
+            .step_since(&start)
+            .is_none());
+        // Stepped back 2 s.
+        let s = pair(11_000_000_000, 13_000_000_000)
+            .step_since(&start)
+            .unwrap();
+        assert_eq!(s.step_ns, -2_000_000_000);
+        // 5 ms forward within a second: a step.
+        assert_eq!(
+            pair(2_000_000_000, 6_005_000_000)
+                .step_since(&start)
+                .unwrap()
+                .step_ns,
+            5_000_000
+        );
+    }
+
+    #[test]
+    fn start_time_is_field_22_after_any_command() {
+        let stat =
+            "4242 (a) b (c) S 1 4242 4242 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 987654 1000 10";
+        assert_eq!(super::start_ticks_of(stat), Some(987654));
+        assert_eq!(super::start_ticks_of("4242 (x) S 1"), None);
+        let own = super::process_start_ticks(std::process::id()).expect("own stat");
+        // SAFETY: sysconf reads a constant.
+        let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+        let uptime: f64 = std::fs::read_to_string("/proc/uptime")
+            .unwrap()
+            .split_whitespace()
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert!(
+            (own as f64) / hz <= uptime + 1.0,
+            "started {own} ticks after boot, uptime {uptime} s"
+        );
+    }
+
     /// The analyser reads what the recorder writes.
     #[test]
     fn the_analyser_reads_the_current_run_version() {

@@ -131,8 +131,9 @@ pub fn run(args: &RecordArgs, command: &[String]) -> Result<(RunMeta, ExitStatus
     }
     // Before the command starts: a tracer that cannot trace says so
     // without running it.
-    crate::preflight::check_privileges()?;
+    crate::preflight::check_privileges(args.skip_capability_check)?;
     crate::preflight::check_btf()?;
+    crate::preflight::check_kernel()?;
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
         signal_hook::flag::register(sig, stop.clone()).context("cannot install signal handlers")?;

@@ -15,7 +15,9 @@ use crate::cli::RecordArgs;
 use crate::exit::{failure, Code};
 use crate::proto::Layouts;
 use crate::reader_priority::{thread_cpu_s, ReaderPriority};
-use crate::runmeta::{self, ClockPair, PointStats, ProgramStats, RunMeta, Target};
+use crate::runmeta::{
+    self, Checkpoint, ClockPair, PointStats, ProgramStats, Recorder, RunMeta, RunState, Target,
+};
 use crate::{preflight, targets};
 use anyhow::{Context, Result};
 use aya::maps::{MapData, PerCpuArray, RingBuf};
@@ -33,6 +35,12 @@ use xlap_records::Stamp;
 /// Rows per Arrow batch; a batch is also cut every `FLUSH_EVERY`.
 const BATCH_ROWS: usize = 16 * 1024;
 const FLUSH_EVERY: Duration = Duration::from_millis(500);
+/// run.json is rewritten this often while the run goes on (counts, losses,
+/// a clock pair): what `recover` reports for a recorder that died.
+const CHECKPOINT_EVERY: Duration = Duration::from_secs(1);
+/// Every CPU's batch is exported this often (bpf/capture/flush.h).
+const FLUSH_BATCHES_EVERY: Duration =
+    Duration::from_millis(xlap_abi::XLAP_FLUSH_INTERVAL_MS as u64);
 const FOLLOW_EVERY: Duration = Duration::from_millis(200);
 const POLL_MS: i32 = 20;
 
@@ -46,6 +54,8 @@ pub struct Plan<'a> {
     tunnel_ports: Vec<u16>,
     /// Targets holding only TCP sockets at attach.
     tcp_only: Vec<(u32, String)>,
+    /// Optional capabilities this process lacks.
+    caps_missing: Vec<crate::capabilities::Need>,
 }
 
 impl<'a> Plan<'a> {
@@ -71,8 +81,11 @@ impl<'a> Plan<'a> {
                     ),
                 )
             })?;
-        preflight::check_privileges()?;
+        // SAFETY: umask only sets this process's file mode mask.
+        unsafe { libc::umask(args.umask as libc::mode_t) };
+        let caps_missing = preflight::check_privileges(args.skip_capability_check)?;
         preflight::check_btf()?;
+        crate::preflight::check_kernel()?;
         preflight::check_pids(&args.pids)?;
         let files = RunFiles::in_dir(args.output.clone());
         std::fs::create_dir_all(&files.dir).with_context(|| {
@@ -92,6 +105,7 @@ impl<'a> Plan<'a> {
             files,
             tunnel_ports,
             tcp_only: protocols::check(&args.pids, args.quiet),
+            caps_missing,
         })
     }
 
@@ -124,6 +138,19 @@ impl Session {
         }
         if let Err(why) = &capture.dynptr {
             plan.note(format!("datagrams in page fragments (GSO, GRO, NIC drivers) are counted as 'frag' losses, not stamped: {why}"));
+        }
+        for need in &plan.caps_missing {
+            if need.required {
+                eprintln!("xlap-trace: warning: without {} (--skip-capability-check) the run may fail or miss points; it is needed for {}", need.name, need.for_what);
+            } else {
+                plan.note(format!(
+                    "without {}, left out: {}",
+                    need.name, need.for_what
+                ));
+            }
+        }
+        if let (Err(why), false) = (&capture.batch_export, args.per_stamp_records) {
+            plan.note(format!("per-CPU batches are exported only by later stamps and idle CPUs, not every {} ms: a recorder that dies may lose more ({why})", xlap_abi::XLAP_FLUSH_INTERVAL_MS));
         }
         for (point, why) in &capture.unavailable {
             plan.note(format!(
@@ -188,7 +215,52 @@ impl Session {
         let view = (args.live || args.metrics.is_some())
             .then(|| LiveView::new(usdt.app_names.clone(), args.live, args.metrics))
             .transpose()?;
-        let live = Live {
+        let meta = RunMeta {
+            schema_version: xlap_records::schema::SCHEMA_VERSION,
+            software_version: env!("CARGO_PKG_VERSION"),
+            state: RunState::Running,
+            recorder: Recorder::this_process(),
+            checkpoint_every_s: CHECKPOINT_EVERY.as_secs_f64(),
+            checkpoint: None,
+            batch_export_every_ms: self
+                .capture
+                .batch_export
+                .is_ok()
+                .then_some(FLUSH_BATCHES_EVERY.as_millis() as u64),
+            run_id: run_id.clone(),
+            host: host.clone(),
+            kernel: runmeta::kernel_release(),
+            boot_id: runmeta::boot_id(),
+            clock_sync: runmeta::ClockSync::read(),
+            clock_start: ClockPair::sample(),
+            clock_end: ClockPair::sample(),
+            clock_steps: Vec::new(),
+            options: serde_json::Value::Null,
+            targets: Vec::new(),
+            followed: Vec::new(),
+            foreign_stamps_dropped: 0,
+            flows: runmeta::FlowCounts::default(),
+            ports_not_traced: Vec::new(),
+            points: BTreeMap::new(),
+            unavailable_points: self.capture.unavailable.iter().cloned().collect(),
+            packets: 0,
+            stamps: 0,
+            lost: 0,
+            bpf_programs: BTreeMap::new(),
+            bpf_stats: runmeta::BpfStats {
+                mode: args.stats_mode(),
+                on_s: 0.0,
+                windows: 0,
+                stamps: 0,
+                unavailable: false,
+            },
+            bpf_ns_per_stamp: None,
+            reader_cpu_s: 0.0,
+            stop_reason: String::new(),
+            device_timestamping: timestamping,
+            capabilities_missing: plan.caps_missing.iter().map(|n| n.name).collect(),
+        };
+        let mut live = Live {
             attached: Attached {
                 capture: self.capture,
                 _semaphores: semaphores,
@@ -202,23 +274,31 @@ impl Session {
             sink: Sink {
                 batcher: StampBatcher::new(&run_id, &host, usdt.app_names.clone()),
                 stream: StampStream::create(&plan.files.stream)?,
+                streamed: 0,
                 tally: Tally::default(),
                 foreign: ForeignFlows::default(),
                 stats: StatsSampler::start(args.stats_mode()),
                 view,
             },
             info: RunInfo {
-                clock_start: ClockPair::sample(),
                 started: Instant::now(),
                 cpu_start: thread_cpu_s(),
-                run_id,
-                host,
                 comms,
                 ring_sites,
                 usdt,
-                timestamping,
+                meta,
             },
         };
+        // run.json exists from the start: a run whose recorder dies is
+        // still a run (`xlap-trace recover`).
+        live.info.update_meta(
+            plan,
+            &live.following,
+            &live.sink.tally,
+            &[],
+            &BTreeMap::new(),
+        );
+        live.info.meta.write(&plan.files.meta)?;
         if let Some(ready) = &args.ready_file {
             std::fs::write(ready, format!("{}\n", std::process::id()))
                 .with_context(|| format!("cannot write the ready file {}", ready.display()))?;
@@ -251,6 +331,8 @@ struct Attached {
 struct Sink {
     batcher: StampBatcher,
     stream: StampStream,
+    /// Stamps written to the stream so far.
+    streamed: u64,
     tally: Tally,
     foreign: ForeignFlows,
     /// The windows in which the kernel times our programs.
@@ -260,6 +342,14 @@ struct Sink {
 }
 
 impl Sink {
+    /// Writes the batch collected so far to the live stream.
+    fn write_batch(&mut self) -> Result<()> {
+        let batch = self.batcher.finish();
+        self.streamed += batch.num_rows() as u64;
+        self.stream.write(&batch)?;
+        Ok(())
+    }
+
     fn take(&mut self, raw: &xlap_stamp) {
         let stamp = Stamp::decode(raw);
         if self.foreign.note(&stamp) {
@@ -274,18 +364,97 @@ impl Sink {
     }
 }
 
-/// The run's identity and start.
+/// The run's identity and start, and its run.json as last written.
 struct RunInfo {
-    clock_start: ClockPair,
     started: Instant,
     cpu_start: f64,
-    run_id: String,
-    host: String,
     comms: Vec<String>,
     /// The (process, binary) whose markers write an in-process ring.
     ring_sites: Vec<(u32, std::path::PathBuf)>,
     usdt: crate::usdt::Plan,
-    timestamping: Vec<crate::hwts::DeviceTimestamping>,
+    meta: RunMeta,
+}
+
+type LossTable = [[u64; xlap_loss::XLAP_LOSS_COUNT as usize]];
+
+impl RunInfo {
+    /// The run so far into `meta`: options (with the targets that
+    /// exited), targets and their ports, followed children, stamps and
+    /// losses per point (less the `dropped` foreign stamps).
+    fn update_meta(
+        &mut self,
+        plan: &Plan,
+        following: &Following,
+        tally: &Tally,
+        losses: &LossTable,
+        dropped: &BTreeMap<String, u64>,
+    ) {
+        let args = plan.args;
+        let usdt = &self.usdt;
+        let ring_sites = &self.ring_sites;
+        let meta = &mut self.meta;
+        meta.options = serde_json::json!({
+            "pids": args.pids,
+            "layout": plan.layouts.default,
+            "port_layouts": plan.layouts.ports,
+            "points": plan.points.names(),
+            "ringbuf_bytes": plan.ringbuf_bytes,
+            "per_stamp_records": args.per_stamp_records,
+            "duration_s": args.duration,
+            "count": args.count,
+            "exited": following.exited.iter().map(|(pid, s)| serde_json::json!({"pid": pid, "after_s": s})).collect::<Vec<_>>(),
+            "marker_path": args.marker_path,
+            "usdt_sites": usdt.sites.iter().map(|s| serde_json::json!({
+                "pid": s.pid, "provider": s.probe.provider, "name": s.probe.name,
+                "path": if ring_sites.iter().any(|(p, f)| *p == s.pid && *f == s.path) { "ring" } else { "uprobe" },
+                "point": format!("app.{}", usdt.app_names[(s.spec.point - xlap_point::XLAP_POINT_APP_BASE as u16) as usize]),
+                "file": s.path, "args": s.probe.args_spec,
+            })).collect::<Vec<_>>(),
+        });
+        meta.targets = args
+            .pids
+            .iter()
+            .zip(&self.comms)
+            .map(|(&pid, comm)| Target {
+                pid,
+                comm: comm.clone(),
+                udp_ports: following
+                    .known_ports
+                    .iter()
+                    .filter(|(_, p)| **p == pid)
+                    .map(|((_, port), _)| *port)
+                    .collect(),
+            })
+            .collect();
+        meta.followed = following.children.values().cloned().collect();
+        meta.ports_not_traced = following.ports_not_traced.iter().map(|(_, p)| *p).collect();
+        let mut points: BTreeMap<String, PointStats> = BTreeMap::new();
+        for (id, n) in tally.points() {
+            let name = point_info(id, &usdt.app_names).map_or(format!("unknown.{id}"), |p| p.0);
+            let n = n - dropped.get(&name).copied().unwrap_or(0);
+            points.entry(name).or_default().stamps += n;
+        }
+        let mut lost = 0;
+        for (row, counts) in losses.iter().enumerate() {
+            if counts.iter().all(|c| *c == 0) {
+                continue;
+            }
+            let name = if row == xlap_point::XLAP_POINT_KERNEL_COUNT as usize {
+                "app.*".to_string()
+            } else {
+                point_info(row as u16, &[]).map_or(format!("unknown.{row}"), |p| p.0)
+            };
+            points.entry(name).or_default().add_losses(counts);
+            lost += counts.iter().sum::<u64>();
+        }
+        for p in points.values_mut() {
+            p.add_losses(&[0; xlap_loss::XLAP_LOSS_COUNT as usize]); // every reason listed
+        }
+        meta.points = points;
+        meta.lost = lost;
+        meta.stamps = tally.stamps - dropped.values().sum::<u64>();
+        meta.packets = tally.packets.len() as u64;
+    }
 }
 
 /// A session attached to its targets.
@@ -305,10 +474,21 @@ impl Live {
     /// Drains the ring buffer and follows the targets until a stop
     /// condition; returns which.
     pub fn follow(&mut self, plan: &Plan, stop: &Arc<AtomicBool>) -> Result<String> {
+        let dir = plan.files.dir.display();
+        self.follow_until_stop(plan, stop).with_context(|| {
+            format!(
+                "the recording stopped ({dir}/stamps.arrows keeps every batch written; `xlap-trace recover {dir}` makes the run whole, on a disk with room)"
+            )
+        })
+    }
+
+    fn follow_until_stop(&mut self, plan: &Plan, stop: &Arc<AtomicBool>) -> Result<String> {
         let args = plan.args;
         let mut priority =
             (!args.full_priority).then(|| ReaderPriority::background(plan.ringbuf_bytes));
         let mut last_flush = Instant::now();
+        let mut last_checkpoint = Instant::now();
+        let mut last_batch_export = Instant::now();
         let mut last_follow = Instant::now();
         let mut last_progress = Instant::now();
         let progress = !args.quiet && !args.live && std::io::stderr().is_terminal();
@@ -338,7 +518,7 @@ impl Live {
                     self.sink.take(&raw);
                 }
                 if self.sink.batcher.len() >= BATCH_ROWS {
-                    self.sink.stream.write(&self.sink.batcher.finish())?;
+                    self.sink.write_batch()?;
                     last_flush = Instant::now();
                 }
             }
@@ -357,8 +537,16 @@ impl Live {
                 }
             }
             if !self.sink.batcher.is_empty() && last_flush.elapsed() >= FLUSH_EVERY {
-                self.sink.stream.write(&self.sink.batcher.finish())?;
+                self.sink.write_batch()?;
                 last_flush = Instant::now();
+            }
+            if last_batch_export.elapsed() >= FLUSH_BATCHES_EVERY {
+                self.attached.capture.export_batches();
+                last_batch_export = Instant::now();
+            }
+            if last_checkpoint.elapsed() >= CHECKPOINT_EVERY {
+                self.checkpoint(plan)?;
+                last_checkpoint = Instant::now();
             }
             let elapsed = self.info.started.elapsed().as_secs_f64();
             if progress && last_progress.elapsed() >= Duration::from_secs(1) {
@@ -395,6 +583,31 @@ impl Live {
             eprintln!();
         }
         Ok(reason.to_string())
+    }
+
+    /// Rewrites run.json with the counts so far and what the live stream
+    /// holds: all a recovery can go by if the recorder dies.
+    fn checkpoint(&mut self, plan: &Plan) -> Result<()> {
+        let losses = capture::losses(&self.losses)?;
+        self.info.update_meta(
+            plan,
+            &self.following,
+            &self.sink.tally,
+            &losses,
+            &BTreeMap::new(),
+        );
+        let clock = ClockPair::sample();
+        let meta = &mut self.info.meta;
+        note_clock_step(meta, clock, plan.args.quiet);
+        meta.clock_end = clock;
+        meta.checkpoint = Some(Checkpoint {
+            clock,
+            streamed_stamps: self.sink.streamed,
+            stream_bytes: std::fs::metadata(&plan.files.stream).map_or(0, |m| m.len()),
+        });
+        meta.reader_cpu_s = thread_cpu_s() - self.info.cpu_start;
+        meta.stop_reason = "(still running)".into();
+        meta.write(&plan.files.meta)
     }
 
     /// Detaches every program, then reads what the ring buffer and the
@@ -453,6 +666,21 @@ impl Live {
     }
 }
 
+/// Notes (and says) a step of the realtime clock since the run's last
+/// clock pair (`clock_end` holds the last checkpoint's).
+fn note_clock_step(meta: &mut RunMeta, now: ClockPair, quiet: bool) {
+    if let Some(step) = now.step_since(&meta.clock_end) {
+        if !quiet {
+            eprintln!(
+                "xlap-trace: warning: the realtime clock stepped {:+.6} s during the run ({:.1} s in); stamps use the monotonic clock and this host's stages are unaffected, but wall times and realtime mappings to other hosts hold only before it (run.json: clock_steps)",
+                step.step_ns as f64 / 1e9,
+                (step.seen_monotonic_ns - meta.clock_start.monotonic_ns) as f64 / 1e9
+            );
+        }
+        meta.clock_steps.push(step);
+    }
+}
+
 /// The loss table summed over points, by reason name.
 fn losses_by_reason(
     table: &[[u64; xlap_loss::XLAP_LOSS_COUNT as usize]],
@@ -482,7 +710,7 @@ impl Detached {
         let Detached {
             following,
             mut sink,
-            info,
+            mut info,
             losses,
             flows,
             program_stats,
@@ -490,7 +718,7 @@ impl Detached {
         } = self;
         let args = plan.args;
         if !sink.batcher.is_empty() {
-            sink.stream.write(&sink.batcher.finish())?;
+            sink.write_batch()?;
         }
         sink.stream.finish()?;
         let reader_cpu_s = thread_cpu_s() - info.cpu_start;
@@ -499,8 +727,9 @@ impl Detached {
             flows: sink.foreign.to_drop(),
             points: BY_PORT_POINTS,
         };
-        let (_, dropped) =
-            stream_to_parquet_with(&plan.files.stream, &plan.files.parquet, &drop, &flows.table)?;
+        let dropped =
+            stream_to_parquet_with(&plan.files.stream, &plan.files.parquet, &drop, &flows.table)?
+                .removed;
         if (flows.collided > 0 || flows.not_noted > 0) && !args.quiet {
             eprintln!(
                 "xlap-trace: warning: the addresses of some flows are unknown ({} flow keys shared by two address pairs, {} flows found the flow table full): their stamps have no src_addr/dst_addr (run.json: flows)",
@@ -511,31 +740,7 @@ impl Detached {
         tally
             .packets
             .retain(|(flow, _, _)| !drop.flows.contains(flow));
-        let dropped_stamps: u64 = dropped.values().sum();
-
-        let mut points: BTreeMap<String, PointStats> = BTreeMap::new();
-        for (id, n) in tally.points() {
-            let name =
-                point_info(id, &info.usdt.app_names).map_or(format!("unknown.{id}"), |p| p.0);
-            let n = n - dropped.get(&name).copied().unwrap_or(0);
-            points.entry(name).or_default().stamps += n;
-        }
-        let mut lost = 0;
-        for (row, counts) in losses.iter().enumerate() {
-            if counts.iter().all(|c| *c == 0) {
-                continue;
-            }
-            let name = if row == xlap_point::XLAP_POINT_KERNEL_COUNT as usize {
-                "app.*".to_string()
-            } else {
-                point_info(row as u16, &[]).map_or(format!("unknown.{row}"), |p| p.0)
-            };
-            points.entry(name).or_default().add_losses(counts);
-            lost += counts.iter().sum::<u64>();
-        }
-        for p in points.values_mut() {
-            p.add_losses(&[0; xlap_loss::XLAP_LOSS_COUNT as usize]); // every reason listed
-        }
+        info.update_meta(plan, &following, &tally, &losses, &dropped);
         let bpf_programs: BTreeMap<String, ProgramStats> = program_stats.into_iter().collect();
         let recursion_misses: u64 = bpf_programs
             .values()
@@ -547,85 +752,38 @@ impl Detached {
             );
         }
         let bpf_time: u64 = bpf_programs.values().map(|p| p.run_time_ns).sum();
-        let stamps = tally.stamps - dropped_stamps;
-        let usdt = &info.usdt;
-        let meta = RunMeta {
-            schema_version: xlap_records::schema::SCHEMA_VERSION,
-            software_version: env!("CARGO_PKG_VERSION"),
-            run_id: info.run_id,
-            host: info.host,
-            kernel: runmeta::kernel_release(),
-            boot_id: runmeta::boot_id(),
-            clock_sync: runmeta::ClockSync::read(),
-            clock_start: info.clock_start,
-            clock_end,
-            options: serde_json::json!({
-                "pids": args.pids,
-                "layout": plan.layouts.default,
-                "port_layouts": plan.layouts.ports,
-                "points": plan.points.names(),
-                "ringbuf_bytes": plan.ringbuf_bytes,
-                "per_stamp_records": args.per_stamp_records,
-                "duration_s": args.duration,
-                "count": args.count,
-                "exited": following.exited.iter().map(|(pid, s)| serde_json::json!({"pid": pid, "after_s": s})).collect::<Vec<_>>(),
-                "marker_path": args.marker_path,
-                "usdt_sites": usdt.sites.iter().map(|s| serde_json::json!({
-                    "pid": s.pid, "provider": s.probe.provider, "name": s.probe.name,
-                    "path": if info.ring_sites.iter().any(|(p, f)| *p == s.pid && *f == s.path) { "ring" } else { "uprobe" },
-                    "point": format!("app.{}", usdt.app_names[(s.spec.point - xlap_point::XLAP_POINT_APP_BASE as u16) as usize]),
-                    "file": s.path, "args": s.probe.args_spec,
-                })).collect::<Vec<_>>(),
-            }),
-            targets: args
-                .pids
-                .iter()
-                .zip(info.comms)
-                .map(|(&pid, comm)| Target {
-                    pid,
-                    comm,
-                    udp_ports: following
-                        .known_ports
-                        .iter()
-                        .filter(|(_, p)| **p == pid)
-                        .map(|((_, port), _)| *port)
-                        .collect(),
-                })
-                .collect(),
-            followed: following.children.values().cloned().collect(),
-            foreign_stamps_dropped: dropped_stamps,
-            flows: runmeta::FlowCounts {
-                known: flows.table.len() as u64,
-                collided: flows.collided,
-                not_noted: flows.not_noted,
-            },
-            ports_not_traced: following.ports_not_traced.iter().map(|(_, p)| *p).collect(),
-            points,
-            unavailable_points: unavailable,
-            packets: tally.packets.len() as u64,
-            stamps,
-            lost,
-            bpf_ns_per_stamp: {
-                let timed = sink.stats.stamps_in_windows;
-                (bpf_time > 0 && timed > 0).then(|| bpf_time as f64 / timed as f64)
-            },
-            bpf_stats: runmeta::BpfStats {
-                mode: sink.stats.mode(),
-                on_s: sink.stats.sampled_s(),
-                windows: sink.stats.windows(),
-                stamps: sink.stats.stamps_in_windows,
-                unavailable: sink.stats.unavailable,
-            },
-            bpf_programs,
-            reader_cpu_s,
-            device_timestamping: info.timestamping,
-            stop_reason,
+        let mut meta = info.meta;
+        meta.state = RunState::Complete;
+        meta.checkpoint = None;
+        note_clock_step(&mut meta, clock_end, args.quiet);
+        meta.clock_end = clock_end;
+        meta.foreign_stamps_dropped = dropped.values().sum();
+        meta.flows = runmeta::FlowCounts {
+            known: flows.table.len() as u64,
+            collided: flows.collided,
+            not_noted: flows.not_noted,
         };
-        let json = serde_json::to_string_pretty(&meta)?;
-        std::fs::write(&plan.files.meta, json + "\n")
-            .with_context(|| format!("cannot write {}", plan.files.meta.display()))?;
-        if lost > 0 && !args.quiet {
-            eprintln!("xlap-trace: warning: {lost} stamps were lost (see the loss columns below and run.json)");
+        meta.unavailable_points = unavailable;
+        meta.bpf_ns_per_stamp = {
+            let timed = sink.stats.stamps_in_windows;
+            (bpf_time > 0 && timed > 0).then(|| bpf_time as f64 / timed as f64)
+        };
+        meta.bpf_stats = runmeta::BpfStats {
+            mode: sink.stats.mode(),
+            on_s: sink.stats.sampled_s(),
+            windows: sink.stats.windows(),
+            stamps: sink.stats.stamps_in_windows,
+            unavailable: sink.stats.unavailable,
+        };
+        meta.bpf_programs = bpf_programs;
+        meta.reader_cpu_s = reader_cpu_s;
+        meta.stop_reason = stop_reason;
+        meta.write(&plan.files.meta)?;
+        if meta.lost > 0 && !args.quiet {
+            eprintln!(
+                "xlap-trace: warning: {} stamps were lost (see the loss columns below and run.json)",
+                meta.lost
+            );
         }
         protocols::refuse_tcp_only(&plan.tcp_only, &following.udp_pids, meta.packets)?;
         Ok(meta)

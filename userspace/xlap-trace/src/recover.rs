@@ -1,0 +1,255 @@
+//! `xlap-trace recover DIR`: a run whose recorder died (kill -9, OOM, a
+//! power cut of the process) is still a run. Its run.json says `running`
+//! (written when the probes were attached, rewritten at every checkpoint)
+//! and its live stream `stamps.arrows` holds every complete batch; recovery
+//! converts the stream to `stamps.parquet`, counts what it holds, and marks
+//! the run `recovered` with what is known to be missing. The commands that
+//! read runs (analyze, sql, report, export, correlate, summary, compare,
+//! history) recover such a run by themselves first.
+
+use crate::exit::{failure, Code};
+use crate::runmeta::process_start_ticks;
+use anyhow::{Context, Result};
+use serde_json::{json, Value};
+use std::path::{Path, PathBuf};
+use xlap_records::writer::stream_to_parquet;
+
+/// What a recovery found.
+#[derive(Debug)]
+pub struct Recovery {
+    pub dir: PathBuf,
+    pub recorder_pid: u64,
+    pub stamps: u64,
+    /// Stamps the last checkpoint had seen written to the stream.
+    pub checkpoint_stamps: Option<u64>,
+    /// Bytes after the last complete batch (a batch cut short).
+    pub bytes_cut: u64,
+    /// Seconds between the last checkpoint and the last stamp recovered.
+    pub after_checkpoint_s: Option<f64>,
+}
+
+/// The state run.json gives (runs from before states were `complete`).
+fn state(meta: &Value) -> &str {
+    meta["state"].as_str().unwrap_or("complete")
+}
+
+/// Whether the run's recorder is still at work: its pid alive and started
+/// when run.json says it did.
+fn recorder_alive(meta: &Value) -> Option<u64> {
+    let pid = meta["recorder"]["pid"].as_u64()?;
+    let ticks = meta["recorder"]["start_ticks"].as_u64()?;
+    (process_start_ticks(pid as u32) == Some(ticks)).then_some(pid)
+}
+
+fn read_json(path: &Path) -> Result<Value> {
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        failure(
+            Code::BadInput,
+            format!(
+                "{}: not an xlap-trace run directory ({e})",
+                path.parent().unwrap_or(path).display()
+            ),
+        )
+    })?;
+    serde_json::from_str(&text).map_err(|e| {
+        failure(
+            Code::BadInput,
+            format!("{}: not valid JSON ({e})", path.display()),
+        )
+    })
+}
+
+/// Recovers the run in `dir`; `None` when there is nothing to recover (the
+/// run ended, or was recovered before).
+pub fn recover(dir: &Path) -> Result<Option<Recovery>> {
+    let meta_path = dir.join("run.json");
+    let mut meta = read_json(&meta_path)?;
+    if state(&meta) != "running" {
+        return Ok(None);
+    }
+    if let Some(pid) = recorder_alive(&meta) {
+        return Err(failure(
+            Code::BadInput,
+            format!(
+                "{}: the run is still being recorded by pid {pid}; stop it (kill -INT {pid}) and it completes itself",
+                dir.display()
+            ),
+        ));
+    }
+    let stream = dir.join("stamps.arrows");
+    let parquet = dir.join("stamps.parquet");
+    if !stream.is_file() {
+        return Err(failure(
+            Code::BadInput,
+            format!(
+                "{}: the recorder died before it wrote stamps.arrows; nothing to recover",
+                dir.display()
+            ),
+        ));
+    }
+    let copy = stream_to_parquet(&stream, &parquet).map_err(|e| {
+        failure(
+            Code::BadInput,
+            format!("{}: cannot read the live stream ({e})", dir.display()),
+        )
+    })?;
+    let counts = count(&parquet)?;
+    let checkpoint = meta["checkpoint"].clone();
+    let checkpoint_ns = checkpoint["clock"]["monotonic_ns"].as_i64();
+    let recovery = Recovery {
+        dir: dir.to_path_buf(),
+        recorder_pid: meta["recorder"]["pid"].as_u64().unwrap_or(0),
+        stamps: copy.rows,
+        checkpoint_stamps: checkpoint["streamed_stamps"].as_u64(),
+        bytes_cut: copy.bytes_total - copy.bytes_used,
+        after_checkpoint_s: checkpoint_ns
+            .zip(counts.last_ts_ns)
+            .map(|(c, l)| (l - c) as f64 / 1e9),
+    };
+    // Stamps per point as recovered; the losses stay those of the last
+    // checkpoint (the kernel's counters died with the recorder).
+    let points = meta["points"].as_object_mut().map(std::mem::take);
+    let mut points = points.unwrap_or_default();
+    for p in points.values_mut() {
+        p["stamps"] = json!(0);
+    }
+    for (name, n) in &counts.per_point {
+        let entry = points.entry(name.clone()).or_insert_with(|| json!({}));
+        entry["stamps"] = json!(n);
+    }
+    meta["points"] = Value::Object(points);
+    meta["stamps"] = json!(copy.rows);
+    meta["packets"] = json!(counts.packets);
+    // The run's end: the last stamp recovered, on the start's clock pair.
+    if let Some(last) = counts.last_ts_ns {
+        let end_ns = meta["clock_end"]["monotonic_ns"].as_i64().unwrap_or(0);
+        if last > end_ns {
+            let start = &meta["clock_start"];
+            let since = last - start["monotonic_ns"].as_i64().unwrap_or(0);
+            let shift = |k: &str| start[k].as_i64().unwrap_or(0) + since;
+            let end = json!({
+                "monotonic_ns": last,
+                "realtime_ns": shift("realtime_ns"),
+                "tai_ns": shift("tai_ns"),
+                "spread_ns": start["spread_ns"],
+            });
+            meta["clock_end"] = end;
+        }
+    }
+    meta["state"] = json!("recovered");
+    meta["stop_reason"] = json!("recorder died");
+    meta["recovery"] = json!({
+        "by": format!("xlap-trace {}", env!("CARGO_PKG_VERSION")),
+        "stamps": copy.rows,
+        "checkpoint_stamps": recovery.checkpoint_stamps,
+        "stream_bytes": copy.bytes_total,
+        "stream_bytes_cut": recovery.bytes_cut,
+        "last_stamp_after_checkpoint_s": recovery.after_checkpoint_s,
+        "not_known": [
+            "stamps the kernel side counted lost after the last checkpoint (the losses here are the checkpoint's)",
+            format!("stamps the recorder had not yet written to stamps.arrows when it died (at most the last {} ms of each CPU's stamps, and those read but not yet in a written batch: up to 0.5 s)", meta["batch_export_every_ms"].as_u64().map_or("?".into(), |ms| ms.to_string())),
+            "the flows' addresses and sockets (src_addr, dst_addr, socket_cookie are null)",
+            "whether a receive-device stamp belongs to a socket not traced (they are kept)",
+        ],
+    });
+    let tmp = meta_path.with_extension("json.tmp");
+    std::fs::write(&tmp, serde_json::to_string_pretty(&meta)? + "\n")
+        .with_context(|| format!("cannot write {}", tmp.display()))?;
+    std::fs::rename(&tmp, &meta_path)
+        .with_context(|| format!("cannot write {}", meta_path.display()))?;
+    Ok(Some(recovery))
+}
+
+struct Counts {
+    per_point: Vec<(String, u64)>,
+    packets: u64,
+    last_ts_ns: Option<i64>,
+}
+
+/// Stamps per point, packets (distinct flow, kind, seq of stamps that know
+/// their flow, as the recorder counts them) and the last stamp's time.
+fn count(parquet: &Path) -> Result<Counts> {
+    let conn = duckdb::Connection::open_in_memory()?;
+    let file = parquet.display().to_string().replace('\'', "''");
+    let mut stmt = conn.prepare(&format!(
+        "SELECT point, count(*) FROM read_parquet('{file}') GROUP BY point ORDER BY point"
+    ))?;
+    let per_point = stmt
+        .query_map([], |r| {
+            Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)? as u64))
+        })?
+        .collect::<duckdb::Result<Vec<_>>>()?;
+    let (packets, last_ts_ns): (i64, Option<i64>) = conn.query_row(
+        &format!(
+            "SELECT (SELECT count(*) FROM (SELECT DISTINCT flow, coalesce(kind, 0), seq FROM read_parquet('{file}') WHERE seq IS NOT NULL AND flow <> 0)), (SELECT max(ts_ns) FROM read_parquet('{file}'))"
+        ),
+        [],
+        |r| Ok((r.get(0)?, r.get(1)?)),
+    )?;
+    Ok(Counts {
+        per_point,
+        packets: packets as u64,
+        last_ts_ns,
+    })
+}
+
+/// Says what a recovery found, on standard error.
+pub fn report(r: &Recovery) {
+    eprintln!(
+        "xlap-trace: recovered {}: its recorder (pid {}) died; {} stamps from stamps.arrows into stamps.parquet{}{}; run.json says what cannot be known (recovery.not_known)",
+        r.dir.display(),
+        r.recorder_pid,
+        r.stamps,
+        r.after_checkpoint_s
+            .map(|s| format!(", the last {s:.1} s after the last checkpoint"))
+            .unwrap_or_default(),
+        if r.bytes_cut > 0 {
+            format!(", a batch cut short ({} bytes) left out", r.bytes_cut)
+        } else {
+            String::new()
+        },
+    );
+}
+
+/// Before a command reads runs: recovers every run under `paths` (a run
+/// directory, a directory of runs, or a file in a run directory) left
+/// `running` by a recorder that is gone. A run still being recorded is
+/// left alone (reading it then says so).
+pub fn before_reading(paths: &[&Path]) {
+    for dir in paths.iter().flat_map(|p| run_dirs(p)) {
+        let running = read_json(&dir.join("run.json"))
+            .map(|m| state(&m) == "running" && recorder_alive(&m).is_none())
+            .unwrap_or(false);
+        if !running {
+            continue;
+        }
+        match recover(&dir) {
+            Ok(Some(r)) => report(&r),
+            Ok(None) => {}
+            Err(e) => eprintln!(
+                "xlap-trace: warning: cannot recover {}: {e:#}",
+                dir.display()
+            ),
+        }
+    }
+}
+
+/// The run directories a path names.
+fn run_dirs(path: &Path) -> Vec<PathBuf> {
+    let dir = if path.is_file() {
+        path.parent().unwrap_or(Path::new(".")).to_path_buf()
+    } else {
+        path.to_path_buf()
+    };
+    let mut dirs: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .map(|rd| {
+            rd.filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|p| p.join("run.json").is_file())
+                .collect()
+        })
+        .unwrap_or_default();
+    if dir.join("run.json").is_file() {
+        dirs.push(dir);
+    }
+    dirs
+}
