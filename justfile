@@ -23,6 +23,17 @@ test: lint build
     {{xlap}} stage sweep >/dev/null
     status=0; cargo test --workspace --no-fail-fast || status=$?; {{xlap}} stage sweep --check; exit $status
 
+# The fuzz targets run long: CASES per property, a fresh seed (printed).
+fuzz CASES="200000":
+    @# The proptest targets tests/fuzz_*.rs (USDT notes and argument specs,
+    @# ring-buffer records, the correlator), which `just test` runs briefly
+    @# on a fixed seed; the correlator (DuckDB per case) gets a hundredth of
+    @# the cases; PROPTEST_RNG_SEED=N repeats a run. Dev profile and the
+    @# usual target directory: a release build would rebuild DuckDB (~40 min).
+    seed=${PROPTEST_RNG_SEED:-$RANDOM$RANDOM}; echo "fuzz: seed $seed, {{CASES}} cases"; \
+    PROPTEST_RNG_SEED=$seed PROPTEST_CASES={{CASES}} cargo test -p xlap-usdt -p xlap-records --test 'fuzz_*'; \
+    PROPTEST_RNG_SEED=$seed PROPTEST_CASES=$(( {{CASES}} / 100 > 16 ? {{CASES}} / 100 : 16 )) cargo test -p xlap-tests --test fuzz_correlate
+
 # Formatting, clippy, clang-format, and the committed schemas.
 lint:
     cargo fmt --all --check

@@ -13,7 +13,7 @@ use xlap_tests::example::{ExampleOptions, ProtocolRun};
 use xlap_tests::multiset::{assert_same, logged, stamped};
 use xlap_tests::trace::{read_stamps, run_meta, Recorder};
 use xlap_tests::{bin, privileged, KillOnDrop, Scratch};
-use xlap_trace::capabilities::NEEDS;
+use xlap_trace::capabilities::{KEPT_AFTER_ATTACH, NEEDS};
 
 /// linux/capability.h, 0..=40.
 const ALL: [&str; 41] = [
@@ -173,7 +173,28 @@ fn the_required_capabilities_trace_everything_and_each_is_needed() {
     );
     let pids = run.pids();
     let dir = scratch.path("run");
-    let rec = Recorder::start_binary(&only_required, &[pids.0, pids.1], &dir, &[]);
+    let rec = Recorder::start_binary(
+        &only_required,
+        &[pids.0, pids.1],
+        &dir,
+        &["--metrics", "127.0.0.1:0"],
+    );
+    // Attached: every thread of the recorder holds at most what the rest
+    // of the run needs.
+    let kept: u64 = KEPT_AFTER_ATTACH.iter().map(|b| 1u64 << b).sum();
+    let tasks = std::fs::read_dir(format!("/proc/{}/task", rec.child.id())).unwrap();
+    let mut threads = 0;
+    for task in tasks {
+        let status = std::fs::read_to_string(task.unwrap().path().join("status")).unwrap();
+        let eff = status
+            .lines()
+            .find_map(|l| l.strip_prefix("CapEff:"))
+            .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+            .unwrap();
+        assert_eq!(eff & !kept, 0, "a recorder thread holds {eff:#x}");
+        threads += 1;
+    }
+    assert!(threads >= 2, "the metrics thread too");
     run.start();
     let (sent, received) = run.wait();
     let out = rec.wait();

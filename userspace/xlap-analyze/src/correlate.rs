@@ -6,7 +6,10 @@
 //! 2. Clocks of other domains are mapped onto the first run's ([`clock`]).
 //! 3. Sequence numbers are unwrapped per stream (8/16/32-bit fields wrap):
 //!    a step back by more than half the range starts a new epoch, a step
-//!    forward by more than half is a late packet of the previous one.
+//!    forward by more than half is a late packet of the previous one. A
+//!    stream starts in its flow's first epoch, or in the next when its first
+//!    seq lies more than half the range below the flow's first (it began
+//!    after a wrap: within half the range of the flow's start, it is right).
 //! 4. App stamps get their side: the sending or the receiving process of the
 //!    packet's flow. An app point seen on both sides gets a `_tx`/`_rx`
 //!    suffix.
@@ -254,11 +257,20 @@ pub fn correlate(
            LEFT JOIN port_span pd ON pd.run_id = s1.run_id AND pd.port = (s1.flow & 65535)
            LEFT JOIN port_span ps ON ps.run_id = s1.run_id AND ps.port = ((s1.flow >> 16) & 65535)
            WHERE flow IS NOT NULL;
+         -- A stream starts in the epoch of its flow's first stamp (on any
+         -- run), or in the next one when its first seq lies more than half
+         -- the range below that one's: the field wrapped before the stream's
+         -- first stamp (its point missed the first packets, or they were
+         -- lost). Starting every stream in epoch 0 split such packets in
+         -- two rows (found by fuzzing: tests/tests/fuzz_correlate.rs).
          CREATE OR REPLACE TEMP TABLE s3 AS
-           SELECT * EXCLUDE (d, step),
-                  seq + span * sum(step) OVER (PARTITION BY run_id, flow, kind, point ORDER BY ts_ns ROWS UNBOUNDED PRECEDING) AS useq
+           SELECT * EXCLUDE (d, step, stream_first, flow_first),
+                  seq + span * (sum(step) OVER (PARTITION BY run_id, flow, kind, point ORDER BY ts_ns ROWS UNBOUNDED PRECEDING)
+                                + CASE WHEN stream_first - flow_first < -span // 2 THEN 1 ELSE 0 END) AS useq
            FROM (SELECT *, seq - lag(seq) OVER (PARTITION BY run_id, flow, kind, point ORDER BY ts_ns) AS d,
-                        CASE WHEN span = 0 THEN 0 WHEN d < -span // 2 THEN 1 WHEN d > span // 2 THEN -1 ELSE 0 END AS step
+                        CASE WHEN span = 0 THEN 0 WHEN d < -span // 2 THEN 1 WHEN d > span // 2 THEN -1 ELSE 0 END AS step,
+                        first_value(seq) OVER (PARTITION BY run_id, flow, kind, point ORDER BY ts_ns) AS stream_first,
+                        first_value(seq) OVER (PARTITION BY flow, kind ORDER BY t) AS flow_first
                  FROM s2);
          CREATE OR REPLACE TEMP TABLE ends AS
            SELECT flow,

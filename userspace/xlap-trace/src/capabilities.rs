@@ -138,6 +138,64 @@ pub fn check(unchecked: bool) -> Result<Vec<Need>> {
     Ok(missing)
 }
 
+/// What a recording keeps once its probes are attached: bpf() on the
+/// maps it holds (CAP_BPF, or CAP_SYS_ADMIN for it, which the kernel's
+/// run-time statistics also need), the targets' new sockets and the
+/// semaphores lowered at the end (CAP_SYS_PTRACE), the reader's priority
+/// (CAP_SYS_NICE), removing a marker ring file a target of another user
+/// owns from its sticky /dev/shm at the end (CAP_FOWNER). Attaching
+/// (CAP_PERFMON, CAP_NET_ADMIN) and everything else root holds are
+/// dropped. capset leaves the bounding set alone: a root binary the
+/// recorder executed would have them again (the demo runs `ip` after
+/// recording to tear its stage down).
+pub const KEPT_AFTER_ATTACH: &[u32] = &[39, 19, 23, 21, 3];
+
+/// `struct __user_cap_header_struct` / `__user_cap_data_struct` (v3: two
+/// 32-bit words per set).
+#[repr(C)]
+struct CapHeader {
+    version: u32,
+    pid: i32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct CapData {
+    effective: u32,
+    permitted: u32,
+    inheritable: u32,
+}
+
+const CAP_VERSION_3: u32 = 0x2008_0522;
+
+/// Keeps only `keep` in the calling thread's effective and permitted sets
+/// (threads it starts later inherit that); returns the bits dropped.
+/// Threads already running keep theirs: drop early, or in each of them.
+pub fn keep_only(keep: &[u32]) -> std::io::Result<u64> {
+    let mut header = CapHeader {
+        version: CAP_VERSION_3,
+        pid: 0,
+    };
+    let mut data = [CapData::default(); 2];
+    // SAFETY: header and two data words as capget(2) v3 expects.
+    if unsafe { libc::syscall(libc::SYS_capget, &mut header, data.as_mut_ptr()) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let mask: u64 = keep.iter().map(|b| 1u64 << b).sum();
+    let before = data[0].permitted as u64 | (data[1].permitted as u64) << 32;
+    for (i, word) in data.iter_mut().enumerate() {
+        let m = (mask >> (32 * i)) as u32;
+        word.effective &= m;
+        word.permitted &= m;
+        word.inheritable &= m;
+    }
+    // SAFETY: as above; capset only lowers this thread's sets.
+    if unsafe { libc::syscall(libc::SYS_capset, &header, data.as_ptr()) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(before & !mask)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -172,6 +230,36 @@ mod tests {
             readme.contains(&table),
             "README.md's capability table differs from capabilities::NEEDS; it should read:\n{table}"
         );
+    }
+
+    /// In a thread of its own (capabilities are per thread): what it keeps
+    /// is what /proc says it has, and nothing comes back.
+    #[test]
+    fn keep_only_lowers_this_threads_capabilities() {
+        std::thread::spawn(|| {
+            let before = effective_of_thread();
+            keep_only(&[19]).expect("capset");
+            assert_eq!(effective_of_thread(), before & (1 << 19));
+            keep_only(&[19, 21]).expect("capset");
+            assert_eq!(
+                effective_of_thread(),
+                before & (1 << 19),
+                "regained a capability"
+            );
+        })
+        .join()
+        .unwrap();
+    }
+
+    fn effective_of_thread() -> u64 {
+        // SAFETY: gettid has no arguments.
+        let tid = unsafe { libc::syscall(libc::SYS_gettid) };
+        std::fs::read_to_string(format!("/proc/self/task/{tid}/status"))
+            .unwrap()
+            .lines()
+            .find_map(|l| l.strip_prefix("CapEff:"))
+            .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+            .unwrap()
     }
 
     #[test]

@@ -68,18 +68,20 @@ impl Register {
             "rsp" | "esp" | "sp" | "spl" => Rsp,
             "rip" => Rip,
             _ => {
-                // r8..r15 with optional d/w/b suffix
-                let digits = name.strip_prefix('r')?;
-                let digits = digits.trim_end_matches(['d', 'w', 'b']);
-                match digits.parse::<u8>().ok()? {
-                    8 => R8,
-                    9 => R9,
-                    10 => R10,
-                    11 => R11,
-                    12 => R12,
-                    13 => R13,
-                    14 => R14,
-                    15 => R15,
+                // r8..r15 with at most one d/w/b suffix. The number is
+                // matched as text: parsing it took `%r+8`, `%r08` and
+                // `%r8dd` for r8 (found by fuzzing).
+                let number = name.strip_prefix('r')?;
+                let number = number.strip_suffix(['d', 'w', 'b']).unwrap_or(number);
+                match number {
+                    "8" => R8,
+                    "9" => R9,
+                    "10" => R10,
+                    "11" => R11,
+                    "12" => R12,
+                    "13" => R13,
+                    "14" => R14,
+                    "15" => R15,
                     _ => return None,
                 }
             }
@@ -206,16 +208,31 @@ fn parse_arg(spec: &str) -> Result<Arg, UsdtError> {
     })
 }
 
+/// An integer as the assembler writes it: an optional `-`, then decimal
+/// digits or `0x` and hex digits; i64::MIN included. Only digits may follow
+/// the sign: `str::parse` and `from_str_radix` take a sign of their own, so
+/// `--5` and `0x-5` were accepted and `$--9223372036854775808` negated
+/// i64::MIN (an overflow panic in debug builds); and the magnitude is read
+/// unsigned, so `-9223372036854775808` is no longer refused (all found by
+/// fuzzing).
 fn parse_int(s: &str) -> Option<i64> {
     let (neg, digits) = match s.strip_prefix('-') {
         Some(d) => (true, d),
         None => (false, s),
     };
-    let v = match digits.strip_prefix("0x") {
-        Some(hex) => i64::from_str_radix(hex, 16).ok()?,
-        None => digits.parse().ok()?,
+    let (radix, digits) = match digits.strip_prefix("0x") {
+        Some(hex) => (16, hex),
+        None => (10, digits),
     };
-    Some(if neg { -v } else { v })
+    if digits.is_empty() || !digits.chars().all(|c| c.is_digit(radix)) {
+        return None;
+    }
+    let magnitude = u64::from_str_radix(digits, radix).ok()?;
+    if neg {
+        0i64.checked_sub_unsigned(magnitude)
+    } else {
+        i64::try_from(magnitude).ok()
+    }
 }
 
 #[cfg(test)]
@@ -315,6 +332,41 @@ mod tests {
             let e = parse_args(bad).unwrap_err().to_string();
             assert!(e.contains(bad), "{e}");
         }
+    }
+
+    /// Inputs the fuzz target (tests/fuzz_args.rs) found.
+    #[test]
+    fn fuzz_regressions() {
+        // Negating i64::MIN overflowed (a panic in debug builds).
+        assert!(parse_args("8@$--9223372036854775808").is_err());
+        assert!(parse_args("8@$-0x-8000000000000000").is_err());
+        // A second sign was taken.
+        for bad in ["8@$--5", "8@$0x-5", "8@$+5", "8@$0x+5", "8@--8(%rbp)"] {
+            assert!(parse_args(bad).is_err(), "{bad}");
+        }
+        // i64::MIN, as the assembler writes it, was refused.
+        for min in ["8@$-9223372036854775808", "8@$-0x8000000000000000"] {
+            assert_eq!(
+                parse_args(min).unwrap()[0].location,
+                Immediate(i64::MIN),
+                "{min}"
+            );
+        }
+        assert!(parse_args("8@$9223372036854775808").is_err());
+        // Register numbers were parsed as integers.
+        for bad in [
+            "1@%r+8",
+            "1@%r08",
+            "1@%r8dd",
+            "8@8(%r+9)",
+            "8@(%rax,%r010,2)",
+        ] {
+            assert!(parse_args(bad).is_err(), "{bad}");
+        }
+        assert_eq!(
+            parse_args("1@%r15b").unwrap()[0].location,
+            ArgLocation::Register(Register::R15)
+        );
     }
 
     #[test]

@@ -11,7 +11,7 @@ mod args;
 mod notes;
 
 pub use args::{parse_args, Arg, ArgLocation, Register};
-pub use notes::{read_probes, Probe};
+pub use notes::{parse_probes, read_probes, Probe};
 
 #[derive(Debug, thiserror::Error)]
 pub enum UsdtError {

@@ -33,7 +33,14 @@ pub fn read_probes(path: &Path) -> Result<Vec<Probe>, UsdtError> {
         path: shown.clone(),
         source,
     })?;
-    let elf = ElfFile64::<Endianness>::parse(&*data).map_err(|source| UsdtError::Elf {
+    parse_probes(&data, &shown)
+}
+
+/// Every USDT probe in `data`, the bytes of an ELF file (untrusted: any
+/// bytes give probes or an error); `path` only names the file in errors.
+pub fn parse_probes(data: &[u8], path: &str) -> Result<Vec<Probe>, UsdtError> {
+    let shown = path.to_string();
+    let elf = ElfFile64::<Endianness>::parse(data).map_err(|source| UsdtError::Elf {
         path: shown.clone(),
         source,
     })?;
@@ -62,13 +69,17 @@ pub fn read_probes(path: &Path) -> Result<Vec<Probe>, UsdtError> {
             )
         })
         .collect();
+    // Checked arithmetic: the headers are untrusted, and a segment whose
+    // end or file offset overflows u64 panicked here (found by fuzzing);
+    // such a segment maps nothing.
     let to_offset = |addr: u64, executable: bool| -> Option<u64> {
         segments
             .iter()
-            .find(|(vaddr, memsz, _, x)| {
-                (!executable || *x) && (*vaddr..vaddr + memsz).contains(&addr)
+            .filter(|(_, _, _, x)| !executable || *x)
+            .find_map(|&(vaddr, memsz, offset, _)| {
+                let into = addr.checked_sub(vaddr).filter(|into| *into < memsz)?;
+                into.checked_add(offset)
             })
-            .map(|(vaddr, _, offset, _)| addr - vaddr + offset)
     };
 
     let little = endian.is_little_endian();

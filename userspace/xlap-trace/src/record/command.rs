@@ -91,6 +91,8 @@ impl Waiter {
         let done = Arc::new(AtomicBool::new(false));
         let flag = done.clone();
         let thread = std::thread::spawn(move || {
+            // Waiting for our own child needs no capability.
+            let _ = crate::capabilities::keep_only(&[]);
             let mut status = 0;
             loop {
                 // SAFETY: waitpid on our own child into a local.

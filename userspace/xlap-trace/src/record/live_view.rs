@@ -526,6 +526,8 @@ fn serve(addr: SocketAddr) -> anyhow::Result<Arc<Mutex<String>>> {
     std::thread::Builder::new()
         .name("xlap-metrics".into())
         .spawn(move || {
+            // Serving text to the network needs no capability at all.
+            let _ = crate::capabilities::keep_only(&[]);
             for conn in listener.incoming() {
                 let Ok(mut conn) = conn else { continue };
                 let _ = conn.set_read_timeout(Some(Duration::from_secs(2)));

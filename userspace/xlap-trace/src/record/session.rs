@@ -299,6 +299,13 @@ impl Session {
             &BTreeMap::new(),
         );
         live.info.meta.write(&plan.files.meta)?;
+        // Least privilege: the rest of the run needs only these (threads
+        // started from here on inherit it; the metrics server drops all).
+        if let Err(e) = crate::capabilities::keep_only(crate::capabilities::KEPT_AFTER_ATTACH) {
+            plan.note(format!(
+                "cannot drop the capabilities the run no longer needs: {e}"
+            ));
+        }
         if let Some(ready) = &args.ready_file {
             std::fs::write(ready, format!("{}\n", std::process::id()))
                 .with_context(|| format!("cannot write the ready file {}", ready.display()))?;
