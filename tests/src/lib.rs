@@ -73,15 +73,73 @@ pub fn target_dir() -> PathBuf {
 }
 
 /// Path of a workspace binary; they are built by `cargo build --workspace`
-/// (the justfile's test recipe does so before `cargo test`).
+/// (the justfile's test recipe does so before `cargo test`). `cargo test`
+/// alone rebuilds the libraries a test links but not the other packages'
+/// binaries, so a binary older than one of its sources is refused: a test
+/// never checks yesterday's tool.
 pub fn bin(name: &str) -> PathBuf {
+    static FRESH: Mutex<Vec<String>> = Mutex::new(Vec::new());
     let path = target_dir().join(name);
     assert!(
         path.exists(),
         "{} is missing: run `cargo build --workspace` before the tests (just test does)",
         path.display()
     );
+    let mut fresh = FRESH.lock().unwrap_or_else(|p| p.into_inner());
+    if !fresh.iter().any(|n| n == name) {
+        if let Some(source) = newer_source(&path) {
+            panic!(
+                "{} is older than its source {}: run `cargo build --workspace` before the tests (just test does)",
+                path.display(),
+                source.display()
+            );
+        }
+        fresh.push(name.to_string());
+    }
     path
+}
+
+/// A source file of the binary at `path` changed after it was built, by the
+/// dep-info Cargo writes beside it (`NAME.d`: `NAME: SOURCE...`, spaces in
+/// paths escaped).
+fn newer_source(path: &Path) -> Option<PathBuf> {
+    let dep_info = path.with_extension("d");
+    let text = std::fs::read_to_string(&dep_info).unwrap_or_else(|e| {
+        panic!(
+            "{}: {e} (Cargo writes it with the binary): run `cargo build --workspace`",
+            dep_info.display()
+        )
+    });
+    let built = std::fs::metadata(path).and_then(|m| m.modified()).ok()?;
+    dep_info_sources(text.lines().next().unwrap_or_default())
+        .into_iter()
+        .find(|s| {
+            std::fs::metadata(s)
+                .and_then(|m| m.modified())
+                .is_ok_and(|t| t > built)
+        })
+}
+
+/// The prerequisites of a Makefile-style rule `target: a b\ c`.
+fn dep_info_sources(rule: &str) -> Vec<PathBuf> {
+    let mut words = Vec::new();
+    let mut word = String::new();
+    let mut chars = rule.chars().peekable();
+    while let Some(c) = chars.next() {
+        match c {
+            '\\' if chars.peek() == Some(&' ') => word.push(chars.next().unwrap()),
+            ' ' => words.push(std::mem::take(&mut word)),
+            _ => word.push(c),
+        }
+    }
+    words.push(word);
+    // The first word is the target and its colon.
+    words
+        .into_iter()
+        .skip(1)
+        .filter(|w| !w.is_empty())
+        .map(PathBuf::from)
+        .collect()
 }
 
 /// A fresh scratch directory under the target dir, removed when dropped.
@@ -147,5 +205,44 @@ impl Drop for KillOnDrop {
             let _ = self.0.kill();
             let _ = self.0.wait();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dep_info_rules_give_their_sources() {
+        assert_eq!(
+            dep_info_sources("/t/xlap-trace: /w/a.rs /w/my\\ dir/b.rs  /w/c.rs"),
+            ["/w/a.rs", "/w/my dir/b.rs", "/w/c.rs"].map(PathBuf::from)
+        );
+        assert!(dep_info_sources("/t/x:").is_empty());
+    }
+
+    #[test]
+    fn a_binary_older_than_a_source_is_found() {
+        let dir = std::env::temp_dir().join(format!("xlap-dep-info-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (bin, src) = (dir.join("tool"), dir.join("main.rs"));
+        std::fs::write(&src, "fn main() {}").unwrap();
+        std::fs::write(&bin, "built").unwrap();
+        let rule = format!("{}: {}\n", bin.display(), src.display());
+        std::fs::write(dir.join("tool.d"), rule).unwrap();
+        let past = std::time::SystemTime::now() - std::time::Duration::from_secs(60);
+        let set_mtime = |p: &Path, t| {
+            std::fs::File::options()
+                .write(true)
+                .open(p)
+                .unwrap()
+                .set_modified(t)
+                .unwrap()
+        };
+        set_mtime(&src, past);
+        assert_eq!(newer_source(&bin), None);
+        set_mtime(&bin, past - std::time::Duration::from_secs(60));
+        assert_eq!(newer_source(&bin), Some(src));
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

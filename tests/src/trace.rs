@@ -9,6 +9,17 @@ use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 
+/// `record`'s layout options for datagrams that start with a u64
+/// little-endian seq (the C programs' and the Python senders' format).
+pub const SEQ_U64_LE: &[&str] = &[
+    "--seq-offset",
+    "0",
+    "--seq-size",
+    "8",
+    "--seq-endian",
+    "little",
+];
+
 /// One row of `stamps.parquet`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Row {

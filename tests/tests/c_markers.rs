@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use xlap_tests::c_programs::{udp_loop, udp_loop_log};
-use xlap_tests::trace::Recorder;
+use xlap_tests::trace::{Recorder, SEQ_U64_LE};
 use xlap_tests::{privileged, Scratch};
 
 const COUNT: u64 = 500;
@@ -35,17 +35,7 @@ fn traced(
     let rec = Recorder::start(
         &[pid],
         &run,
-        &[
-            "--quiet",
-            "--seq-offset",
-            "0",
-            "--seq-size",
-            "8",
-            "--seq-endian",
-            "little",
-            "--marker-path",
-            marker_path,
-        ],
+        &[SEQ_U64_LE, &["--quiet", "--marker-path", marker_path]].concat(),
     );
     std::fs::write(&gate, "go").unwrap();
     assert!(child.wait().unwrap().success(), "udp_loop failed");

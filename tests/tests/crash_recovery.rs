@@ -12,7 +12,7 @@ use std::time::Duration;
 use xlap_stage::Stage;
 use xlap_tests::example::{ExampleOptions, ProtocolRun};
 use xlap_tests::multiset::logged;
-use xlap_tests::trace::{read_stamps, run_meta, Recorder};
+use xlap_tests::trace::{read_stamps, run_meta, Recorder, SEQ_U64_LE};
 use xlap_tests::{bin, privileged, KillOnDrop, Scratch};
 
 fn monotonic_ns() -> i64 {
@@ -255,15 +255,7 @@ time.sleep(60)
     let rec = Recorder::start(
         &[sender.0.id()],
         &dir,
-        &[
-            "--seq-offset",
-            "0",
-            "--seq-size",
-            "8",
-            "--seq-endian",
-            "little",
-            "--no-usdt",
-        ],
+        &[SEQ_U64_LE, &["--no-usdt"]].concat(),
     );
     std::fs::write(&gate, "go").unwrap();
     let start = std::time::Instant::now();

@@ -11,7 +11,7 @@ use std::process::{Command, Stdio};
 use xlap_stage::Stage;
 use xlap_tests::example::{ExampleOptions, ProtocolRun};
 use xlap_tests::multiset::{assert_same, logged, stamped};
-use xlap_tests::trace::{read_stamps, run_meta, Recorder};
+use xlap_tests::trace::{read_stamps, run_meta, Recorder, SEQ_U64_LE};
 use xlap_tests::{bin, privileged, KillOnDrop, Scratch};
 use xlap_trace::capabilities::{KEPT_AFTER_ATTACH, NEEDS};
 
@@ -345,18 +345,7 @@ for seq in range(200):
         .spawn()
         .expect("python3");
     let dir = scratch.path("run");
-    let rec = Recorder::start(
-        &[sender.id()],
-        &dir,
-        &[
-            "--seq-offset",
-            "0",
-            "--seq-size",
-            "8",
-            "--seq-endian",
-            "little",
-        ],
-    );
+    let rec = Recorder::start(&[sender.id()], &dir, SEQ_U64_LE);
     std::fs::write(&gate, "go").unwrap();
     let mut sender = KillOnDrop(sender);
     assert!(sender.0.wait().unwrap().success(), "the sender failed");

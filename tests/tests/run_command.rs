@@ -6,23 +6,14 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::process::{Command, Output};
 use xlap_tests::c_programs::{udp_loop, udp_loop_log};
-use xlap_tests::trace::{read_stamps, run_meta};
+use xlap_tests::trace::{read_stamps, run_meta, SEQ_U64_LE};
 use xlap_tests::{bin, privileged, Scratch};
-
-const SEQ_LAYOUT: &[&str] = &[
-    "--seq-offset",
-    "0",
-    "--seq-size",
-    "8",
-    "--seq-endian",
-    "little",
-];
 
 fn xlap_run(run_dir: &Path, command: &[&str]) -> Output {
     Command::new(bin("xlap-trace"))
         .args(["run", "--quiet", "--no-correlate", "-o"])
         .arg(run_dir)
-        .args(SEQ_LAYOUT)
+        .args(SEQ_U64_LE)
         .arg("--")
         .args(command)
         .output()

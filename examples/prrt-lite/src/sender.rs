@@ -346,6 +346,10 @@ fn transmit<M: Markers>(
         }
         cfg.inject.apply(Stage::Transmit, out.seq);
         let drop_it = dropped(cfg.seed, out.kind, out.seq, cfg.drop_probability);
+        // With `t_ns` (after the send) it brackets the datagram's time on the
+        // wire: a reader can tell a gap the sender made from one the
+        // scheduler made between the send and the log.
+        let t_start_ns = now_ns();
         if drop_it {
             stats.dropped += 1;
         } else if let Some(gso) = &mut gso {
@@ -370,7 +374,7 @@ fn transmit<M: Markers>(
         }
         log.record(json!({
             "event": "sent", "kind": out.kind, "seq": out.seq,
-            "t_ns": now_ns(), "dropped": drop_it,
+            "t_start_ns": t_start_ns, "t_ns": now_ns(), "dropped": drop_it,
         }));
     }
     if let Some(gso) = &mut gso {

@@ -77,6 +77,14 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 "probe serve {}: echoed {} probes, ignored {} other datagrams",
                 a.bind, s.echoed, s.ignored
             );
+            if a.delay_us > 0 && s.echoed > 0 {
+                println!(
+                    "probe serve {}: delay spent {:.1} us per direction on average (--delay-us {})",
+                    a.bind,
+                    s.delay_spent.as_secs_f64() * 1e6 / (2 * s.echoed) as f64,
+                    a.delay_us
+                );
+            }
             Ok(())
         }
         Some(Command::Probe(probe::ProbeCommand::Rtt(a))) => {

@@ -130,6 +130,12 @@ pub struct RttFile {
     pub lost: u64,
     /// Echoes that came after their probe's timeout (ignored).
     pub late: u64,
+    /// What the delay knob's busy waits took, summed over the recorded
+    /// probes (two per RTT on this host): at least 2·count·delay_us, more
+    /// when the host was preempted at a wait's end. Absent without a delay
+    /// (and in files of earlier versions).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delay_spent_ns: Option<u64>,
     pub settings: RttSettings,
 }
 
@@ -156,11 +162,15 @@ pub fn spin_until(until: Instant) {
     }
 }
 
-/// [`spin_until`] `now + us`.
-pub fn spin_us(us: u64) {
-    if us > 0 {
-        spin_until(Instant::now() + Duration::from_micros(us));
+/// [`spin_until`] `now + us`; the time it took (zero for no delay), so a
+/// run can say what its delay really was.
+pub fn spin_us(us: u64) -> Duration {
+    if us == 0 {
+        return Duration::ZERO;
     }
+    let start = Instant::now();
+    spin_until(start + Duration::from_micros(us));
+    start.elapsed()
 }
 
 /// Writes a probe datagram of `kind` and `seq` into `buf` (its whole
@@ -204,7 +214,9 @@ mod tests {
     #[test]
     fn the_delay_knob_waits_at_least_its_time() {
         let t = Instant::now();
-        spin_us(300);
-        assert!(t.elapsed() >= Duration::from_micros(300));
+        let spent = spin_us(300);
+        assert!(spent >= Duration::from_micros(300));
+        assert!(t.elapsed() >= spent);
+        assert_eq!(spin_us(0), Duration::ZERO);
     }
 }

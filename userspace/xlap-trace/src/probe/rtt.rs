@@ -52,6 +52,7 @@ pub fn run(a: &RttArgs) -> Result<RttFile> {
         seqs: Vec::with_capacity(a.count as usize),
         lost: 0,
         late: 0,
+        delay_spent_ns: None,
         settings: RttSettings {
             to: a.to.to_string(),
             local: sock.local_addr()?.to_string(),
@@ -68,6 +69,7 @@ pub fn run(a: &RttArgs) -> Result<RttFile> {
     let mut tx = vec![0u8; a.size];
     let mut rx = vec![0u8; 65_536];
     let mut last: Option<Instant> = None;
+    let mut spent = Duration::ZERO;
     let mut rcv_timeout: Option<Duration> = None;
     for i in 0..a.warmup + a.count {
         // One interval after the last probe's start, or at once when its
@@ -83,7 +85,7 @@ pub fn run(a: &RttArgs) -> Result<RttFile> {
         let t0 = Instant::now();
         last = Some(t0);
         xlap_marker::mark!(send_start, seq, KIND_PROBE);
-        spin_us(a.delay_us);
+        let send_wait = spin_us(a.delay_us);
         match sock.send(&tx) {
             Ok(_) => {}
             // An earlier echo's ICMP error, or no responder (yet): lost.
@@ -126,13 +128,17 @@ pub fn run(a: &RttArgs) -> Result<RttFile> {
             }
             continue;
         }
-        spin_us(a.delay_us);
+        let receive_wait = spin_us(a.delay_us);
         xlap_marker::mark!(deliver, seq, KIND_ECHO);
         let rtt = t0.elapsed();
         if i >= a.warmup {
+            spent += send_wait + receive_wait;
             out.samples_ns.push(rtt.as_nanos() as u64);
             out.seqs.push(seq);
         }
+    }
+    if a.delay_us > 0 {
+        out.delay_spent_ns = Some(spent.as_nanos() as u64);
     }
     Ok(out)
 }

@@ -17,6 +17,8 @@ pub struct Served {
     pub echoed: u64,
     /// Datagrams that were not probes.
     pub ignored: u64,
+    /// What the delay knob's busy waits took (two per echo).
+    pub delay_spent: Duration,
 }
 
 pub fn run(a: &ServeArgs) -> Result<Served> {
@@ -57,10 +59,10 @@ pub fn run(a: &ServeArgs) -> Result<Served> {
             served.ignored += 1;
             continue;
         };
-        spin_us(a.delay_us);
+        served.delay_spent += spin_us(a.delay_us);
         xlap_marker::mark!(deliver, seq, KIND_PROBE);
         xlap_marker::mark!(send_start, seq, KIND_ECHO);
-        spin_us(a.delay_us);
+        served.delay_spent += spin_us(a.delay_us);
         buf[0] = KIND_ECHO;
         match sock.send_to(&buf[..n], peer) {
             Ok(_) => served.echoed += 1,
