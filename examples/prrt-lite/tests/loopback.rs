@@ -351,7 +351,11 @@ fn default_logs_carry_no_new_fields() {
     check_complete(&logs, count);
     for e in events(&logs.sender, "sent") {
         let keys: Vec<&str> = e.as_object().unwrap().keys().map(String::as_str).collect();
-        assert_eq!(keys, ["dropped", "event", "kind", "seq", "t_ns"], "{e}");
+        assert_eq!(
+            keys,
+            ["dropped", "event", "kind", "seq", "t_ns", "t_start_ns"],
+            "{e}"
+        );
     }
     for e in events(&logs.receiver, "received") {
         let keys: Vec<&str> = e.as_object().unwrap().keys().map(String::as_str).collect();
