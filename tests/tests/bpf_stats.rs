@@ -14,7 +14,7 @@ use std::time::Duration;
 use xlap_stage::Stage;
 use xlap_tests::example::{ExampleOptions, ProtocolRun};
 use xlap_tests::trace::Recorder;
-use xlap_tests::{privileged, Scratch};
+use xlap_tests::{privileged, KillOnDrop, Scratch};
 
 /// Whether process `pid` holds the kernel's statistics on.
 fn holds_stats(pid: u32) -> bool {
@@ -43,8 +43,17 @@ fn run(stage: &Stage, mode: &str) -> (serde_json::Value, (bool, bool)) {
         },
     );
     let pids = proto.pids();
+    // A traced process that outlives the protocol keeps the run going until
+    // the poller has stopped, so that the end of the run (the switch turned
+    // off when the targets have exited) cannot fall inside the polling.
+    let keeper = KillOnDrop(
+        std::process::Command::new("sleep")
+            .arg("60")
+            .spawn()
+            .expect("sleep"),
+    );
     let rec = Recorder::start(
-        &[pids.0, pids.1],
+        &[pids.0, pids.1, keeper.0.id()],
         &scratch.path("run"),
         &["--bpf-stats", mode],
     );
@@ -69,6 +78,8 @@ fn run(stage: &Stage, mode: &str) -> (serde_json::Value, (bool, bool)) {
     proto.wait();
     done.store(true, Ordering::Relaxed);
     let seen = poller.join().unwrap();
+    // SAFETY: SIGINT to the recorder this test started.
+    unsafe { libc::kill(recorder as libc::pid_t, libc::SIGINT) };
     (rec.meta_after_wait(), seen)
 }
 
