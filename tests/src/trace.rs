@@ -1,6 +1,6 @@
 //! Running `xlap-trace record` from tests and reading what it wrote.
 
-use crate::bin;
+use crate::{bin, KillOnDrop};
 use arrow_array::{
     Array, BooleanArray, Int64Array, StringArray, UInt16Array, UInt32Array, UInt64Array,
 };
@@ -53,6 +53,14 @@ impl Row {
     pub fn dport(&self) -> u16 {
         self.flow as u16
     }
+}
+
+/// A process that only outlives the protocol: traced with it, a run does
+/// not end when the protocol's processes exit but when the test says
+/// ([`Recorder::interrupt`]), so that what comes after the protocol's end
+/// (a queue draining, a last poll of the recorder) still falls in the run.
+pub fn run_holder() -> KillOnDrop {
+    KillOnDrop(Command::new("sleep").arg("60").spawn().expect("sleep"))
 }
 
 /// A running `xlap-trace record`.
@@ -109,6 +117,13 @@ impl Recorder {
             std::thread::sleep(std::time::Duration::from_millis(10));
         }
         rec
+    }
+
+    /// Ends the recording as a user's Ctrl-C does (SIGINT); [`Recorder::wait`]
+    /// then waits for what it writes.
+    pub fn interrupt(&self) {
+        // SAFETY: a signal to the recorder this test started.
+        unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGINT) };
     }
 
     /// Waits for the recorder to end on its own (the targets exited).

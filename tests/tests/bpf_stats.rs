@@ -13,8 +13,8 @@ use std::sync::Arc;
 use std::time::Duration;
 use xlap_stage::Stage;
 use xlap_tests::example::{ExampleOptions, ProtocolRun};
-use xlap_tests::trace::Recorder;
-use xlap_tests::{privileged, KillOnDrop, Scratch};
+use xlap_tests::trace::{run_holder, Recorder};
+use xlap_tests::{privileged, Scratch};
 
 /// Whether process `pid` holds the kernel's statistics on.
 fn holds_stats(pid: u32) -> bool {
@@ -46,14 +46,9 @@ fn run(stage: &Stage, mode: &str) -> (serde_json::Value, (bool, bool)) {
     // A traced process that outlives the protocol keeps the run going until
     // the poller has stopped, so that the end of the run (the switch turned
     // off when the targets have exited) cannot fall inside the polling.
-    let keeper = KillOnDrop(
-        std::process::Command::new("sleep")
-            .arg("60")
-            .spawn()
-            .expect("sleep"),
-    );
+    let holder = run_holder();
     let rec = Recorder::start(
-        &[pids.0, pids.1, keeper.0.id()],
+        &[pids.0, pids.1, holder.0.id()],
         &scratch.path("run"),
         &["--bpf-stats", mode],
     );
@@ -78,8 +73,7 @@ fn run(stage: &Stage, mode: &str) -> (serde_json::Value, (bool, bool)) {
     proto.wait();
     done.store(true, Ordering::Relaxed);
     let seen = poller.join().unwrap();
-    // SAFETY: SIGINT to the recorder this test started.
-    unsafe { libc::kill(recorder as libc::pid_t, libc::SIGINT) };
+    rec.interrupt();
     (rec.meta_after_wait(), seen)
 }
 

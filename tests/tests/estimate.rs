@@ -253,9 +253,9 @@ fn a_delay_on_one_host_shows_in_its_estimate_alone_and_agrees_with_its_stamps() 
             .extend(files);
         }
     }
-    // The delay the knob really added: its busy waits end late when the
-    // host is preempted near their end (seen: 230 us for 200 on a busy
-    // VM). The estimate must find that, not the nominal value.
+    // The delay the knob really added, by b's own clock: a busy wait
+    // preempted at its end takes longer than asked. The estimate must find
+    // that, not the nominal value.
     let spent = spent.iter().sum::<f64>() / spent.len() as f64;
     assert!(spent >= DELAY_US as f64, "spent {spent} us of {DELAY_US}");
     let (e0, e1) = (estimate(&plain), estimate(&delayed));

@@ -9,8 +9,8 @@
 use serde_json::Value;
 use xlap_stage::{Qdisc, Stage, StageConfig};
 use xlap_tests::example::{events, ExampleOptions, ProtocolRun};
-use xlap_tests::trace::{analyze_rows, Recorder};
-use xlap_tests::{privileged, KillOnDrop, Scratch};
+use xlap_tests::trace::{analyze_rows, run_holder, Recorder};
+use xlap_tests::{privileged, Scratch};
 
 const FAST: u32 = 0x10010;
 const SLOW: u32 = 0x10020;
@@ -94,14 +94,9 @@ fn the_slow_class_queues_and_every_class_counts_as_tc_does() {
     // the receiver no longer waits for) when both ends have exited: a
     // traced process that stays keeps the run going until the test stops
     // it, after the queue has drained (CI saw 998 of 1000 otherwise).
-    let keeper = KillOnDrop(
-        std::process::Command::new("sleep")
-            .arg("60")
-            .spawn()
-            .expect("sleep"),
-    );
+    let holder = run_holder();
     let rec = Recorder::start(
-        &[fp.0, fp.1, sp.0, sp.1, keeper.0.id()],
+        &[fp.0, fp.1, sp.0, sp.1, holder.0.id()],
         &scratch.path("run"),
         &["--quiet"],
     );
@@ -111,8 +106,7 @@ fn the_slow_class_queues_and_every_class_counts_as_tc_does() {
     let (slow_sent, _) = slow.wait();
     // Eight datagrams of ~250 bytes leave a 4 Mbit/s class in 4 ms.
     std::thread::sleep(std::time::Duration::from_millis(300));
-    // SAFETY: SIGINT to the recorder this test started.
-    unsafe { libc::kill(rec.child.id() as libc::pid_t, libc::SIGINT) };
+    rec.interrupt();
     let out = rec.wait();
     assert!(
         out.status.success(),
