@@ -55,6 +55,12 @@ bench *ARGS: build
     {{target}}/debug/xlap-bench {{ARGS}}
     {{target}}/debug/xlap-bench-perturb {{ARGS}}
 
+# A long capture at a high rate, cut into segments within a disk budget:
+# recorder RSS, CPU, disk, losses, bytes per stamp (--minutes N, default
+# 30; --quick: 2; --period-us, --pairs, --rotate, --max-size).
+bench-long *ARGS: build
+    {{target}}/debug/xlap-bench-long {{ARGS}}
+
 # The analysis benchmark: every bundled query (DuckDB) against a pandas
 # re-implementation of X-LAP's notebook on the same 10 M synthetic packets
 # (--quick: 1 M), interleaved rounds; ./run.sh installs pandas in a venv.

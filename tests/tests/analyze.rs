@@ -38,10 +38,14 @@ fn stdout(out: &Output) -> String {
 
 /// The rows of one bundled query on the fixture, as JSON objects.
 fn query(name: &str, extra: &[&str]) -> Vec<serde_json::Map<String, Value>> {
-    let dir = fixture();
+    query_on(&fixture(), name, extra)
+}
+
+/// The rows of one bundled query on a run or packets file.
+fn query_on(run: &Path, name: &str, extra: &[&str]) -> Vec<serde_json::Map<String, Value>> {
     let mut args = vec![
         "analyze",
-        dir.to_str().unwrap(),
+        run.to_str().unwrap(),
         "-q",
         name,
         "-f",
@@ -856,4 +860,413 @@ fn qdisc_classes_match_an_independent_computation() {
     let fast = rows.iter().find(|r| r["class"] == "1:10").unwrap();
     let slow = rows.iter().find(|r| r["class"] == "1:20").unwrap();
     assert!(num(fast, "queue_p99_us") > 200.0 && num(slow, "queue_p99_us") < 10.0);
+}
+
+/// (kind, lost, packets) per kind, counted from the file.
+fn kinds_and_losses(cols: &BTreeMap<String, Vec<Option<f64>>>) -> BTreeMap<u64, (usize, usize)> {
+    let mut out: BTreeMap<u64, (usize, usize)> = BTreeMap::new();
+    for (k, lost) in cols["kind"].iter().zip(&cols["lost"]) {
+        let e = out.entry(k.unwrap() as u64).or_default();
+        e.0 += (*lost == Some(1.0)) as usize;
+        e.1 += 1;
+    }
+    out
+}
+
+#[test]
+fn loss_matches_the_planted_loss_and_the_tracers_own_counters() {
+    let cols = columns(&fixture().join("packets.parquet"));
+    let rows = query("loss", &[]);
+    let row = |scope: &str, measure: &str, what: &str| {
+        rows.iter()
+            .find(|r| r["scope"] == scope && r["measure"] == measure && r["what"] == what)
+            .unwrap_or_else(|| panic!("no {scope} {measure} row for {what}: {rows:#?}"))
+    };
+    let mut all = (0, 0);
+    for (kind, (lost, packets)) in kinds_and_losses(&cols) {
+        let r = row("protocol", "lost", &kind.to_string());
+        assert_eq!(num(r, "value") as usize, lost, "{r:?}");
+        close(
+            num(r, "percent"),
+            100.0 * lost as f64 / packets as f64,
+            1e-2,
+            "percent lost",
+        );
+        // Islands of consecutive lost seqs, per flow, counted here.
+        let mut seqs: Vec<(u64, u64)> = (0..cols["seq"].len())
+            .filter(|&i| cols["kind"][i] == Some(kind as f64) && cols["lost"][i] == Some(1.0))
+            .map(|i| {
+                (
+                    cols["flow"][i].unwrap() as u64,
+                    cols["seq"][i].unwrap() as u64,
+                )
+            })
+            .collect();
+        seqs.sort();
+        let islands = seqs
+            .iter()
+            .enumerate()
+            .filter(|(i, (f, q))| *i == 0 || seqs[i - 1] != (*f, q - 1))
+            .count();
+        assert_eq!(
+            num(row("protocol", "gaps", &kind.to_string()), "value") as usize,
+            islands
+        );
+        all = (all.0 + lost, all.1 + packets);
+    }
+    // The generator's planted rate, within what 2000 draws allow (3 sigma).
+    let rate = all.0 as f64 / all.1 as f64;
+    let sigma = (xlap_analyze::synth::LOSS_RATE / all.1 as f64).sqrt();
+    assert!(
+        (rate - xlap_analyze::synth::LOSS_RATE).abs() <= 3.0 * sigma,
+        "lost {rate} against the planted {}",
+        xlap_analyze::synth::LOSS_RATE
+    );
+    // The tracer's losses are run.json's, point by point.
+    let meta: Value =
+        serde_json::from_str(&std::fs::read_to_string(fixture().join("run.json")).unwrap())
+            .unwrap();
+    let host = meta["host"].as_str().unwrap();
+    let mut listed = 0;
+    for (point, counts) in meta["points"].as_object().unwrap() {
+        for (reason, n) in counts.as_object().unwrap() {
+            let (Some(reason), Some(n)) = (reason.strip_prefix("lost_"), n.as_u64()) else {
+                continue;
+            };
+            if n > 0 {
+                let r = row("tracer", reason, &format!("{host} {point}"));
+                assert_eq!(num(r, "value") as u64, n, "{r:?}");
+                listed += 1;
+            }
+        }
+    }
+    assert!(listed > 0, "the fixture's run.json has tracer losses");
+    assert_eq!(
+        rows.iter().filter(|r| r["scope"] == "tracer").count(),
+        listed
+    );
+}
+
+#[test]
+fn histogram_bins_and_edges_match_an_independent_count() {
+    let cols = columns(&fixture().join("packets.parquet"));
+    let bins = 25;
+    let rows = query("histogram", &["-p", &format!("bins={bins}")]);
+    for (k, mut v) in by_kind(&cols["kind"], &cols["e2e_ns"], &cols["e2e_ns"]) {
+        v.sort_by(f64::total_cmp);
+        let (lo, hi) = (v[0], quantile(&v, 0.999));
+        let width = ((hi - lo) / bins as f64).max(1.0);
+        let mut counts = vec![0usize; bins + 1];
+        for x in &v {
+            counts[(((x - lo) / width).floor() as usize).min(bins)] += 1;
+        }
+        let mine: Vec<&serde_json::Map<String, Value>> =
+            rows.iter().filter(|r| r["kind"] == k).collect();
+        let total: f64 = mine.iter().map(|r| num(r, "packets")).sum();
+        assert_eq!(total as usize, v.len(), "every delivered packet in a bin");
+        for r in &mine {
+            let bin = num(r, "bin") as usize;
+            assert_eq!(
+                num(r, "packets") as usize,
+                counts[bin],
+                "kind {k} bin {bin}"
+            );
+            close(
+                num(r, "from_ns"),
+                (lo + bin as f64 * width).round(),
+                0.0,
+                "bin start",
+            );
+            if bin < bins {
+                close(
+                    num(r, "to_ns"),
+                    (lo + (bin + 1) as f64 * width).round(),
+                    0.0,
+                    "bin end",
+                );
+            } else {
+                assert!(r["to_ns"].is_null(), "the last bin is open: {r:?}");
+            }
+            close(
+                num(r, "fraction"),
+                counts[bin] as f64 / v.len() as f64,
+                1e-5,
+                "fraction",
+            );
+        }
+        // Empty bins are left out, every other one is there.
+        assert_eq!(mine.len(), counts.iter().filter(|c| **c > 0).count());
+    }
+}
+
+/// The fixture with `step_ns` added to the end-to-end latency of every
+/// packet sent in the second half of the run, as a new packets file.
+fn with_step(scratch: &Scratch, step_ns: i64) -> PathBuf {
+    use arrow_array::{ArrayRef, Int64Array, RecordBatch};
+    let src = fixture().join("packets.parquet");
+    let builder =
+        ParquetRecordBatchReaderBuilder::try_new(std::fs::File::open(&src).unwrap()).unwrap();
+    let kv: Vec<parquet::file::metadata::KeyValue> = builder
+        .metadata()
+        .file_metadata()
+        .key_value_metadata()
+        .cloned()
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|kv| kv.key != "ARROW:schema")
+        .collect();
+    let batches: Vec<RecordBatch> = builder.build().unwrap().map(|b| b.unwrap()).collect();
+    let sent: Vec<i64> = batches
+        .iter()
+        .flat_map(|b| {
+            let c = b
+                .column_by_name("sent_ns")
+                .unwrap()
+                .as_primitive::<Int64Type>();
+            (0..c.len())
+                .filter(|&i| c.is_valid(i))
+                .map(|i| c.value(i))
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    let middle = (sent.iter().min().unwrap() + sent.iter().max().unwrap()) / 2;
+    let out = scratch.path("stepped.parquet");
+    let props = parquet::file::properties::WriterProperties::builder()
+        .set_key_value_metadata(Some(kv))
+        .build();
+    let mut writer = parquet::arrow::ArrowWriter::try_new(
+        std::fs::File::create(&out).unwrap(),
+        batches[0].schema(),
+        Some(props),
+    )
+    .unwrap();
+    for b in &batches {
+        let sent = b
+            .column_by_name("sent_ns")
+            .unwrap()
+            .as_primitive::<Int64Type>();
+        let e2e = b
+            .column_by_name("e2e_ns")
+            .unwrap()
+            .as_primitive::<Int64Type>();
+        let stepped: Int64Array = (0..b.num_rows())
+            .map(|i| {
+                e2e.is_valid(i)
+                    .then(|| e2e.value(i) + if sent.value(i) > middle { step_ns } else { 0 })
+            })
+            .collect();
+        let mut columns: Vec<ArrayRef> = b.columns().to_vec();
+        columns[b.schema().index_of("e2e_ns").unwrap()] = std::sync::Arc::new(stepped);
+        writer
+            .write(&RecordBatch::try_new(b.schema(), columns).unwrap())
+            .unwrap();
+    }
+    writer.close().unwrap();
+    out
+}
+
+#[test]
+fn trend_finds_a_planted_step_as_an_independent_regression_does() {
+    let scratch = Scratch::new("trend-step");
+    let step = 2_000_000i64; // 2 ms, above every e2e of the fixture
+    let stepped = with_step(&scratch, step);
+    let cols = columns(&stepped);
+    let rows = query_on(&stepped, "trend", &[]);
+    for k in [0u64, 1] {
+        // (seq, sent, e2e) of the delivered packets of kind k, from the file.
+        let pts: Vec<(f64, f64, f64)> = (0..cols["seq"].len())
+            .filter(|&i| cols["kind"][i] == Some(k as f64))
+            .filter_map(|i| Some((cols["seq"][i]?, cols["sent_ns"][i]?, cols["e2e_ns"][i]?)))
+            .collect();
+        let slope = |x: &dyn Fn(&(f64, f64, f64)) -> f64| {
+            let n = pts.len() as f64;
+            let (mx, my) = (
+                pts.iter().map(x).sum::<f64>() / n,
+                pts.iter().map(|p| p.2).sum::<f64>() / n,
+            );
+            let sxy: f64 = pts.iter().map(|p| (x(p) - mx) * (p.2 - my)).sum();
+            let sxx: f64 = pts.iter().map(|p| (x(p) - mx).powi(2)).sum();
+            sxy / sxx
+        };
+        let (t0, t1) = pts
+            .iter()
+            .fold((f64::MAX, f64::MIN), |(a, b), p| (a.min(p.1), b.max(p.1)));
+        let tenth = |last: bool| {
+            let v: Vec<f64> = pts
+                .iter()
+                .filter(|p| {
+                    if last {
+                        (p.1 - t0) * 10.0 >= 9.0 * (t1 - t0)
+                    } else {
+                        (p.1 - t0) * 10.0 <= t1 - t0
+                    }
+                })
+                .map(|p| p.2)
+                .collect();
+            v.iter().sum::<f64>() / v.len() as f64
+        };
+        let r = rows
+            .iter()
+            .find(|r| r["stage"] == "e2e" && r["kind"] == k)
+            .unwrap_or_else(|| panic!("no e2e trend for kind {k}"));
+        close(
+            num(r, "ns_per_1000_packets"),
+            slope(&|p| p.0) * 1000.0,
+            1e-3,
+            "slope per packet",
+        );
+        close(
+            num(r, "ns_per_second"),
+            slope(&|p| p.1) * 1e9,
+            1e-3,
+            "slope per second",
+        );
+        close(
+            num(r, "first_tenth_mean_ns"),
+            tenth(false),
+            1e-3,
+            "first tenth",
+        );
+        close(
+            num(r, "last_tenth_mean_ns"),
+            tenth(true),
+            1e-3,
+            "last tenth",
+        );
+        // The planted step: the last tenth rose by exactly the step over
+        // the fixture's own (its first tenth holds the planted qdisc
+        // inflation), and the regression explains most of the variance.
+        let base = query("trend", &[]);
+        let b = base
+            .iter()
+            .find(|r| r["stage"] == "e2e" && r["kind"] == k)
+            .unwrap();
+        let rise = |r: &serde_json::Map<String, Value>| {
+            num(r, "last_tenth_mean_ns") - num(r, "first_tenth_mean_ns")
+        };
+        close(rise(r) - rise(b), step as f64, 1e-6, "the planted step");
+        assert!(
+            num(r, "r2_time") > 0.5 && num(b, "r2_time") < 0.1,
+            "{r:?} {b:?}"
+        );
+    }
+    // A stage the step did not touch shows none.
+    let base = query("trend", &[]);
+    let stage = "sock_send_enter__dev_queue";
+    for k in [0u64, 1] {
+        let find = |rows: &[serde_json::Map<String, Value>]| {
+            num(
+                rows.iter()
+                    .find(|r| r["stage"] == stage && r["kind"] == k)
+                    .unwrap(),
+                "ns_per_second",
+            )
+        };
+        close(find(&rows), find(&base), 1e-9, "an untouched stage");
+    }
+}
+
+#[test]
+fn summary_matches_an_independent_computation() {
+    let cols = columns(&fixture().join("packets.parquet"));
+    let losses = kinds_and_losses(&cols);
+    for k in [0u64, 1] {
+        let rows = query("summary", &["--kind", &k.to_string()]);
+        let head = rows.iter().find(|r| r["section"] == "run").unwrap();
+        let (lost, packets) = losses[&k];
+        assert_eq!(num(head, "packets") as usize, packets);
+        let note = head["note"].as_str().unwrap();
+        assert!(note.starts_with(&format!("lost {lost} (")), "{note}");
+        for (stage, values) in stage_values(&cols) {
+            let Some(r) = rows.iter().find(|r| r["name"] == stage.as_str()) else {
+                continue;
+            };
+            let mut v = by_kind(&cols["kind"], &cols["e2e_ns"], values)
+                .remove(&k)
+                .unwrap_or_default();
+            v.sort_by(f64::total_cmp);
+            assert_eq!(num(r, "packets") as usize, v.len(), "{stage}");
+            // Rounded to 0.1 µs by the query.
+            let us = |ns: f64| (ns / 100.0).round() / 10.0;
+            close(num(r, "p50_us"), us(quantile(&v, 0.5)), 1e-9, "p50");
+            close(num(r, "p99_us"), us(quantile(&v, 0.99)), 1e-9, "p99");
+            close(num(r, "max_us"), us(v[v.len() - 1]), 1e-9, "max");
+        }
+        assert!(
+            rows.iter().any(|r| r["name"] == "e2e"),
+            "the end-to-end total is listed: {rows:#?}"
+        );
+    }
+}
+
+#[test]
+fn trace_shows_the_slowest_packets_stamps_as_the_file_has_them() {
+    let cols = columns(&fixture().join("packets.parquet"));
+    let top = 3;
+    let rows = query("trace", &["-p", &format!("top={top}")]);
+    // The slowest packets by e2e, from the file.
+    let mut order: Vec<usize> = (0..cols["e2e_ns"].len())
+        .filter(|&i| cols["e2e_ns"][i].is_some())
+        .collect();
+    order.sort_by(|&a, &b| {
+        cols["e2e_ns"][b]
+            .unwrap()
+            .total_cmp(&cols["e2e_ns"][a].unwrap())
+    });
+    let points: Vec<&String> = cols
+        .keys()
+        .filter(|c| c.ends_with("_ns") && !c.contains("__") && !c.contains("total"))
+        .filter(|c| {
+            ![
+                "e2e_ns",
+                "channel_ns",
+                "sent_ns",
+                "xlap_e2e_ns",
+                "duplicate_skew_ns",
+            ]
+            .contains(&c.as_str())
+        })
+        .collect();
+    for (rank, &i) in order.iter().take(top).enumerate() {
+        let seq = cols["seq"][i].unwrap() as u64;
+        let mine: Vec<&serde_json::Map<String, Value>> = rows
+            .iter()
+            .filter(|r| num(r, "rank") as usize == rank + 1)
+            .collect();
+        assert!(
+            mine.iter().all(|r| r["seq"] == seq),
+            "rank {} is seq {seq}",
+            rank + 1
+        );
+        let stamps: Vec<(String, f64)> = points
+            .iter()
+            .filter_map(|c| Some((c.trim_end_matches("_ns").to_string(), cols[c.as_str()][i]?)))
+            .collect();
+        let first = stamps.iter().map(|s| s.1).fold(f64::MAX, f64::min);
+        assert_eq!(mine.len(), stamps.len(), "every stamp of seq {seq}");
+        for r in &mine {
+            let column = r["point"].as_str().unwrap().replace('.', "_");
+            let at = stamps
+                .iter()
+                .find(|s| s.0 == column)
+                .unwrap_or_else(|| panic!("{column} is not a stamp of seq {seq}"))
+                .1;
+            close(
+                num(r, "at_ns"),
+                at - first,
+                0.0,
+                "offset from the first stamp",
+            );
+        }
+        // In time order, each step from the one before.
+        for w in mine.windows(2) {
+            assert!(num(w[0], "at_ns") <= num(w[1], "at_ns"));
+            close(
+                num(w[1], "since_previous_ns"),
+                num(w[1], "at_ns") - num(w[0], "at_ns"),
+                0.0,
+                "since the previous stamp",
+            );
+        }
+    }
 }

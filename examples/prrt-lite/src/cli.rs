@@ -175,6 +175,10 @@ pub struct Common {
     /// Write what happened as JSON lines to this file.
     #[arg(long)]
     log: Option<PathBuf>,
+    /// Only these events in the log (comma-separated, e.g. summary for a
+    /// long run); default every event.
+    #[arg(long, value_delimiter = ',', value_name = "EVENT")]
+    log_events: Vec<String>,
     /// Busy-wait in a stage: STAGE=MICROS[@FROM-TO] (stages: activate, encode, submit,
     /// transmit, path1, handle, decode, deliver). Repeatable.
     #[arg(long)]
@@ -248,7 +252,7 @@ fn run<M: Markers>(cli: Cli) -> anyhow::Result<()> {
                 (0.0..=1.0).contains(&drop),
                 "--drop must lie in 0..1, got {drop}"
             );
-            let log = EventLog::open(common.log.as_deref())?;
+            let log = EventLog::open_only(common.log.as_deref(), &common.log_events)?;
             let cfg = SenderConfig {
                 dest,
                 bind,
@@ -290,7 +294,7 @@ fn run<M: Markers>(cli: Cli) -> anyhow::Result<()> {
             bind2,
             common,
         } => {
-            let log = EventLog::open(common.log.as_deref())?;
+            let log = EventLog::open_only(common.log.as_deref(), &common.log_events)?;
             let cfg = ReceiverConfig {
                 bind,
                 deadline_ns: deadline_ms * 1_000_000,

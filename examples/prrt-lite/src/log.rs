@@ -11,10 +11,18 @@ use std::sync::Mutex;
 /// A shared JSON-lines sink; without a path it records nothing.
 pub struct EventLog {
     out: Option<Mutex<BufWriter<File>>>,
+    /// Only these events (all when empty): a long run's log keeps its
+    /// `summary` without a line per datagram.
+    only: Vec<String>,
 }
 
 impl EventLog {
     pub fn open(path: Option<&Path>) -> Result<EventLog> {
+        Self::open_only(path, &[])
+    }
+
+    /// A log of the events named in `only` (every event when empty).
+    pub fn open_only(path: Option<&Path>, only: &[String]) -> Result<EventLog> {
         let out = match path {
             Some(p) => Some(Mutex::new(BufWriter::new(
                 File::create(p)
@@ -22,12 +30,18 @@ impl EventLog {
             ))),
             None => None,
         };
-        Ok(EventLog { out })
+        Ok(EventLog {
+            out,
+            only: only.to_vec(),
+        })
     }
 
     /// Appends one event; `event` must be a JSON object with an `"event"` key.
     pub fn record(&self, event: Value) {
         if let Some(out) = &self.out {
+            if !self.only.is_empty() && !self.only.iter().any(|e| event["event"] == e.as_str()) {
+                return;
+            }
             let mut out = out.lock().expect("log writer poisoned");
             // A full disk must not stop the protocol; the summary line reports
             // the run, and a short log is visible to whoever reads it.

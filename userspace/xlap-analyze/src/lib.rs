@@ -36,3 +36,24 @@ pub enum AnalyzeError {
 }
 
 pub type Result<T> = std::result::Result<T, AnalyzeError>;
+
+/// The memory DuckDB may use before it spills to disk, unless
+/// `XLAP_MEMORY_LIMIT` says otherwise (DuckDB's syntax: `512MB`, `8GB`).
+pub const DEFAULT_MEMORY_LIMIT: &str = "4GB";
+
+/// An in-memory DuckDB for every analysis and correlation: its memory
+/// bounded ([`DEFAULT_MEMORY_LIMIT`] or `XLAP_MEMORY_LIMIT`), spilling to
+/// the system's temporary directory (`TMPDIR`) beyond it, rows in any order
+/// (what lets large sorts and joins spill).
+pub fn engine() -> Result<duckdb::Connection> {
+    let conn = duckdb::Connection::open_in_memory()?;
+    let limit = std::env::var("XLAP_MEMORY_LIMIT").unwrap_or_else(|_| DEFAULT_MEMORY_LIMIT.into());
+    let spill = std::env::temp_dir().join(format!("xlap-duckdb-{}", std::process::id()));
+    conn.execute_batch(&format!(
+        "SET memory_limit = '{}'; SET temp_directory = '{}'; SET preserve_insertion_order = false;",
+        limit.replace('\'', ""),
+        spill.display().to_string().replace('\'', "''")
+    ))
+    .map_err(|e| AnalyzeError::Usage(format!("XLAP_MEMORY_LIMIT={limit}: {e}")))?;
+    Ok(conn)
+}

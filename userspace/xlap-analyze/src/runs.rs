@@ -78,8 +78,17 @@ pub fn read_meta(path: &Path) -> Result<serde_json::Value> {
         path: path.display().to_string(),
         what,
     };
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| err(format!("not an xlap-trace run directory (run.json: {e})")))?;
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        let dir = path.parent().unwrap_or(Path::new("."));
+        if dir.join("segments.json").is_file() {
+            err(format!(
+                "a recording cut into segments (--rotate): each of {}/seg-* is a run of its own, segments.json lists them",
+                dir.display()
+            ))
+        } else {
+            err(format!("not an xlap-trace run directory (run.json: {e})"))
+        }
+    })?;
     let meta: serde_json::Value =
         serde_json::from_str(&text).map_err(|e| err(format!("run.json is not valid JSON: {e}")))?;
     // Version 1 stamps lack the address and socket columns and have 8-bit

@@ -208,7 +208,25 @@ pub fn flow_ports(flow: u64) -> (Option<u16>, Option<u16>) {
 /// every batch.
 pub struct StampStream {
     path: PathBuf,
-    writer: StreamWriter<File>,
+    writer: StreamWriter<Counted>,
+}
+
+/// The stream's file, counting the bytes written to it.
+struct Counted {
+    file: File,
+    bytes: u64,
+}
+
+impl std::io::Write for Counted {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.file.write(buf)?;
+        self.bytes += n as u64;
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.file.flush()
+    }
 }
 
 impl StampStream {
@@ -229,6 +247,7 @@ impl StampStream {
             .try_with_compression(Some(arrow_ipc::CompressionType::ZSTD))
             .and_then(|o| o.try_with_compression_level(Some(1)))
             .map_err(arrow)?;
+        let file = Counted { file, bytes: 0 };
         let writer =
             StreamWriter::try_new_with_options(file, &schema::stamps(), options).map_err(arrow)?;
         Ok(StampStream {
@@ -247,6 +266,11 @@ impl StampStream {
             path: self.path.clone(),
             source,
         })
+    }
+
+    /// Bytes written to the file so far.
+    pub fn bytes(&self) -> u64 {
+        self.writer.get_ref().bytes
     }
 
     pub fn finish(mut self) -> Result<(), WriteError> {

@@ -58,8 +58,7 @@ pub fn open_view(
     progress: bool,
     view: dataset::View,
 ) -> Result<(Connection, dataset::Dataset)> {
-    let conn = Connection::open_in_memory()?;
-    conn.execute_batch("SET memory_limit = '4GB'; SET preserve_insertion_order = false;")?;
+    let conn = xlap_analyze::engine().map_err(classify)?;
     let ds = dataset::open_view(&conn, run, shared, progress, view).map_err(classify)?;
     Ok((conn, ds))
 }

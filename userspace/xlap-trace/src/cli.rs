@@ -363,6 +363,19 @@ pub struct RecordArgs {
     /// Stop after this many distinct packets were stamped.
     #[arg(long)]
     pub count: Option<u64>,
+    /// Cut the recording into segments, each a run directory of its own
+    /// (OUTPUT/seg-000001, ...; OUTPUT/segments.json lists them): when a
+    /// segment's live stream reaches SIZE (e.g. 512MiB, 2GB) or after
+    /// DURATION (e.g. 30s, 10min, 1h). A packet in flight at a cut is
+    /// partial in each (the recording read as a whole joins it).
+    #[arg(long, value_name = "SIZE|DURATION", value_parser = crate::record::segments::parse_rotate)]
+    pub rotate: Option<crate::record::segments::Rotate>,
+    /// Disk budget of the recording: with --rotate, the oldest finished
+    /// segments are deleted to stay within it (segments.json says which);
+    /// without, the run stops when its live stream reaches it (Parquet
+    /// adds about a quarter at the end).
+    #[arg(long, value_name = "SIZE", value_parser = crate::record::segments::parse_size)]
+    pub max_size: Option<u64>,
     /// Write this file (with our pid) once every probe is attached.
     #[arg(long)]
     pub ready_file: Option<PathBuf>,

@@ -8,6 +8,7 @@ use xlap_analyze::{AnalyzeError, CorrelateOptions, Correlation, Run};
 fn classify(e: AnalyzeError) -> anyhow::Error {
     match e {
         AnalyzeError::Input { .. } => failure(Code::BadInput, e.to_string()),
+        AnalyzeError::Usage(_) => failure(Code::Usage, e.to_string()),
         other => anyhow::Error::new(other),
     }
 }
@@ -19,7 +20,7 @@ pub fn correlate(dirs: &[&Path], out: &Path, deadline_ms: Option<f64>) -> Result
         .map(|d| Run::open(d))
         .collect::<Result<Vec<_>, _>>()
         .map_err(classify)?;
-    let conn = duckdb::Connection::open_in_memory()?;
+    let conn = xlap_analyze::engine().map_err(classify)?;
     let opts = CorrelateOptions {
         deadline_ns: deadline_ms.map(|ms| (ms * 1e6) as i64),
     };

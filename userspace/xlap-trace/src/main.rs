@@ -53,7 +53,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 _ => cli.record,
             };
             let meta = record::run(&args)?;
-            record::print_summary(&meta, &args.output);
+            record::print_summary(&meta, &record::segments::final_dir(&args.output));
             if !args.no_correlate {
                 record::correlate_run(&args);
             }
@@ -93,7 +93,8 @@ fn run(cli: Cli) -> Result<ExitCode> {
         }
         Some(Command::Estimate(a)) => estimate::run(&a),
         Some(Command::Recover(a)) => {
-            for dir in &a.runs {
+            for dir in a.runs.iter().flat_map(|d| recover::runs_named(d)) {
+                let dir = &dir;
                 match recover::recover(dir)? {
                     Some(r) => recover::report(&r),
                     None => println!("{}: nothing to recover (the run ended)", dir.display()),
@@ -139,7 +140,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
 fn run_command(a: &cli::RunArgs) -> Result<ExitCode> {
     let args = &a.record;
     let (meta, status) = record::command::run(args, &a.command)?;
-    record::print_summary(&meta, &args.output);
+    record::print_summary(&meta, &record::segments::final_dir(&args.output));
     if meta.packets == 0 && meta.stamps == 0 {
         eprintln!(
             "xlap-trace: {} sent and received no UDP datagram on a traced socket: nothing was stamped",

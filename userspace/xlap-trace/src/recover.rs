@@ -157,6 +157,7 @@ pub fn recover(dir: &Path) -> Result<Option<Recovery>> {
         .with_context(|| format!("cannot write {}", tmp.display()))?;
     std::fs::rename(&tmp, &meta_path)
         .with_context(|| format!("cannot write {}", meta_path.display()))?;
+    crate::record::segments::note_recovered(dir, copy.rows)?;
     Ok(Some(recovery))
 }
 
@@ -232,6 +233,17 @@ pub fn before_reading(paths: &[&Path]) {
             ),
         }
     }
+}
+
+/// The runs `recover DIR` takes up: DIR, or the segments of a rotated
+/// recording in DIR.
+pub fn runs_named(dir: &Path) -> Vec<PathBuf> {
+    if dir.join("run.json").is_file() || !dir.join("segments.json").is_file() {
+        return vec![dir.to_path_buf()];
+    }
+    let mut dirs = run_dirs(dir);
+    dirs.sort();
+    dirs
 }
 
 /// The run directories a path names.

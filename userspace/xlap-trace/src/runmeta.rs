@@ -75,7 +75,7 @@ impl ClockPair {
 
 /// Stamps of one point and the stamps it could not record, per reason
 /// (`lost_<reason>`, reasons in `xlap_abi::LOSS_REASONS`).
-#[derive(Debug, Default, Serialize)]
+#[derive(Clone, Debug, Default, Serialize)]
 pub struct PointStats {
     pub stamps: u64,
     #[serde(flatten)]
@@ -97,14 +97,14 @@ impl PointStats {
     }
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Clone, Debug, Serialize)]
 pub struct Target {
     pub pid: u32,
     pub comm: String,
     pub udp_ports: Vec<u16>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Clone, Debug, Serialize)]
 pub struct ProgramStats {
     pub run_count: u64,
     pub run_time_ns: u64,
@@ -196,7 +196,7 @@ pub struct Checkpoint {
     pub stream_bytes: u64,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Clone, Debug, Serialize)]
 pub struct RunMeta {
     pub schema_version: &'static str,
     pub software_version: &'static str,
@@ -253,12 +253,34 @@ pub struct RunMeta {
     /// draining the ring buffer, decoding, writing the Arrow stream.
     pub reader_cpu_s: f64,
     pub stop_reason: String,
+    /// Which segment of a rotated recording this run is (`--rotate`; the
+    /// recording's `segments.json` is in the directory above).
+    pub segment: Option<SegmentOf>,
     /// The traced namespaces' devices and their timestamping (what
     /// `ethtool -T` says, and whether hardware timestamping is on).
     pub device_timestamping: Vec<crate::hwts::DeviceTimestamping>,
     /// Optional capabilities the recorder ran without (what each one
     /// leaves out: `xlap-trace` says it at start).
     pub capabilities_missing: Vec<&'static str>,
+}
+
+/// A run's place in a rotated recording.
+#[derive(Clone, Debug, Serialize)]
+pub struct SegmentOf {
+    /// 1, 2, ...: `seg-000001`, ...
+    pub index: u32,
+    /// The run id the segments share (each segment's own is this and
+    /// `-seg<index>`).
+    pub recording_id: String,
+    /// When a segment ends: `--rotate` as bytes of the live stream or
+    /// seconds.
+    pub rotate: String,
+}
+
+impl SegmentOf {
+    pub fn run_id(&self) -> String {
+        format!("{}-seg{:06}", self.recording_id, self.index)
+    }
 }
 
 impl RunMeta {
@@ -280,7 +302,7 @@ pub fn kernel_release() -> String {
         .unwrap_or_default()
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Clone, Debug, Serialize)]
 pub struct ClockSync {
     /// adjtimex says the clock is disciplined (no STA_UNSYNC, no TIME_ERROR).
     pub synchronized: bool,

@@ -9,6 +9,7 @@ pub mod command;
 mod follow;
 mod live_view;
 mod protocols;
+pub mod segments;
 mod session;
 mod tally;
 
@@ -59,27 +60,38 @@ pub fn run(args: &RecordArgs) -> Result<RunMeta> {
 /// packets table next to the stamps. A failure is reported, never fatal: the
 /// stamps are already safe on disk.
 pub fn correlate_run(args: &RecordArgs) {
-    let out = args.output.join("packets.parquet");
-    match crate::correlate_cmd::correlate(&[args.output.as_path()], &out, args.deadline_ms) {
+    // A rotated recording's segments before the last were correlated as
+    // they were closed.
+    let dir = segments::final_dir(&args.output);
+    correlate_dir(args, &dir);
+    if args.rotate.is_some() {
+        if let Err(e) = segments::refresh(&args.output) {
+            eprintln!("xlap-trace: warning: {e:#}");
+        }
+    }
+}
+
+fn correlate_dir(args: &RecordArgs, dir: &std::path::Path) {
+    let out = dir.join("packets.parquet");
+    match crate::correlate_cmd::correlate(&[dir], &out, args.deadline_ms) {
         Ok(c) => {
             if !args.quiet {
                 crate::correlate_cmd::print(&c, &out);
             }
             // The compact summary for CI comparisons (`compare`).
-            let summary = args.output.join("summary.json");
-            if let Err(e) =
-                crate::ci::summary::Summary::of_run(&args.output).and_then(|s| s.write(&summary))
+            let summary = dir.join("summary.json");
+            if let Err(e) = crate::ci::summary::Summary::of_run(dir).and_then(|s| s.write(&summary))
             {
                 eprintln!(
                     "xlap-trace: warning: no summary.json ({e:#}); `xlap-trace summary {}` retries",
-                    args.output.display()
+                    dir.display()
                 );
             }
-            print_analysis_summary(&args.output);
+            print_analysis_summary(dir);
         }
         Err(e) => eprintln!(
             "xlap-trace: warning: no packets table ({e:#}); run `xlap-trace correlate {}` to retry",
-            args.output.display()
+            dir.display()
         ),
     }
 }

@@ -8,6 +8,7 @@ use super::app_ring::AppRings;
 use super::bpf_stats::StatsSampler;
 use super::follow::Following;
 use super::live_view::LiveView;
+use super::segments::{self, Rotate, Segments};
 use super::tally::{ForeignFlows, Tally, BY_PORT_POINTS};
 use super::{brief_reason, protocols, RunFiles};
 use crate::capture::{self, Batch, Capture, Settings};
@@ -16,12 +17,13 @@ use crate::exit::{failure, Code};
 use crate::proto::Layouts;
 use crate::reader_priority::{thread_cpu_s, ReaderPriority};
 use crate::runmeta::{
-    self, Checkpoint, ClockPair, PointStats, ProgramStats, Recorder, RunMeta, RunState, Target,
+    self, Checkpoint, ClockPair, PointStats, ProgramStats, Recorder, RunMeta, RunState, SegmentOf,
+    Target,
 };
 use crate::{preflight, targets};
 use anyhow::{Context, Result};
 use aya::maps::{MapData, PerCpuArray, RingBuf};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::io::IsTerminal;
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -50,7 +52,6 @@ pub struct Plan<'a> {
     layouts: Layouts,
     points: crate::point_sets::PointSet,
     ringbuf_bytes: u32,
-    files: RunFiles,
     tunnel_ports: Vec<u16>,
     /// Targets holding only TCP sockets at attach.
     tcp_only: Vec<(u32, String)>,
@@ -87,9 +88,19 @@ impl<'a> Plan<'a> {
         preflight::check_btf()?;
         crate::preflight::check_kernel()?;
         preflight::check_pids(&args.pids)?;
-        let files = RunFiles::in_dir(args.output.clone());
-        std::fs::create_dir_all(&files.dir).with_context(|| {
-            format!("cannot create the output directory {}", files.dir.display())
+        if let (Some(Rotate::Bytes(segment)), Some(max)) = (args.rotate, args.max_size) {
+            if max < 2 * segment {
+                return Err(failure(
+                    Code::Usage,
+                    format!("--max-size {max} cannot hold two segments of --rotate {segment} bytes: the budget deletes only finished segments"),
+                ));
+            }
+        }
+        std::fs::create_dir_all(&args.output).with_context(|| {
+            format!(
+                "cannot create the output directory {}",
+                args.output.display()
+            )
         })?;
         let mut tunnel_ports = capture::DEFAULT_TUNNEL_PORTS.to_vec();
         for port in &args.tunnel_ports {
@@ -102,7 +113,6 @@ impl<'a> Plan<'a> {
             layouts,
             points,
             ringbuf_bytes,
-            files,
             tunnel_ports,
             tcp_only: protocols::check(&args.pids, args.quiet),
             caps_missing,
@@ -206,6 +216,30 @@ impl Session {
                 .unwrap_or(0),
             std::process::id()
         );
+        let clock_start = ClockPair::sample();
+        let (segments, files, segment) = match args.rotate {
+            Some(rotate) => {
+                let segments = Segments::start(
+                    &args.output,
+                    rotate,
+                    args.max_size,
+                    segments::FinishOptions {
+                        correlate: !args.no_correlate,
+                        deadline_ms: args.deadline_ms,
+                        quiet: args.quiet,
+                    },
+                )?;
+                let segment = SegmentOf {
+                    index: 1,
+                    recording_id: run_id.clone(),
+                    rotate: rotate.to_string(),
+                };
+                let files = segments.open(1, &segment.run_id(), clock_start.monotonic_ns)?;
+                (Some(segments), files, Some(segment))
+            }
+            None => (None, RunFiles::in_dir(args.output.clone()), None),
+        };
+        let run_id = segment.as_ref().map_or(run_id, SegmentOf::run_id);
         let host = args.host.clone().unwrap_or_else(runmeta::hostname);
         let comms = args.pids.iter().map(|&p| targets::comm(p)).collect();
         let timestamping = crate::hwts::survey(&args.pids);
@@ -232,8 +266,8 @@ impl Session {
             kernel: runmeta::kernel_release(),
             boot_id: runmeta::boot_id(),
             clock_sync: runmeta::ClockSync::read(),
-            clock_start: ClockPair::sample(),
-            clock_end: ClockPair::sample(),
+            clock_start,
+            clock_end: clock_start,
             clock_steps: Vec::new(),
             options: serde_json::Value::Null,
             targets: Vec::new(),
@@ -257,6 +291,7 @@ impl Session {
             bpf_ns_per_stamp: None,
             reader_cpu_s: 0.0,
             stop_reason: String::new(),
+            segment,
             device_timestamping: timestamping,
             capabilities_missing: plan.caps_missing.iter().map(|n| n.name).collect(),
         };
@@ -273,13 +308,20 @@ impl Session {
             flow_maps,
             sink: Sink {
                 batcher: StampBatcher::new(&run_id, &host, usdt.app_names.clone()),
-                stream: StampStream::create(&plan.files.stream)?,
+                stream: StampStream::create(&files.stream)?,
                 streamed: 0,
+                stream_bytes: 0,
+                stamps_total: 0,
+                packets_total: 0,
                 tally: Tally::default(),
                 foreign: ForeignFlows::default(),
                 stats: StatsSampler::start(args.stats_mode()),
                 view,
             },
+            files,
+            segments,
+            segment_started: Instant::now(),
+            segment_losses: Vec::new(),
             info: RunInfo {
                 started: Instant::now(),
                 cpu_start: thread_cpu_s(),
@@ -297,8 +339,9 @@ impl Session {
             &live.sink.tally,
             &[],
             &BTreeMap::new(),
+            &HashSet::new(),
         );
-        live.info.meta.write(&plan.files.meta)?;
+        live.info.meta.write(&live.files.meta)?;
         // Least privilege: the rest of the run needs only these (threads
         // started from here on inherit it; the metrics server drops all).
         if let Err(e) = crate::capabilities::keep_only(crate::capabilities::KEPT_AFTER_ATTACH) {
@@ -338,8 +381,12 @@ struct Attached {
 struct Sink {
     batcher: StampBatcher,
     stream: StampStream,
-    /// Stamps written to the stream so far.
+    /// Stamps written to the stream so far, and its size.
     streamed: u64,
+    stream_bytes: u64,
+    /// Stamps and packets of the segments before this one.
+    stamps_total: u64,
+    packets_total: u64,
     tally: Tally,
     foreign: ForeignFlows,
     /// The windows in which the kernel times our programs.
@@ -354,6 +401,7 @@ impl Sink {
         let batch = self.batcher.finish();
         self.streamed += batch.num_rows() as u64;
         self.stream.write(&batch)?;
+        self.stream_bytes = self.stream.bytes();
         Ok(())
     }
 
@@ -395,6 +443,7 @@ impl RunInfo {
         tally: &Tally,
         losses: &LossTable,
         dropped: &BTreeMap<String, u64>,
+        foreign_flows: &HashSet<u64>,
     ) {
         let args = plan.args;
         let usdt = &self.usdt;
@@ -460,7 +509,7 @@ impl RunInfo {
         meta.points = points;
         meta.lost = lost;
         meta.stamps = tally.stamps - dropped.values().sum::<u64>();
-        meta.packets = tally.packets.len() as u64;
+        meta.packets = tally.packets.len_without(foreign_flows);
     }
 }
 
@@ -474,6 +523,12 @@ pub struct Live {
     losses: PerCpuArray<MapData, u64>,
     flow_maps: capture::FlowMaps,
     sink: Sink,
+    /// The files of the run, or of the segment being recorded.
+    files: RunFiles,
+    segments: Option<Segments>,
+    segment_started: Instant,
+    /// The loss counters when the segment began (empty: zeros).
+    segment_losses: Vec<[u64; xlap_loss::XLAP_LOSS_COUNT as usize]>,
     info: RunInfo,
 }
 
@@ -481,7 +536,7 @@ impl Live {
     /// Drains the ring buffer and follows the targets until a stop
     /// condition; returns which.
     pub fn follow(&mut self, plan: &Plan, stop: &Arc<AtomicBool>) -> Result<String> {
-        let dir = plan.files.dir.display();
+        let dir = self.files.dir.display().to_string();
         self.follow_until_stop(plan, stop).with_context(|| {
             format!(
                 "the recording stopped ({dir}/stamps.arrows keeps every batch written; `xlap-trace recover {dir}` makes the run whole, on a disk with room)"
@@ -559,8 +614,8 @@ impl Live {
             if progress && last_progress.elapsed() >= Duration::from_secs(1) {
                 eprint!(
                     "\rxlap-trace: {} stamps, {} packets, {elapsed:.0} s   ",
-                    self.sink.tally.stamps,
-                    self.sink.tally.packets.len(),
+                    self.sink.stamps_total + self.sink.tally.stamps,
+                    self.sink.packets_total + self.sink.tally.packets.len(),
                 );
                 last_progress = Instant::now();
             }
@@ -572,9 +627,18 @@ impl Live {
             }
             if args
                 .count
-                .is_some_and(|c| self.sink.tally.packets.len() as u64 >= c)
+                .is_some_and(|c| self.sink.packets_total + self.sink.tally.packets.len() >= c)
             {
                 break "count";
+            }
+            if args.rotate.is_none() && args.max_size.is_some_and(|m| self.sink.stream_bytes >= m) {
+                if !args.quiet {
+                    eprintln!("xlap-trace: warning: the live stream reached --max-size: the run stops here (--rotate keeps recording within the budget)");
+                }
+                break "max-size";
+            }
+            if self.rotation_due() {
+                self.rotate(plan)?;
             }
             if last_follow.elapsed() >= FOLLOW_EVERY {
                 last_follow = Instant::now();
@@ -596,12 +660,14 @@ impl Live {
     /// holds: all a recovery can go by if the recorder dies.
     fn checkpoint(&mut self, plan: &Plan) -> Result<()> {
         let losses = capture::losses(&self.losses)?;
+        let losses = since(&losses, &self.segment_losses);
         self.info.update_meta(
             plan,
             &self.following,
             &self.sink.tally,
             &losses,
             &BTreeMap::new(),
+            &HashSet::new(),
         );
         let clock = ClockPair::sample();
         let meta = &mut self.info.meta;
@@ -610,11 +676,95 @@ impl Live {
         meta.checkpoint = Some(Checkpoint {
             clock,
             streamed_stamps: self.sink.streamed,
-            stream_bytes: std::fs::metadata(&plan.files.stream).map_or(0, |m| m.len()),
+            stream_bytes: self.sink.stream_bytes,
         });
         meta.reader_cpu_s = thread_cpu_s() - self.info.cpu_start;
         meta.stop_reason = "(still running)".into();
-        meta.write(&plan.files.meta)
+        meta.write(&self.files.meta)
+    }
+
+    fn rotation_due(&self) -> bool {
+        match self.segments.as_ref().map(|s| s.rotate) {
+            Some(Rotate::Bytes(b)) => self.sink.stream_bytes >= b,
+            Some(Rotate::Every(d)) => self.segment_started.elapsed() >= d,
+            None => false,
+        }
+    }
+
+    /// Closes the segment being recorded (its stream finished, its
+    /// run.json counts of its own, handed to the finisher) and records on
+    /// into the next one.
+    fn rotate(&mut self, plan: &Plan) -> Result<()> {
+        let Some(segments) = self.segments.as_ref() else {
+            return Ok(());
+        };
+        if !self.sink.batcher.is_empty() {
+            self.sink.write_batch()?;
+        }
+        let clock = ClockPair::sample();
+        let meta = &mut self.info.meta;
+        let mut next_segment = meta.segment.clone().expect("a rotated run's segment");
+        next_segment.index += 1;
+        let next_files = segments.open(
+            next_segment.index,
+            &next_segment.run_id(),
+            clock.monotonic_ns,
+        )?;
+        let next_stream = StampStream::create(&next_files.stream)?;
+        std::mem::replace(&mut self.sink.stream, next_stream).finish()?;
+        let closed_files = std::mem::replace(&mut self.files, next_files);
+        let next_tally = self.sink.tally.next_segment();
+        let tally = std::mem::replace(&mut self.sink.tally, next_tally);
+        let losses_now = capture::losses(&self.losses)?;
+        let losses = since(&losses_now, &self.segment_losses);
+        self.segment_losses = losses_now;
+        let foreign = self.sink.foreign.to_drop();
+        self.info.update_meta(
+            plan,
+            &self.following,
+            &tally,
+            &losses,
+            &BTreeMap::new(),
+            &foreign,
+        );
+        let flows = capture::flows(&self.flow_maps)?;
+        let meta = &mut self.info.meta;
+        note_clock_step(meta, clock, plan.args.quiet);
+        let mut closed = meta.clone();
+        closed.state = RunState::Complete;
+        closed.checkpoint = None;
+        closed.clock_end = clock;
+        closed.stop_reason = "rotated".into();
+        closed.reader_cpu_s = thread_cpu_s() - self.info.cpu_start;
+        closed.flows = runmeta::FlowCounts {
+            known: flows.table.len() as u64,
+            collided: flows.collided,
+            not_noted: flows.not_noted,
+        };
+        self.sink.stamps_total += tally.stamps;
+        self.sink.packets_total += tally.packets.len();
+        // The next segment: a run of its own from here.
+        meta.run_id = next_segment.run_id();
+        meta.clock_start = clock;
+        meta.clock_end = clock;
+        meta.clock_steps.clear();
+        meta.segment = Some(next_segment);
+        self.sink.batcher =
+            StampBatcher::new(&meta.run_id, &meta.host, self.info.usdt.app_names.clone());
+        self.sink.streamed = 0;
+        self.sink.stream_bytes = 0;
+        self.segment_started = Instant::now();
+        self.info.cpu_start = thread_cpu_s();
+        let deleted = segments.close(segments::Finish {
+            files: closed_files,
+            meta: closed,
+            foreign,
+            flows: flows.table,
+        })?;
+        if !deleted.is_empty() && !plan.args.quiet {
+            eprintln!("xlap-trace: note: deleted segments {deleted:?} to stay within --max-size");
+        }
+        self.checkpoint(plan)
     }
 
     /// Detaches every program, then reads what the ring buffer and the
@@ -630,6 +780,10 @@ impl Live {
             losses,
             flow_maps,
             mut sink,
+            files,
+            segments,
+            segment_started: _,
+            segment_losses,
             info,
         } = self;
         // The statistics stop growing here: read them once they are off.
@@ -651,7 +805,7 @@ impl Live {
             sink.take(&raw);
         }
         let ring_losses = app_rings.close(|raw| sink.take(raw));
-        let mut losses = capture::losses(&losses)?;
+        let mut losses = since(&capture::losses(&losses)?, &segment_losses);
         // The app points share the last row of the loss table.
         if let Some(app) = losses.get_mut(xlap_point::XLAP_POINT_KERNEL_COUNT as usize) {
             app[xlap_loss::XLAP_LOSS_RINGBUF_FULL as usize] += ring_losses.full;
@@ -664,6 +818,8 @@ impl Live {
         Ok(Detached {
             following,
             sink,
+            files,
+            segments,
             info,
             losses,
             flows,
@@ -703,6 +859,8 @@ fn losses_by_reason(
 pub struct Detached {
     following: Following,
     sink: Sink,
+    files: RunFiles,
+    segments: Option<Segments>,
     info: RunInfo,
     losses: Vec<[u64; xlap_loss::XLAP_LOSS_COUNT as usize]>,
     flows: capture::Flows,
@@ -717,6 +875,8 @@ impl Detached {
         let Detached {
             following,
             mut sink,
+            files,
+            segments,
             mut info,
             losses,
             flows,
@@ -735,19 +895,21 @@ impl Detached {
             points: BY_PORT_POINTS,
         };
         let dropped =
-            stream_to_parquet_with(&plan.files.stream, &plan.files.parquet, &drop, &flows.table)?
-                .removed;
+            stream_to_parquet_with(&files.stream, &files.parquet, &drop, &flows.table)?.removed;
         if (flows.collided > 0 || flows.not_noted > 0) && !args.quiet {
             eprintln!(
                 "xlap-trace: warning: the addresses of some flows are unknown ({} flow keys shared by two address pairs, {} flows found the flow table full): their stamps have no src_addr/dst_addr (run.json: flows)",
                 flows.collided, flows.not_noted
             );
         }
-        let mut tally = sink.tally;
-        tally
-            .packets
-            .retain(|(flow, _, _)| !drop.flows.contains(flow));
-        info.update_meta(plan, &following, &tally, &losses, &dropped);
+        info.update_meta(
+            plan,
+            &following,
+            &sink.tally,
+            &losses,
+            &dropped,
+            &drop.flows,
+        );
         let bpf_programs: BTreeMap<String, ProgramStats> = program_stats.into_iter().collect();
         let recursion_misses: u64 = bpf_programs
             .values()
@@ -785,7 +947,41 @@ impl Detached {
         meta.bpf_programs = bpf_programs;
         meta.reader_cpu_s = reader_cpu_s;
         meta.stop_reason = stop_reason;
-        meta.write(&plan.files.meta)?;
+        meta.write(&files.meta)?;
+        if let Some(segments) = segments {
+            // As for every segment: Parquet holds the same stamps.
+            std::fs::remove_file(&files.stream)
+                .with_context(|| format!("cannot remove {}", files.stream.display()))?;
+            if !args.quiet {
+                eprintln!("xlap-trace: finishing the last segments ...");
+            }
+            let index = segments.end(&meta, &files.dir)?;
+            let unfinished: Vec<&segments::SegmentEntry> = index
+                .segments
+                .iter()
+                .filter(|s| s.state == segments::SegmentState::Deleted && s.error.is_some())
+                .collect();
+            if !unfinished.is_empty() {
+                eprintln!(
+                    "xlap-trace: warning: {} segments ({} stamps) were deleted before they were finished: the finisher fell behind the budget (--max-size larger, --rotate smaller or fewer points keep them; segments.json)",
+                    unfinished.len(),
+                    unfinished.iter().map(|s| s.stamps).sum::<u64>()
+                );
+            }
+            if !args.quiet {
+                let kept = index
+                    .segments
+                    .iter()
+                    .filter(|s| s.state != segments::SegmentState::Deleted)
+                    .count();
+                eprintln!(
+                    "xlap-trace: {} segments in {} ({kept} kept; {})",
+                    index.segments.len(),
+                    args.output.display(),
+                    segments::INDEX_FILE
+                );
+            }
+        }
         if meta.lost > 0 && !args.quiet {
             eprintln!(
                 "xlap-trace: warning: {} stamps were lost (see the loss columns below and run.json)",
@@ -821,4 +1017,20 @@ impl Drop for Semaphores {
             }
         }
     }
+}
+
+/// Loss counters since `start` (an empty `start`: since the run began).
+fn since(now: &LossTable, start: &LossTable) -> Vec<[u64; xlap_loss::XLAP_LOSS_COUNT as usize]> {
+    now.iter()
+        .enumerate()
+        .map(|(row, counts)| {
+            let mut out = *counts;
+            if let Some(before) = start.get(row) {
+                for (o, b) in out.iter_mut().zip(before) {
+                    *o -= (*b).min(*o);
+                }
+            }
+            out
+        })
+        .collect()
 }

@@ -1,20 +1,17 @@
 //! Running counts of what the ring buffer delivered, and the datagrams of
 //! traced ports that turned out to be another socket's.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use xlap_abi::xlap_point;
 use xlap_records::Stamp;
 
 /// Running counts of what the ring buffer delivered (for every stamp: kept
-/// cheap).
+/// cheap, and bounded in memory however long the run).
 #[derive(Default)]
 pub struct Tally {
     /// Stamps per point id (kernel and app ids are small).
     per_point: Vec<u64>,
-    /// Distinct (flow, kind, seq) of stamps that know their flow.
-    pub packets: HashSet<(u64, u32, u64), std::hash::BuildHasherDefault<FastHasher>>,
-    /// The packet added last: a batch carries a packet's stamps together.
-    last_packet: Option<(u64, u32, u64)>,
+    pub packets: PacketCounter,
     pub stamps: u64,
 }
 
@@ -26,13 +23,20 @@ impl Tally {
         }
         self.per_point[idx] += 1;
         if let (Some(seq), true) = (stamp.seq, stamp.flow != 0) {
-            let key = (stamp.flow, stamp.kind.unwrap_or(0), seq);
-            if self.last_packet != Some(key) {
-                self.packets.insert(key);
-                self.last_packet = Some(key);
-            }
+            self.packets
+                .add((stamp.flow, stamp.kind.unwrap_or(0), seq), stamp.ts_ns);
         }
         self.stamps += 1;
+    }
+
+    /// A tally for the next segment of a rotated run: counts from zero,
+    /// but a packet already counted in this one is not counted again.
+    pub fn next_segment(&mut self) -> Tally {
+        Tally {
+            per_point: Vec::new(),
+            packets: self.packets.next_segment(),
+            stamps: 0,
+        }
     }
 
     /// (point id, stamps) of the points seen.
@@ -42,6 +46,82 @@ impl Tally {
             .enumerate()
             .filter(|(_, n)| **n > 0)
             .map(|(id, n)| (id as u16, *n))
+    }
+}
+
+type PacketKey = (u64, u32, u64);
+type FastSet<K> = HashSet<K, std::hash::BuildHasherDefault<FastHasher>>;
+
+/// Distinct packets, (flow, kind, seq), counted per flow in bounded memory:
+/// a packet is remembered for one to two generations of
+/// [`PacketCounter::GENERATION_NS`] of stamp time, so the reader holds
+/// about two generations of packets (~40 bytes each: 100 k packets/s cost
+/// ~16 MB) instead of every packet of the run. A packet whose stamps lie
+/// further apart than a generation (held in a queue for seconds) is
+/// counted twice; a seq that wrapped and came back after a generation is a
+/// new packet, as it is.
+#[derive(Default)]
+pub struct PacketCounter {
+    current: FastSet<PacketKey>,
+    previous: FastSet<PacketKey>,
+    /// Stamp time the current generation began.
+    generation_start_ns: u64,
+    /// The packet added last: a batch carries a packet's stamps together.
+    last: Option<PacketKey>,
+    /// Distinct packets per flow.
+    per_flow: HashMap<u64, u64, std::hash::BuildHasherDefault<FastHasher>>,
+    total: u64,
+}
+
+impl PacketCounter {
+    pub const GENERATION_NS: u64 = 2_000_000_000;
+
+    /// Notes a packet's stamp; returns whether the packet is new.
+    pub fn add(&mut self, key: PacketKey, ts_ns: u64) -> bool {
+        if self.last == Some(key) {
+            return false;
+        }
+        self.last = Some(key);
+        if ts_ns >= self.generation_start_ns + Self::GENERATION_NS {
+            self.previous = std::mem::take(&mut self.current);
+            self.generation_start_ns = ts_ns;
+        }
+        if self.previous.contains(&key) || !self.current.insert(key) {
+            return false;
+        }
+        *self.per_flow.entry(key.0).or_default() += 1;
+        self.total += 1;
+        true
+    }
+
+    pub fn len(&self) -> u64 {
+        self.total
+    }
+
+    /// Packets counted, less those of `flows`.
+    pub fn len_without(&self, flows: &HashSet<u64>) -> u64 {
+        self.total
+            - flows
+                .iter()
+                .filter_map(|f| self.per_flow.get(f))
+                .sum::<u64>()
+    }
+
+    /// Packets remembered now (the memory bound's measure).
+    #[cfg(test)]
+    pub fn remembered(&self) -> usize {
+        self.current.len() + self.previous.len()
+    }
+
+    fn next_segment(&mut self) -> PacketCounter {
+        PacketCounter {
+            current: std::mem::take(&mut self.current),
+            previous: std::mem::take(&mut self.previous),
+            generation_start_ns: self.generation_start_ns,
+            last: self.last,
+            per_flow: Default::default(),
+            total: 0,
+        }
     }
 }
 
@@ -103,5 +183,51 @@ impl ForeignFlows {
     /// The flows whose by-port stamps are to go.
     pub fn to_drop(&self) -> HashSet<u64> {
         self.foreign.difference(&self.ours).copied().collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::PacketCounter;
+    use std::collections::HashSet;
+
+    const SEC: u64 = 1_000_000_000;
+
+    /// Each packet once however its stamps interleave; the memory holds two
+    /// generations, not the run; a 16-bit seq that came back after a
+    /// generation is a new packet; a flow's packets can be left out.
+    #[test]
+    fn packets_are_counted_once_in_bounded_memory() {
+        let mut c = PacketCounter::default();
+        let rate = 10_000u64; // packets per second, 60 s of them
+        let mut most = 0;
+        for i in 0..60 * rate {
+            let ts = i * SEC / rate;
+            let seq = i % 65_536;
+            let flow = 1 + i % 3;
+            // Three stamps per packet, the second after the next packet's first.
+            assert!(c.add((flow, 0, seq), ts));
+            if i > 0 {
+                let prev = i - 1;
+                assert!(!c.add((1 + prev % 3, 0, prev % 65_536), ts));
+            }
+            assert!(!c.add((flow, 0, seq), ts + 1000));
+            most = most.max(c.remembered());
+        }
+        assert_eq!(c.len(), 60 * rate);
+        let generation = (PacketCounter::GENERATION_NS / SEC * rate) as usize;
+        assert!(most <= 2 * generation + 1, "remembered up to {most}");
+        let without: HashSet<u64> = [2].into();
+        assert_eq!(c.len_without(&without), 40 * rate);
+    }
+
+    #[test]
+    fn the_next_segment_counts_afresh_but_not_a_packet_already_counted() {
+        let mut c = PacketCounter::default();
+        assert!(c.add((1, 0, 7), SEC));
+        let mut next = c.next_segment();
+        assert!(!next.add((1, 0, 7), SEC + 5));
+        assert!(next.add((1, 0, 8), SEC + 10));
+        assert_eq!((c.len(), next.len()), (1, 1));
     }
 }
