@@ -337,7 +337,7 @@ fn report(
         let secs: f64 = finished.iter().map(|f| f.0).sum();
         let n: u64 = finished.iter().map(|f| f.1).sum();
         println!(
-            "| finisher: Parquet per segment, mean | {:.1} s ({:.0} k stamps/s at nice 10) |",
+            "| finisher: Parquet per segment, mean | {:.1} s ({:.0} k stamps/s on idle CPU time) |",
             secs / finished.len() as f64,
             n as f64 / secs / 1e3
         );

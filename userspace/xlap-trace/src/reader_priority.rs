@@ -129,6 +129,21 @@ pub fn thread_cpu_s() -> f64 {
     ts.tv_sec as f64 + ts.tv_nsec as f64 / 1e9
 }
 
+/// The calling thread runs only on a CPU nothing else wants (SCHED_IDLE):
+/// work that may wait for the reader and the traced processes.
+pub fn idle_priority() {
+    let param = libc::sched_param { sched_priority: 0 };
+    // SAFETY: a plain syscall on this thread; failure leaves its priority.
+    unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) };
+}
+
+/// The calling thread back at normal priority (SCHED_OTHER, nice 0; from
+/// SCHED_IDLE this needs CAP_SYS_NICE, which the recorder keeps).
+pub fn normal_priority() {
+    // SAFETY: gettid has no preconditions.
+    set_priority(unsafe { libc::gettid() }, false);
+}
+
 /// Background (SCHED_BATCH, nice 19) or normal priority for thread `tid`.
 fn set_priority(tid: libc::pid_t, background: bool) {
     let param = libc::sched_param { sched_priority: 0 };

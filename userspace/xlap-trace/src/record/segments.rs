@@ -4,7 +4,9 @@
 //! listed in `DIR/segments.json`.
 //!
 //! The reader only closes a segment's live stream and opens the next one;
-//! a finisher thread at low priority turns the closed stream into Parquet,
+//! a finisher thread that runs only on CPU time nobody else wants
+//! (SCHED_IDLE: the traced processes and the reader come first; normal
+//! priority once the recording ended) turns the closed stream into Parquet,
 //! completes its run.json and deletes the live stream (Parquet holds the
 //! same stamps in a quarter of the bytes): that keeps up with any rate the
 //! reader does. The segment's packets table and summary come after, from a
@@ -156,7 +158,7 @@ pub struct SegmentEntry {
     #[serde(default)]
     pub packets_table_missing: Option<String>,
     /// Seconds the finisher took to write its Parquet (behind the reader,
-    /// at nice 10).
+    /// on idle CPU time).
     #[serde(default)]
     pub finish_s: Option<f64>,
     /// Why finishing failed, or why it was deleted unfinished.
@@ -282,6 +284,8 @@ pub struct Segments {
     index: Arc<Mutex<SegmentIndex>>,
     jobs: Option<mpsc::Sender<Finish>>,
     finisher: Option<std::thread::JoinHandle<()>>,
+    /// The recording ended: the finisher takes normal priority.
+    ending: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// What the finisher does besides Parquet and run.json.
@@ -320,14 +324,21 @@ impl Segments {
             },
         }));
         let (jobs, rx) = mpsc::channel::<Finish>();
+        let ending = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let finisher = {
             let (index, output) = (index.clone(), output.to_path_buf());
+            let ending = ending.clone();
             std::thread::Builder::new()
                 .name("xlap-segments".into())
                 .spawn(move || {
-                    lower_priority();
+                    crate::reader_priority::idle_priority();
                     let mut waiting = std::collections::VecDeque::new();
+                    let mut normal = false;
                     while let Some(job) = waiting.pop_front().or_else(|| rx.recv().ok()) {
+                        if !normal && ending.load(std::sync::atomic::Ordering::Relaxed) {
+                            crate::reader_priority::normal_priority();
+                            normal = true;
+                        }
                         let dir = finish_one(&output, &index, job, &opts);
                         if let (Some(dir), true) = (dir, opts.correlate) {
                             let mut behind = || {
@@ -346,6 +357,7 @@ impl Segments {
             index,
             jobs: Some(jobs),
             finisher: Some(finisher),
+            ending,
         })
     }
 
@@ -406,6 +418,8 @@ impl Segments {
     /// Waits for the finisher, then marks the last segment (finished by
     /// the recording's own end) complete with its counts.
     pub fn end(mut self, last: &RunMeta, last_dir: &Path) -> Result<SegmentIndex> {
+        self.ending
+            .store(true, std::sync::atomic::Ordering::Relaxed);
         drop(self.jobs.take());
         if let Some(f) = self.finisher.take() {
             let _ = f.join();
@@ -462,15 +476,6 @@ pub fn refresh(output: &Path) -> Result<()> {
     }
     index.keep_within(output);
     index.write(output)
-}
-
-/// The finisher runs behind the reader: nice 10, so it never takes the
-/// CPU the reader needs to keep up with the ring buffer.
-fn lower_priority() {
-    // SAFETY: sets this thread's own nice value.
-    unsafe {
-        libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, 10);
-    }
 }
 
 /// Parquet and run.json of a closed segment; its directory when it has
@@ -565,7 +570,8 @@ fn packets_table(
 const LEFT_OUT: &str = "left out: a later segment was waiting";
 
 /// `xlap-trace correlate SEG` then `xlap-trace summary SEG`, as children
-/// (DuckDB's memory is theirs, not the recorder's), given up (killed) as
+/// (DuckDB's memory is theirs, not the recorder's; they inherit the
+/// finisher's priority), given up (killed) as
 /// soon as `behind` says another segment waits: the segments' Parquet
 /// comes first.
 fn correlate_child(
