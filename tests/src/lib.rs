@@ -208,6 +208,18 @@ impl Drop for KillOnDrop {
     }
 }
 
+/// CLOCK_MONOTONIC now, ns: the clock of the stamps and of the example's
+/// log (`t_ns`, `t_start_ns`).
+pub fn monotonic_ns() -> i64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: valid clock id and timespec.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec * 1_000_000_000 + ts.tv_nsec
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

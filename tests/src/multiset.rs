@@ -49,6 +49,12 @@ pub fn logged(log: &[Value], event: &str) -> Multiset {
     m
 }
 
+/// [`logged`], of the log lines `keep` accepts (e.g. those before a time).
+pub fn logged_where(log: &[Value], event: &str, keep: impl Fn(&Value) -> bool) -> Multiset {
+    let kept: Vec<Value> = log.iter().filter(|e| keep(e)).cloned().collect();
+    logged(&kept, event)
+}
+
 /// (seq, kind) of the example's data and parity stamps of `point` by
 /// process `pid`.
 pub fn stamped(rows: &[Row], point: &str, pid: u32) -> Multiset {

@@ -11,19 +11,9 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 use xlap_stage::Stage;
 use xlap_tests::example::{ExampleOptions, ProtocolRun};
-use xlap_tests::multiset::logged;
+use xlap_tests::multiset::logged_where;
 use xlap_tests::trace::{read_stamps, run_meta, Recorder, SEQ_U64_LE};
-use xlap_tests::{bin, privileged, KillOnDrop, Scratch};
-
-fn monotonic_ns() -> i64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: valid clock id and timespec.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec * 1_000_000_000 + ts.tv_nsec
-}
+use xlap_tests::{bin, monotonic_ns, privileged, KillOnDrop, Scratch};
 
 /// Ids of the BPF programs loaded now whose names are the capture's.
 fn capture_programs() -> BTreeSet<u64> {
@@ -153,16 +143,11 @@ fn a_recorder_killed_mid_run_leaves_a_run_the_analysis_recovers() {
         .filter(|r| r.point == "sock.send_enter" && r.pid == pids.0)
         .filter_map(|r| Some((r.seq?, r.kind?)))
         .collect();
-    let early: Vec<serde_json::Value> = sent
-        .iter()
-        .filter(|e| {
-            e["t_ns"]
-                .as_i64()
-                .is_some_and(|t| t < killed_at - 1_000_000_000)
-        })
-        .cloned()
-        .collect();
-    let expected = logged(&early, "sent");
+    let expected = logged_where(&sent, "sent", |e| {
+        e["t_ns"]
+            .as_i64()
+            .is_some_and(|t| t < killed_at - 1_000_000_000)
+    });
     assert!(
         expected.len() > 1000,
         "sent before the kill: {}",

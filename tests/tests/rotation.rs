@@ -10,9 +10,9 @@ use std::path::Path;
 use std::process::Command;
 use xlap_stage::Stage;
 use xlap_tests::example::{ExampleOptions, ProtocolRun};
-use xlap_tests::multiset::{assert_same, logged, stamped, Multiset};
+use xlap_tests::multiset::{assert_same, logged, logged_where, stamped, Multiset};
 use xlap_tests::trace::{read_stamps, run_meta, Recorder, Row};
-use xlap_tests::{bin, privileged, Scratch};
+use xlap_tests::{bin, monotonic_ns, privileged, Scratch};
 
 /// `segments.json`.
 fn index(dir: &Path) -> serde_json::Value {
@@ -46,6 +46,28 @@ fn segment_dirs(dir: &Path) -> Vec<std::path::PathBuf> {
     dirs
 }
 
+/// The example protocol on the stage, gated, `count` data datagrams one
+/// per `period_us` (ports moved by `port_offset`).
+fn protocol(
+    stage: &Stage,
+    scratch: &Scratch,
+    count: u32,
+    period_us: u64,
+    port_offset: u16,
+) -> ProtocolRun {
+    ProtocolRun::spawn(
+        stage,
+        scratch,
+        &ExampleOptions {
+            count,
+            period_us,
+            gated: true,
+            port_offset,
+            ..Default::default()
+        },
+    )
+}
+
 fn sum(parts: impl Iterator<Item = Multiset>) -> Multiset {
     let mut all = Multiset::new();
     for part in parts {
@@ -63,16 +85,7 @@ fn a_rotated_recording_is_segments_each_a_run_with_every_datagram_once() {
     };
     let stage = Stage::two_hosts().expect("stage");
     let scratch = Scratch::new("rotation");
-    let run = ProtocolRun::spawn(
-        &stage,
-        &scratch,
-        &ExampleOptions {
-            count: 7000,
-            period_us: 1000,
-            gated: true,
-            ..Default::default()
-        },
-    );
+    let run = protocol(&stage, &scratch, 7000, 1000, 0);
     let pids = run.pids();
     let dir = scratch.path("run");
     let rec = Recorder::start(&[pids.0, pids.1], &dir, &["--rotate", "2s", "-q"]);
@@ -209,16 +222,7 @@ fn max_size_keeps_a_rotated_recording_within_its_budget_and_stops_one_that_is_no
     let stage = Stage::two_hosts().expect("stage");
     let scratch = Scratch::new("rotation-budget");
     // ~10 k datagrams/s for 6 s: several MB of stream at every point.
-    let run = ProtocolRun::spawn(
-        &stage,
-        &scratch,
-        &ExampleOptions {
-            count: 60_000,
-            period_us: 100,
-            gated: true,
-            ..Default::default()
-        },
-    );
+    let run = protocol(&stage, &scratch, 60_000, 100, 0);
     let pids = run.pids();
     let dir = scratch.path("run");
     let budget: u64 = 4 << 20;
@@ -283,12 +287,9 @@ fn max_size_keeps_a_rotated_recording_within_its_budget_and_stops_one_that_is_no
     let kept_from = run_meta(&tail_dirs[0])["clock_start"]["monotonic_ns"]
         .as_i64()
         .unwrap();
-    let tail: Vec<serde_json::Value> = sent
-        .iter()
-        .filter(|e| e["t_start_ns"].as_i64().is_some_and(|t| t > kept_from))
-        .cloned()
-        .collect();
-    let expected = logged(&tail, "sent");
+    let expected = logged_where(&sent, "sent", |e| {
+        e["t_start_ns"].as_i64().is_some_and(|t| t > kept_from)
+    });
     assert!(
         expected.len() > 1000,
         "{} datagrams in the kept tail",
@@ -302,17 +303,7 @@ fn max_size_keeps_a_rotated_recording_within_its_budget_and_stops_one_that_is_no
     assert_same(&stamped_tail, &expected, "the kept tail");
 
     // Without --rotate the budget ends the run cleanly.
-    let run = ProtocolRun::spawn(
-        &stage,
-        &scratch,
-        &ExampleOptions {
-            count: 60_000,
-            period_us: 100,
-            gated: true,
-            port_offset: 10,
-            ..Default::default()
-        },
-    );
+    let run = protocol(&stage, &scratch, 60_000, 100, 10);
     let pids = run.pids();
     let dir = scratch.path("stopped");
     let rec = Recorder::start(&[pids.0, pids.1], &dir, &["--max-size", "1MiB", "-q"]);
@@ -339,28 +330,13 @@ fn a_rotated_recording_whose_recorder_dies_is_recovered_segment_by_segment() {
     };
     let stage = Stage::two_hosts().expect("stage");
     let scratch = Scratch::new("rotation-crash");
-    let run = ProtocolRun::spawn(
-        &stage,
-        &scratch,
-        &ExampleOptions {
-            count: 8000,
-            period_us: 1000,
-            gated: true,
-            ..Default::default()
-        },
-    );
+    let run = protocol(&stage, &scratch, 8000, 1000, 0);
     let pids = run.pids();
     let dir = scratch.path("run");
     let mut rec = Recorder::start(&[pids.0, pids.1], &dir, &["--rotate", "2s", "-q"]);
     run.start();
     std::thread::sleep(std::time::Duration::from_millis(5500));
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: valid clock id and timespec.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    let killed_at = ts.tv_sec * 1_000_000_000 + ts.tv_nsec;
+    let killed_at = monotonic_ns();
     rec.child.kill().expect("SIGKILL the recorder");
     assert!(!rec.child.wait().unwrap().success());
     let (sent, _) = run.wait();
@@ -403,16 +379,11 @@ fn a_rotated_recording_whose_recorder_dies_is_recovered_segment_by_segment() {
     }
     // Against the sender's log: what it sent up to a second before the
     // kill is stamped, once, in one segment or another.
-    let early: Vec<serde_json::Value> = sent
-        .iter()
-        .filter(|e| {
-            e["t_ns"]
-                .as_i64()
-                .is_some_and(|t| t < killed_at - 1_000_000_000)
-        })
-        .cloned()
-        .collect();
-    let expected = logged(&early, "sent");
+    let expected = logged_where(&sent, "sent", |e| {
+        e["t_ns"]
+            .as_i64()
+            .is_some_and(|t| t < killed_at - 1_000_000_000)
+    });
     assert!(
         expected.len() > 3000,
         "{} sent before the kill",
