@@ -220,6 +220,24 @@ pub fn monotonic_ns() -> i64 {
     ts.tv_sec * 1_000_000_000 + ts.tv_nsec
 }
 
+/// Bytes of every file under `dir` (subdirectories included), as a test
+/// sees them on disk; nothing for a directory that went away meanwhile.
+pub fn bytes_under(dir: &Path) -> u64 {
+    std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let m = e.metadata().ok()?;
+            Some(if m.is_dir() {
+                bytes_under(&e.path())
+            } else {
+                m.len()
+            })
+        })
+        .sum()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -12,26 +12,12 @@ use xlap_stage::Stage;
 use xlap_tests::example::{ExampleOptions, ProtocolRun};
 use xlap_tests::multiset::{assert_same, logged, logged_where, stamped, Multiset};
 use xlap_tests::trace::{read_stamps, run_meta, Recorder, Row};
-use xlap_tests::{bin, monotonic_ns, privileged, Scratch};
+use xlap_tests::{bin, bytes_under, monotonic_ns, privileged, Scratch};
 
 /// `segments.json`.
 fn index(dir: &Path) -> serde_json::Value {
     let text = std::fs::read_to_string(dir.join("segments.json")).expect("segments.json");
     serde_json::from_str(&text).expect("JSON")
-}
-
-/// Bytes of every file under `dir`, as the test sees them.
-fn bytes_on_disk(dir: &Path) -> u64 {
-    let mut total = 0;
-    for entry in std::fs::read_dir(dir).unwrap().flatten() {
-        let m = entry.metadata().unwrap();
-        total += if m.is_dir() {
-            bytes_on_disk(&entry.path())
-        } else {
-            m.len()
-        };
-    }
-    total
 }
 
 /// The segment directories on disk, oldest first.
@@ -235,7 +221,7 @@ fn max_size_keeps_a_rotated_recording_within_its_budget_and_stops_one_that_is_no
     let (sent, _received) = run.wait();
     rec.wait();
 
-    let on_disk = bytes_on_disk(&dir);
+    let on_disk = bytes_under(&dir);
     let idx = index(&dir);
     let segments = idx["segments"].as_array().expect("segments");
     let deleted: Vec<&serde_json::Value> = segments

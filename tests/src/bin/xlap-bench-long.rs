@@ -24,7 +24,7 @@ use xlap_stage::Stage;
 use xlap_tests::bench_args::arg_value;
 use xlap_tests::example::{RECEIVER_PORT, SENDER_PORT};
 use xlap_tests::trace::Recorder;
-use xlap_tests::{bin, privileged_unavailable, wait_for_file, KillOnDrop, Scratch};
+use xlap_tests::{bin, bytes_under, privileged_unavailable, wait_for_file, KillOnDrop, Scratch};
 
 /// One look at the recorder and its recording.
 #[derive(Clone, Debug)]
@@ -193,7 +193,7 @@ fn sample(pid: u32, dir: &Path, began: Instant) -> Option<Sample> {
         t_s: began.elapsed().as_secs_f64(),
         rss_kib,
         cpu_s: ticks as f64 / hz,
-        disk_bytes: du(dir),
+        disk_bytes: bytes_under(dir),
         segments,
         segments_deleted: deleted,
     })
@@ -204,18 +204,6 @@ fn index(dir: &Path) -> Value {
         .ok()
         .and_then(|t| serde_json::from_str(&t).ok())
         .unwrap_or(Value::Null)
-}
-
-fn du(dir: &Path) -> u64 {
-    std::fs::read_dir(dir)
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter_map(|e| {
-            let m = e.metadata().ok()?;
-            Some(if m.is_dir() { du(&e.path()) } else { m.len() })
-        })
-        .sum()
 }
 
 fn read_json(path: &Path) -> Value {

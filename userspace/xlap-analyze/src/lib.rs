@@ -43,14 +43,15 @@ pub const DEFAULT_MEMORY_LIMIT: &str = "4GB";
 
 /// An in-memory DuckDB for every analysis and correlation: its memory
 /// bounded ([`DEFAULT_MEMORY_LIMIT`] or `XLAP_MEMORY_LIMIT`), spilling to
-/// the system's temporary directory (`TMPDIR`) beyond it, rows in any order
-/// (what lets large sorts and joins spill).
+/// the system's temporary directory (`TMPDIR`) beyond it. Row order is
+/// kept (the packets table is written in flow, kind, seq order); read-only
+/// analyses may give it up.
 pub fn engine() -> Result<duckdb::Connection> {
     let conn = duckdb::Connection::open_in_memory()?;
     let limit = std::env::var("XLAP_MEMORY_LIMIT").unwrap_or_else(|_| DEFAULT_MEMORY_LIMIT.into());
     let spill = std::env::temp_dir().join(format!("xlap-duckdb-{}", std::process::id()));
     conn.execute_batch(&format!(
-        "SET memory_limit = '{}'; SET temp_directory = '{}'; SET preserve_insertion_order = false;",
+        "SET memory_limit = '{}'; SET temp_directory = '{}';",
         limit.replace('\'', ""),
         spill.display().to_string().replace('\'', "''")
     ))

@@ -59,6 +59,8 @@ pub fn open_view(
     view: dataset::View,
 ) -> Result<(Connection, dataset::Dataset)> {
     let conn = xlap_analyze::engine().map_err(classify)?;
+    // The analyses order what they print themselves.
+    conn.execute_batch("SET preserve_insertion_order = false;")?;
     let ds = dataset::open_view(&conn, run, shared, progress, view).map_err(classify)?;
     Ok((conn, ds))
 }

@@ -60,8 +60,8 @@ pub fn run(args: &RecordArgs) -> Result<RunMeta> {
 /// packets table next to the stamps. A failure is reported, never fatal: the
 /// stamps are already safe on disk.
 pub fn correlate_run(args: &RecordArgs) {
-    // A rotated recording's segments before the last were correlated as
-    // they were closed.
+    // A rotated recording's earlier segments got theirs from the finisher
+    // (or left it out, said in segments.json); the last one is built here.
     let dir = segments::final_dir(&args.output);
     correlate_dir(args, &dir);
     if args.rotate.is_some() {
@@ -146,10 +146,20 @@ pub fn print_summary(meta: &RunMeta, dir: &std::path::Path) {
     if let Some(ns) = meta.bpf_ns_per_stamp {
         println!("BPF run time per stamp: {ns:.0} ns (all programs, filtered calls included)");
     }
-    println!(
-        "wrote {}/{{stamps.parquet, stamps.arrows, run.json}}",
-        dir.display()
-    );
+    match &meta.segment {
+        // The segments' live streams are gone once their Parquet is whole.
+        Some(s) => println!(
+            "wrote {} segments in {} ({}); the last: {}/{{stamps.parquet, run.json}}",
+            s.index,
+            dir.parent().unwrap_or(dir).display(),
+            segments::INDEX_FILE,
+            dir.display()
+        ),
+        None => println!(
+            "wrote {}/{{stamps.parquet, stamps.arrows, run.json}}",
+            dir.display()
+        ),
+    }
 }
 
 /// A one-line form of a program's load or attach error: a verifier failure
