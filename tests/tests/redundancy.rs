@@ -181,8 +181,16 @@ fn the_tool_sees_which_path_won_and_the_late_copies_as_the_protocol_does() {
         max_tool >= LATE_US as f64 - 50.0 && max_tool <= max_sent + 100.0,
         "largest skew: tool {max_tool} µs, injected {LATE_US} µs, sender's log {max_sent} µs"
     );
+    // Most copies leave together: the median skew follows the sender's own
+    // (one send call apart; how long that takes depends on the machine's
+    // load, so the bound is the sender's log, not a constant) and stays far
+    // below SkewMax.
+    let mut sent_skews: Vec<i64> = skews.values().copied().collect();
+    sent_skews.sort_unstable();
+    let p50_sent = sent_skews[sent_skews.len() / 2] as f64;
+    let p50_tool = r["skew_p50_us"].as_f64().unwrap();
     assert!(
-        r["skew_p50_us"].as_f64().unwrap() < 100.0,
-        "most copies leave together: {r:#}"
+        p50_tool <= p50_sent + 150.0 && p50_tool < SKEW_MAX_US as f64 / 2.0,
+        "median skew: tool {p50_tool} µs, sender's log {p50_sent} µs: {r:#}"
     );
 }
