@@ -151,6 +151,31 @@ pub fn run_meta(dir: &Path) -> Value {
     serde_json::from_str(&text).expect("run.json is JSON")
 }
 
+/// Those of `points` the run could stamp on this kernel: run.json's
+/// `unavailable_points` names the others (a point needing a later kernel, a
+/// tracepoint that changed), and each left out is said. Tests check a
+/// point's stamps only where the run says it took them; the
+/// `kernel_features` test holds this kernel to the README's minimums, so
+/// on a kernel that has them nothing is left out.
+pub fn traced<'a>(meta: &Value, points: &[&'a str]) -> Vec<&'a str> {
+    points
+        .iter()
+        .copied()
+        .filter(|point| match meta["unavailable_points"].get(*point) {
+            Some(why) => {
+                eprintln!("{point} is not traced on this kernel ({why}): its checks are left out");
+                false
+            }
+            None => true,
+        })
+        .collect()
+}
+
+/// Whether the run could stamp `point` on this kernel (see [`traced`]).
+pub fn is_traced(meta: &Value, point: &str) -> bool {
+    !traced(meta, &[point]).is_empty()
+}
+
 /// Every row of a stamps Parquet file.
 pub fn read_stamps(path: &Path) -> Vec<Row> {
     let file = std::fs::File::open(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));

@@ -18,7 +18,7 @@ use std::process::Stdio;
 use xlap_stage::{Host, Stage};
 use xlap_tests::example::events;
 use xlap_tests::example::kind_code;
-use xlap_tests::trace::{read_stamps, run_meta, Recorder, Row};
+use xlap_tests::trace::{is_traced, read_stamps, run_meta, traced, Recorder, Row};
 use xlap_tests::{bin, privileged, read_jsonl, wait_for_file, KillOnDrop, Scratch};
 
 const DATA: u32 = 1;
@@ -153,7 +153,7 @@ fn a_late_autobound_client_forked_by_a_traced_shell_is_traced_from_its_first_dat
     // socket and its read, the first one included.
     let replies = seqs(&sent, "feedback", None);
     assert!(replies.len() >= 5, "too few replies to judge: {replies:?}");
-    for point in ["dev.receive_skb", "sock.queue", "sock.recv_exit"] {
+    for point in traced(&meta, &["dev.receive_skb", "sock.queue", "sock.recv_exit"]) {
         let got = stamped(&rows, point, FEEDBACK, None);
         let missing: Vec<_> = replies.difference(&got).collect();
         let lost = meta["points"][point]["lost_map_full"].as_u64().unwrap_or(0)
@@ -243,12 +243,14 @@ fn a_preforked_worker_reads_with_its_own_pid() {
         "every read is the worker's (pid {worker})"
     );
     let wakeups = stamped(&rows, "sched.wakeup", DATA, Some(worker));
-    assert!(
-        !wakeups.is_empty() && wakeups.is_subset(&logged_data),
-        "the worker's wake-ups: {} of {}",
-        wakeups.len(),
-        logged_data.len()
-    );
+    if is_traced(&run_meta(&dir), "sched.wakeup") {
+        assert!(
+            !wakeups.is_empty() && wakeups.is_subset(&logged_data),
+            "the worker's wake-ups: {} of {}",
+            wakeups.len(),
+            logged_data.len()
+        );
+    }
     let parent = receiver.0.id();
     assert!(
         !rows
@@ -361,25 +363,37 @@ fn untraced_sockets_on_a_traced_port_get_no_stamps() {
     let stage = Stage::two_hosts().expect("stage");
     // The group's hash may give every flow to one socket (1 in 128): try
     // again with other ports, so the check always has foreign flows.
-    let (traced, peer, local, rows, meta) = (0..3)
+    let (traced_log, peer, local, rows, meta) = (0..3)
         .map(|attempt| shared_port_attempt(&stage, attempt))
         .find(|(t, p, _, _, _)| !by_source(t).is_empty() && !by_source(p).is_empty())
         .expect("three attempts, and the group never split the flows");
     // The device points did stamp the foreign datagrams by port (they run
     // before any socket is known); the socket hook's markers took them out.
-    assert!(
+    // Without that hook (an older kernel) the run says they are kept, and
+    // they are.
+    let unfiltered = |point: &str| {
+        meta["degraded_points"][point]
+            .as_str()
+            .is_some_and(|why| why.contains("untraced sockets"))
+    };
+    assert_eq!(
         meta["foreign_stamps_dropped"].as_u64().unwrap() > 0,
-        "no foreign device stamp was dropped: {}",
-        meta["foreign_stamps_dropped"]
+        !unfiltered("dev.receive_skb"),
+        "foreign device stamps dropped: {}, run.json: {}",
+        meta["foreign_stamps_dropped"],
+        meta["degraded_points"]
     );
-    let (ours, theirs, other) = (by_source(&traced), by_source(&peer), by_source(&local));
+    let (ours, theirs, other) = (by_source(&traced_log), by_source(&peer), by_source(&local));
     assert!(!other.is_empty(), "the other-address receiver got nothing");
-    for point in [
-        "dev.netif_rx",
-        "dev.receive_skb",
-        "sock.queue",
-        "sock.recv_exit",
-    ] {
+    for point in traced(
+        &meta,
+        &[
+            "dev.netif_rx",
+            "dev.receive_skb",
+            "sock.queue",
+            "sock.recv_exit",
+        ],
+    ) {
         let got: BTreeSet<(u16, u64)> = rows
             .iter()
             .filter(|r| r.point == point && r.kind == Some(DATA))
@@ -391,6 +405,13 @@ fn untraced_sockets_on_a_traced_port_get_no_stamps() {
             .filter(|k| !ours.contains(k))
             .take(10)
             .collect();
+        if unfiltered(point) {
+            assert!(
+                !foreign.is_empty() && ours.is_subset(&got),
+                "{point}: the run says it keeps the untraced sockets' datagrams: {foreign:?}"
+            );
+            continue;
+        }
         assert!(
             foreign.is_empty(),
             "{point}: stamps of datagrams the untraced sockets read: {foreign:?}"
@@ -457,8 +478,8 @@ fn two_traced_receivers_on_one_port_in_two_namespaces_never_cross() {
     for mut r in [on_a, on_b] {
         assert!(r.0.wait().unwrap().success(), "a receiver failed");
     }
+    let meta = run_meta(&rec.dir);
     let (pid_a, pid_b) = {
-        let meta = run_meta(&rec.dir);
         let pids: Vec<u32> = meta["options"]["pids"]
             .as_array()
             .unwrap()
@@ -491,12 +512,15 @@ fn two_traced_receivers_on_one_port_in_two_namespaces_never_cross() {
         // arrive after the receiver stopped reading).
         let carried = tally(&read_jsonl(&scratch.path(sent)), "sent");
         assert!(logged.len() > 150, "host {name}: the path lost datagrams");
-        for point in [
-            "dev.netif_rx",
-            "dev.receive_skb",
-            "sock.queue",
-            "sock.recv_exit",
-        ] {
+        for point in traced(
+            &meta,
+            &[
+                "dev.netif_rx",
+                "dev.receive_skb",
+                "sock.queue",
+                "sock.recv_exit",
+            ],
+        ) {
             let mut got: BTreeMap<(u32, u64), usize> = BTreeMap::new();
             for r in rows.iter().filter(|r| r.point == point && r.pid == pid) {
                 if let (Some(kind), Some(seq)) = (r.kind, r.seq) {

@@ -7,7 +7,7 @@ use xlap_stage::{Qdisc, Stage, StageConfig};
 use xlap_tests::example::{
     events, summary, ExampleOptions, ProtocolRun, RECEIVER_PORT, SENDER_PORT,
 };
-use xlap_tests::trace::{read_stamps, trace_example, Recorder, Row};
+use xlap_tests::trace::{read_stamps, trace_example, traced, Recorder, Row};
 use xlap_tests::{bin, privileged, KillOnDrop, Scratch};
 
 const TX_POINTS: &[&str] = &[
@@ -92,15 +92,13 @@ fn every_delivered_packet_has_every_kernel_point_in_causal_order() {
         .collect();
     assert!(delivered.len() > 9_700, "{} delivered", delivered.len());
     let packets = data_packets(&rows);
+    let expected = traced(meta, &[TX_POINTS, RX_POINTS].concat());
     let complete = delivered
         .iter()
         .filter(|seq| {
-            packets.get(seq).is_some_and(|p| {
-                TX_POINTS
-                    .iter()
-                    .chain(RX_POINTS)
-                    .all(|pt| p.contains_key(*pt))
-            })
+            packets
+                .get(seq)
+                .is_some_and(|p| expected.iter().all(|pt| p.contains_key(*pt)))
         })
         .count();
     assert!(

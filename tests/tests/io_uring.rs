@@ -10,7 +10,7 @@ use std::collections::BTreeSet;
 use std::process::Stdio;
 use xlap_stage::Stage;
 use xlap_tests::example::events;
-use xlap_tests::trace::{read_stamps, Recorder, Row};
+use xlap_tests::trace::{is_traced, read_stamps, run_meta, Recorder, Row};
 use xlap_tests::{bin, privileged, read_jsonl, wait_for_file, KillOnDrop, Scratch};
 
 fn seqs(log: &[Value], event: &str) -> BTreeSet<u64> {
@@ -26,13 +26,28 @@ fn stamped(rows: &[Row], point: &str, pid: u32) -> BTreeSet<u64> {
         .collect()
 }
 
-/// One run: (sender log, receiver log, stamps, sender pid, receiver pid).
+/// Whether the run stamped `point` for io_uring requests: a kernel whose
+/// io_uring tracepoints differ leaves the requests' own points out
+/// (run.json's `degraded_points` says so) but not the device, queue and
+/// wake-up points.
+fn uring_traced(meta: &Value, point: &str) -> bool {
+    let partial = meta["degraded_points"][point]
+        .as_str()
+        .is_some_and(|why| why.contains("io_uring"));
+    if partial {
+        eprintln!("{point} misses io_uring requests on this kernel: its checks are left out");
+    }
+    is_traced(meta, point) && !partial
+}
+
+/// One run: (sender log, receiver log, stamps, sender pid, receiver pid,
+/// run.json).
 fn run(
     stage: &Stage,
     send_op: &str,
     mode: &str,
     connect: bool,
-) -> (Vec<Value>, Vec<Value>, Vec<Row>, u32, u32) {
+) -> (Vec<Value>, Vec<Value>, Vec<Row>, u32, u32, Value) {
     let (a, b) = (stage.host(0), stage.host(1));
     let scratch = Scratch::new(&format!("uring-{send_op}-{mode}"));
     let peer = bin("xlap-uring-peer");
@@ -74,6 +89,7 @@ fn run(
         read_stamps(&dir.join("stamps.parquet")),
         pids.0,
         pids.1,
+        run_meta(&dir),
     )
 }
 
@@ -84,16 +100,20 @@ fn io_uring_sends_and_receives_are_stamped_per_datagram() {
     };
     let stage = Stage::two_hosts().expect("stage");
     for (send_op, mode, connect) in [("send", "recv", true), ("send_zc", "recvmsg", false)] {
-        let (sent, received, rows, sender, receiver) = run(&stage, send_op, mode, connect);
+        let (sent, received, rows, sender, receiver, meta) = run(&stage, send_op, mode, connect);
         let mode = format!("{send_op}/{mode}");
         let (sent, received) = (seqs(&sent, "sent"), seqs(&received, "received"));
         assert_eq!(sent.len(), 400, "{mode}");
         assert!(received.len() > 350, "{mode}: the path lost datagrams");
         for point in ["sock.send_enter", "sock.send_exit", "dev.queue", "dev.xmit"] {
-            assert_eq!(stamped(&rows, point, sender), sent, "{mode}: {point}");
+            if uring_traced(&meta, point) {
+                assert_eq!(stamped(&rows, point, sender), sent, "{mode}: {point}");
+            }
         }
         for point in ["sock.queue", "sock.recv_exit"] {
-            assert_eq!(stamped(&rows, point, receiver), received, "{mode}: {point}");
+            if uring_traced(&meta, point) {
+                assert_eq!(stamped(&rows, point, receiver), received, "{mode}: {point}");
+            }
         }
         // The receiver waits for completions in io_uring_enter: woken by
         // the datagrams that reach its socket.

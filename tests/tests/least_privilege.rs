@@ -11,7 +11,7 @@ use std::process::{Command, Stdio};
 use xlap_stage::Stage;
 use xlap_tests::example::{ExampleOptions, ProtocolRun};
 use xlap_tests::multiset::{assert_same, logged, stamped};
-use xlap_tests::trace::{read_stamps, run_meta, Recorder, SEQ_U64_LE};
+use xlap_tests::trace::{read_stamps, run_meta, traced, Recorder, SEQ_U64_LE};
 use xlap_tests::{bin, privileged, KillOnDrop, Scratch};
 use xlap_trace::capabilities::{KEPT_AFTER_ATTACH, NEEDS};
 
@@ -219,7 +219,7 @@ fn the_required_capabilities_trace_everything_and_each_is_needed() {
     let rows = read_stamps(&dir.join("stamps.parquet"));
     let received_log = logged(&received, "received");
     assert!(received_log.len() >= 400);
-    for point in ["sock.recv_exit", "sock.queue", "dev.receive_skb"] {
+    for point in traced(&meta, &["sock.recv_exit", "sock.queue", "dev.receive_skb"]) {
         let at = stamped(&rows, point, pids.1);
         let missing: Vec<_> = received_log
             .keys()

@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 use std::process::Stdio;
 use xlap_stage::Stage;
 use xlap_tests::example::events;
-use xlap_tests::trace::{read_stamps, run_meta, Recorder, Row};
+use xlap_tests::trace::{read_stamps, run_meta, traced, Recorder, Row};
 use xlap_tests::{bin, privileged, read_jsonl, wait_for_file, KillOnDrop, Scratch};
 
 const RTP_PORT: u16 = 5004;
@@ -56,6 +56,7 @@ fn stamped(rows: &[Row], point: &str, pid: u32, port: u16) -> Multiset {
 struct Protocol<'a> {
     rows: &'a [Row],
     pids: (u32, u32),
+    meta: &'a Value,
 }
 
 impl Protocol<'_> {
@@ -70,7 +71,7 @@ impl Protocol<'_> {
             let got = stamped(self.rows, point, self.pids.0, port);
             assert_eq!(&got, sent, "{what} {point}");
         }
-        for point in ["dev.receive_skb", "sock.queue"] {
+        for point in traced(self.meta, &["dev.receive_skb", "sock.queue"]) {
             let got = stamped(self.rows, point, self.pids.1, port);
             let missing: Vec<_> = received.keys().filter(|k| !got.contains_key(k)).collect();
             assert!(
@@ -145,6 +146,7 @@ fn rtp_and_rtcp_of_one_process_keyed_by_their_own_layouts() {
     let dir = rec.dir.clone();
     rec.wait();
     let rows = read_stamps(&dir.join("stamps.parquet"));
+    let meta = run_meta(&dir);
     let (sent, received) = (read_jsonl(&slog), read_jsonl(&rlog));
 
     let rtp_sent = logged(&sent, "rtp", "seq");
@@ -155,7 +157,11 @@ fn rtp_and_rtcp_of_one_process_keyed_by_their_own_layouts() {
         "the sequence should wrap"
     );
     assert!(rtp_received.len() > 280, "the path lost RTP packets");
-    let protocol = Protocol { rows: &rows, pids };
+    let protocol = Protocol {
+        rows: &rows,
+        pids,
+        meta: &meta,
+    };
     protocol.check("RTP", RTP_PORT, RTP_PT, &rtp_sent, &rtp_received);
 
     // The reports, on the next port, by the RTCP layout: the same points,
@@ -169,7 +175,6 @@ fn rtp_and_rtcp_of_one_process_keyed_by_their_own_layouts() {
     // The packets table: one row per RTP packet (the sequence unwrapped
     // across 65535 -> 0), on the RTP flow's ports and the stage's
     // addresses.
-    let meta = run_meta(&dir);
     assert_eq!(meta["options"]["layout"]["kind_mask"], 0x7f);
     assert_eq!(meta["options"]["port_layouts"][0]["port"], RTCP_PORT);
     let db = duckdb::Connection::open_in_memory().unwrap();

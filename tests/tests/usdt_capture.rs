@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use xlap_stage::Stage;
 use xlap_tests::example::{events, ExampleOptions};
 use xlap_tests::privileged;
-use xlap_tests::trace::trace_example;
+use xlap_tests::trace::{trace_example, traced};
 
 const SENDER_APP: &[&str] = &[
     "app.send_start",
@@ -96,18 +96,22 @@ fn app_points_in_causal_order(stage: &Stage, marker_path: &str) -> AppFacts {
         .map(|e| e["seq"].as_u64().unwrap())
         .collect();
     assert_eq!(delivered.len(), 2_000);
+    let kernel_chain = traced(
+        meta,
+        &[
+            "sock.send_enter",
+            "dev.queue",
+            "dev.netif_rx",
+            "sock.queue",
+            "sock.recv_exit",
+        ],
+    );
     for seq in delivered {
         let p = &packets[&seq];
         let chain: Vec<&str> = SENDER_APP
             .iter()
             .copied()
-            .chain([
-                "sock.send_enter",
-                "dev.queue",
-                "dev.netif_rx",
-                "sock.queue",
-                "sock.recv_exit",
-            ])
+            .chain(kernel_chain.iter().copied())
             .chain(RECEIVER_APP.iter().copied())
             .chain(["app.deliver"])
             .collect();

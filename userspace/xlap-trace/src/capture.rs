@@ -147,12 +147,43 @@ enum Kind {
 /// Loaded and attached capture programs; dropping it detaches everything.
 pub struct Capture {
     pub bpf: Ebpf,
-    /// Points whose tracepoint could not be attached, with the reason.
-    pub unavailable: Vec<(String, String)>,
+    /// Optional programs that could not be attached, with the reason.
+    pub unattached: Vec<Unattached>,
+    /// The kernel points the run writes (`--points`).
+    pub points: crate::point_sets::PointSet,
     /// Whether skb bytes in page fragments are readable (else why not).
     pub dynptr: Result<(), String>,
     /// The timer export of per-CPU batches (else why not).
     pub batch_export: Result<crate::batch_export::BatchExport, String>,
+}
+
+/// An optional program this kernel refused.
+#[derive(Clone, Debug)]
+pub struct Unattached {
+    pub program: &'static str,
+    /// What it attaches to: the tracepoint, or the cgroup hook.
+    pub hook: &'static str,
+    pub why: String,
+}
+
+impl Capture {
+    /// The refused hooks, with the reason (run.json's `unavailable_hooks`).
+    pub fn unavailable_hooks(&self) -> std::collections::BTreeMap<String, String> {
+        self.unattached
+            .iter()
+            .map(|u| (u.hook.to_string(), u.why.clone()))
+            .collect()
+    }
+
+    /// The points this run lacks for them.
+    pub fn lacking(&self) -> crate::point_sets::Lacking {
+        let unattached: Vec<(&str, &str)> = self
+            .unattached
+            .iter()
+            .map(|u| (u.program, u.why.as_str()))
+            .collect();
+        self.points.lacking(&unattached)
+    }
 }
 
 pub struct Settings {
@@ -227,7 +258,7 @@ impl Capture {
                     anyhow::Error::new(e).context("loading the capture BPF object failed")
                 }
             })?;
-        let mut unavailable = Vec::new();
+        let mut unattached = Vec::new();
         for (prog, kind, target, required) in PROGRAMS {
             if !settings.points.needs_program(prog) {
                 continue;
@@ -240,11 +271,15 @@ impl Capture {
                         format!("cannot attach to the {target} tracepoint: {e:#}"),
                     ));
                 }
-                unavailable.push((target.to_string(), format!("{e:#}")));
+                unattached.push(Unattached {
+                    program: prog,
+                    hook: target,
+                    why: format!("{e:#}"),
+                });
             }
         }
         let dynptr = dynptr.map(|_| ());
-        attach_socket_hooks(&mut bpf, dynptr.is_ok(), &mut unavailable)?;
+        attach_socket_hooks(&mut bpf, &dynptr, &mut unattached)?;
         // Per-stamp records never wait in a batch.
         let batch_export = if settings.per_stamp {
             Err("one record per stamp (--per-stamp-records)".to_string())
@@ -253,7 +288,8 @@ impl Capture {
         };
         Ok(Capture {
             bpf,
-            unavailable,
+            unattached,
+            points: settings.points.clone(),
             dynptr,
             batch_export,
         })
@@ -601,8 +637,8 @@ fn recursion_misses(fd: std::os::fd::BorrowedFd) -> Option<u64> {
 /// which reads the datagram through a dynptr: not on kernels without).
 fn attach_socket_hooks(
     bpf: &mut Ebpf,
-    dynptr: bool,
-    unavailable: &mut Vec<(String, String)>,
+    dynptr: &Result<(), String>,
+    unattached: &mut Vec<Unattached>,
 ) -> Result<()> {
     // Attach mode `Single`: aya attaches through a BPF link (Linux >= 5.7),
     // which coexists with every other program on the cgroup anyway, and
@@ -650,11 +686,12 @@ fn attach_socket_hooks(
             )
         })?;
     }
-    if !dynptr {
-        unavailable.push((
-            "cgroup_skb/ingress".to_string(),
-            "the kernel cannot read skbs through dynptrs here (Linux >= 6.12 needed)".to_string(),
-        ));
+    if let Err(why) = dynptr {
+        unattached.push(Unattached {
+            program: "on_sock_ingress",
+            hook: "cgroup_skb/ingress",
+            why: format!("it reads datagrams through skb dynptrs: {why}"),
+        });
         return Ok(());
     }
     let ingress: &mut CgroupSkb = bpf
@@ -667,10 +704,11 @@ fn attach_socket_hooks(
         CgroupSkbAttachType::Ingress,
         CgroupAttachMode::Single,
     ) {
-        unavailable.push((
-            "cgroup_skb/ingress".to_string(),
-            format!("{:#}", anyhow::Error::from(e)),
-        ));
+        unattached.push(Unattached {
+            program: "on_sock_ingress",
+            hook: "cgroup_skb/ingress",
+            why: format!("{:#}", anyhow::Error::from(e)),
+        });
     }
     Ok(())
 }
@@ -728,4 +766,21 @@ pub fn drain_batches(batches: &PerCpuArray<MapData, Batch>) -> Result<Vec<xlap_a
         out.extend_from_slice(batch.0.pending());
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    /// The points table names only optional programs of the object (the
+    /// socket ingress hook is attached on its own), so what a run lacks
+    /// follows what this kernel refused.
+    #[test]
+    fn every_program_of_the_points_table_is_an_optional_program() {
+        for pp in crate::point_sets::PROGRAM_POINTS {
+            let known = pp.program == "on_sock_ingress"
+                || super::PROGRAMS
+                    .iter()
+                    .any(|(prog, _, _, required)| *prog == pp.program && !required);
+            assert!(known, "{} is not an optional program", pp.program);
+        }
+    }
 }

@@ -78,6 +78,12 @@ pub fn resolve_dynptr(object: &[u8], btf: &Btf) -> (AlignedObject, Result<u32, S
 /// The BTF id of `bpf_dynptr_from_skb` if tracing programs may call it.
 fn dynptr_btf_id(btf: &Btf) -> Result<u32, String> {
     let (major, minor) = DYNPTR_TRACING_KERNEL;
+    if let Some(old) = crate::preflight::kernel_as().filter(|v| *v < DYNPTR_TRACING_KERNEL) {
+        return Err(format!(
+            "XLAP_KERNEL_AS={}.{} < {major}.{minor}: as there, tracing programs cannot read page fragments",
+            old.0, old.1
+        ));
+    }
     let current = KernelVersion::current().map_err(|e| format!("kernel version unknown: {e}"))?;
     if current < KernelVersion::new(major as u8, minor as u8, 0) {
         return Err(format!(

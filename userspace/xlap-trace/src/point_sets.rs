@@ -37,26 +37,230 @@ const STANDARD: &[u32] = &[
     p::XLAP_POINT_SOCK_RECV_EXIT,
 ];
 
-/// Programs that only stamp their own points (nothing else reads what they
-/// do): left unattached when none of those points is wanted.
-const STAMP_ONLY: &[(&str, &[u32])] = &[
-    ("on_qdisc_enqueue", &[p::XLAP_POINT_QDISC_ENQUEUE]),
-    ("on_qdisc_dequeue", &[p::XLAP_POINT_QDISC_DEQUEUE]),
-    ("on_net_dev_start_xmit", &[p::XLAP_POINT_DEV_START_XMIT]),
-    ("on_netif_rx", &[p::XLAP_POINT_DEV_NETIF_RX]),
-    (
+/// What a run loses without a program (it is left out, or could not be
+/// attached on this kernel).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Without {
+    /// Its points are not stamped at all.
+    Missing,
+    /// Its points lose some of their stamps (another program stamps the
+    /// rest: what is lost, said here); missing only when every program
+    /// stamping them is absent.
+    Degraded(&'static str),
+    /// Its points keep stamps it would have filtered out (which, said
+    /// here); it stamps none of them itself.
+    Unfiltered(&'static str),
+}
+
+/// A program and the points it stamps.
+pub struct ProgramPoints {
+    pub program: &'static str,
+    pub points: &'static [u32],
+    /// Nothing else reads what it does: left unattached when none of its
+    /// points is wanted.
+    pub stamp_only: bool,
+    pub without: Without,
+    /// The oldest kernel it attaches on, where later than the capture's
+    /// (`preflight::MIN_KERNEL`); the README's list is checked against it.
+    pub min_kernel: Option<(u32, u32)>,
+}
+
+const fn stamps(
+    program: &'static str,
+    points: &'static [u32],
+    stamp_only: bool,
+    without: Without,
+) -> ProgramPoints {
+    ProgramPoints {
+        program,
+        points,
+        stamp_only,
+        without,
+        min_kernel: None,
+    }
+}
+
+/// Every optional program that stamps points (the required ones fail the
+/// run when they do not attach).
+pub const PROGRAM_POINTS: &[ProgramPoints] = &[
+    stamps(
+        "on_qdisc_enqueue",
+        &[p::XLAP_POINT_QDISC_ENQUEUE],
+        true,
+        Without::Missing,
+    ),
+    stamps(
+        "on_qdisc_dequeue",
+        &[p::XLAP_POINT_QDISC_DEQUEUE],
+        true,
+        Without::Missing,
+    ),
+    stamps(
+        "on_net_dev_start_xmit",
+        &[p::XLAP_POINT_DEV_START_XMIT],
+        true,
+        Without::Missing,
+    ),
+    stamps(
+        "on_net_dev_xmit",
+        &[p::XLAP_POINT_DEV_XMIT],
+        false,
+        Without::Missing,
+    ),
+    stamps(
+        "on_netif_rx",
+        &[p::XLAP_POINT_DEV_NETIF_RX],
+        true,
+        Without::Missing,
+    ),
+    stamps(
         "on_napi_gro_receive_entry",
         &[p::XLAP_POINT_DEV_GRO_RECEIVE],
+        true,
+        Without::Degraded("skbs built by napi_gro_receive are not stamped"),
     ),
-    ("on_napi_gro_frags_entry", &[p::XLAP_POINT_DEV_GRO_RECEIVE]),
-    ("on_netif_receive_skb", &[p::XLAP_POINT_DEV_RECEIVE_SKB]),
+    stamps(
+        "on_napi_gro_frags_entry",
+        &[p::XLAP_POINT_DEV_GRO_RECEIVE],
+        true,
+        Without::Degraded("skbs built by napi_gro_frags are not stamped"),
+    ),
+    stamps(
+        "on_netif_receive_skb",
+        &[p::XLAP_POINT_DEV_RECEIVE_SKB],
+        true,
+        Without::Missing,
+    ),
     // The switch-in stamp needs the wake-up's record.
-    (
+    stamps(
         "on_sched_waking",
         &[p::XLAP_POINT_SCHED_WAKEUP, p::XLAP_POINT_SCHED_SWITCH_IN],
+        true,
+        Without::Missing,
     ),
-    ("on_sched_switch", &[p::XLAP_POINT_SCHED_SWITCH_IN]),
+    stamps(
+        "on_sched_switch",
+        &[p::XLAP_POINT_SCHED_SWITCH_IN],
+        true,
+        Without::Missing,
+    ),
+    // The socket queue point is also what tells the wake-up which
+    // datagram woke the reader (RX_LAST in bpf/capture/sched.h).
+    ProgramPoints {
+        min_kernel: Some(crate::kfunc::DYNPTR_TRACING_KERNEL),
+        ..stamps(
+            "on_sock_ingress",
+            &[
+                p::XLAP_POINT_SOCK_QUEUE,
+                p::XLAP_POINT_SCHED_WAKEUP,
+                p::XLAP_POINT_SCHED_SWITCH_IN,
+            ],
+            false,
+            Without::Missing,
+        )
+    },
+    // It also marks datagrams to untraced sockets on a traced port, whose
+    // device stamps (taken by port, before any socket is known) the
+    // recorder then drops.
+    ProgramPoints {
+        min_kernel: Some(crate::kfunc::DYNPTR_TRACING_KERNEL),
+        ..stamps(
+            "on_sock_ingress",
+            &[
+                p::XLAP_POINT_DEV_NETIF_RX,
+                p::XLAP_POINT_DEV_GRO_RECEIVE,
+                p::XLAP_POINT_DEV_RECEIVE_SKB,
+            ],
+            false,
+            Without::Unfiltered(
+                "stamps of datagrams to untraced sockets sharing a traced port are kept",
+            ),
+        )
+    },
+    stamps(
+        "on_sock_recv_length",
+        &[p::XLAP_POINT_SOCK_RECV_EXIT],
+        false,
+        Without::Degraded("receive calls that began before the run are not stamped"),
+    ),
+    stamps(
+        "on_io_uring_submit_req",
+        &[
+            p::XLAP_POINT_SOCK_SEND_ENTER,
+            p::XLAP_POINT_SOCK_SEND_EXIT,
+            p::XLAP_POINT_SOCK_RECV_EXIT,
+        ],
+        false,
+        Without::Degraded("io_uring requests are not stamped"),
+    ),
+    stamps(
+        "on_io_uring_complete",
+        &[
+            p::XLAP_POINT_SOCK_SEND_ENTER,
+            p::XLAP_POINT_SOCK_SEND_EXIT,
+            p::XLAP_POINT_SOCK_RECV_EXIT,
+        ],
+        false,
+        Without::Degraded("io_uring requests are not stamped"),
+    ),
 ];
+
+/// What a run lacks, by point name, given the programs that could not be
+/// attached (`(program, reason)`): points stamped by none of their programs
+/// (`missing`), and points missing some stamps or a filter (`degraded`).
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Lacking {
+    pub missing: std::collections::BTreeMap<String, String>,
+    pub degraded: std::collections::BTreeMap<String, String>,
+}
+
+impl PointSet {
+    pub fn lacking(&self, unattached: &[(&str, &str)]) -> Lacking {
+        let mut lacking = Lacking::default();
+        let why = |program: &str| {
+            unattached
+                .iter()
+                .find(|(p, _)| *p == program)
+                .map(|(_, w)| *w)
+        };
+        for point in kernel_points().filter(|i| self.contains(i.id as u32)) {
+            let programs: Vec<&ProgramPoints> = PROGRAM_POINTS
+                .iter()
+                .filter(|pp| pp.points.contains(&(point.id as u32)))
+                .collect();
+            let absent: Vec<(&ProgramPoints, &str)> = programs
+                .iter()
+                .filter_map(|pp| Some((*pp, why(pp.program)?)))
+                .collect();
+            let Some((first, reason)) = absent.first() else {
+                continue;
+            };
+            let stamps = |pp: &ProgramPoints| !matches!(pp.without, Without::Unfiltered(_));
+            let all_absent = programs.iter().filter(|pp| stamps(pp)).count()
+                == absent.iter().filter(|(pp, _)| stamps(pp)).count();
+            let sole = absent.iter().find(|(pp, _)| pp.without == Without::Missing);
+            if let Some((pp, reason)) = sole.or(all_absent.then_some(&(*first, *reason))) {
+                lacking
+                    .missing
+                    .insert(point.name.to_string(), format!("{}: {reason}", pp.program));
+            } else {
+                let what: Vec<String> = absent
+                    .iter()
+                    .map(|(pp, reason)| match pp.without {
+                        Without::Degraded(what) | Without::Unfiltered(what) => {
+                            format!("{what} ({}: {reason})", pp.program)
+                        }
+                        Without::Missing => unreachable!("a sole program makes the point missing"),
+                    })
+                    .collect();
+                lacking
+                    .degraded
+                    .insert(point.name.to_string(), what.join("; "));
+            }
+        }
+        lacking
+    }
+}
 
 /// The kernel points of a run.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -117,8 +321,11 @@ impl PointSet {
 
     /// Whether program `prog` has to be attached.
     pub fn needs_program(&self, prog: &str) -> bool {
-        match STAMP_ONLY.iter().find(|(name, _)| *name == prog) {
-            Some((_, points)) => points.iter().any(|id| self.contains(*id)),
+        match PROGRAM_POINTS
+            .iter()
+            .find(|pp| pp.program == prog && pp.stamp_only)
+        {
+            Some(pp) => pp.points.iter().any(|id| self.contains(*id)),
             None => true,
         }
     }
@@ -140,7 +347,9 @@ mod tests {
     fn sets_names_and_the_programs_they_need() {
         let all = PointSet::all();
         assert_eq!(all.off_mask(), 0);
-        assert!(STAMP_ONLY.iter().all(|(p, _)| all.needs_program(p)));
+        assert!(PROGRAM_POINTS
+            .iter()
+            .all(|pp| all.needs_program(pp.program)));
 
         let minimal = PointSet::parse("minimal").unwrap();
         assert_eq!(
@@ -171,5 +380,55 @@ mod tests {
         let e = PointSet::parse("dev.xmit,nope").unwrap_err();
         assert_eq!(crate::exit::code_of(&e), Code::Usage as u8);
         assert!(e.to_string().contains("sock.recv_exit"), "{e}");
+    }
+
+    #[test]
+    fn refused_programs_name_the_points_missing_or_degraded() {
+        let all = PointSet::all();
+        assert_eq!(all.lacking(&[]), Lacking::default());
+        // Without the socket hook: its queue point and the wake-ups it
+        // keys are missing, the device points unfiltered.
+        let l = all.lacking(&[("on_sock_ingress", "no dynptr")]);
+        assert_eq!(
+            l.missing.keys().collect::<Vec<_>>(),
+            ["sched.switch_in", "sched.wakeup", "sock.queue"]
+        );
+        assert_eq!(l.missing["sock.queue"], "on_sock_ingress: no dynptr");
+        assert_eq!(
+            l.degraded.keys().collect::<Vec<_>>(),
+            ["dev.gro_receive", "dev.netif_rx", "dev.receive_skb"]
+        );
+        assert!(
+            l.degraded["dev.netif_rx"].contains("untraced sockets"),
+            "{l:?}"
+        );
+        // GRO's own programs gone, the filter there: missing.
+        let l = all.lacking(&[
+            ("on_napi_gro_frags_entry", "gone"),
+            ("on_napi_gro_receive_entry", "gone"),
+        ]);
+        assert!(l.missing.contains_key("dev.gro_receive"), "{l:?}");
+        // One of GRO's two entries: degraded.
+        let l = all.lacking(&[("on_napi_gro_frags_entry", "gone")]);
+        assert!(l.missing.is_empty());
+        assert!(
+            l.degraded["dev.gro_receive"].contains("napi_gro_frags"),
+            "{l:?}"
+        );
+        // The switch-in stamp needs the wake-up program.
+        let l = all.lacking(&[("on_sched_waking", "gone")]);
+        assert_eq!(
+            l.missing.keys().collect::<Vec<_>>(),
+            ["sched.switch_in", "sched.wakeup"]
+        );
+        // io_uring's programs leave the syscall points degraded.
+        let l = all.lacking(&[("on_io_uring_complete", "changed")]);
+        assert!(l.missing.is_empty());
+        assert_eq!(l.degraded.len(), 3, "{l:?}");
+        // A point the run does not write lacks nothing.
+        let minimal = PointSet::parse("minimal").unwrap();
+        let l = minimal.lacking(&[("on_sock_ingress", "no dynptr")]);
+        assert!(l.missing.is_empty());
+        assert_eq!(l.degraded.keys().collect::<Vec<_>>(), ["dev.receive_skb"]);
     }
 }

@@ -27,13 +27,44 @@ pub fn check_btf() -> Result<()> {
 pub const MIN_KERNEL: (u32, u32) = (5, 17);
 
 /// (major, minor) of a kernel release string (`6.18.44-fc-v657`).
-fn release_version(release: &str) -> Option<(u32, u32)> {
+pub fn release_version(release: &str) -> Option<(u32, u32)> {
     let mut parts = release.split(|c: char| !c.is_ascii_digit());
     Some((parts.next()?.parse().ok()?, parts.next()?.parse().ok()?))
 }
 
-/// Refuses a kernel older than [`MIN_KERNEL`], naming both.
+/// `XLAP_KERNEL_AS=MAJOR.MINOR`: a run behaves as on that (older) kernel
+/// wherever the tool tells kernels apart by version: what it lacks is left
+/// out, said at start and listed in run.json, by the same code that runs
+/// there. The degraded paths are tested so on a newer kernel
+/// (`tests/tests/kernel_features.rs`). Unset or unreadable: `None`
+/// ([`check_kernel`] refuses an unreadable value).
+pub fn kernel_as() -> Option<(u32, u32)> {
+    release_version(&std::env::var("XLAP_KERNEL_AS").ok()?)
+}
+
+/// Refuses a kernel older than [`MIN_KERNEL`] (or an `XLAP_KERNEL_AS`
+/// that is), naming both.
 pub fn check_kernel() -> Result<()> {
+    if let Some(value) = std::env::var_os("XLAP_KERNEL_AS") {
+        let value = value.to_string_lossy();
+        let Some(v) = release_version(&value) else {
+            return Err(failure(
+                Code::Usage,
+                format!(
+                    "XLAP_KERNEL_AS={value:?} is not a kernel version: use MAJOR.MINOR, e.g. 6.1"
+                ),
+            ));
+        };
+        if v < MIN_KERNEL {
+            return Err(failure(
+                Code::Kernel,
+                format!(
+                    "XLAP_KERNEL_AS={value}: xlap-trace's capture needs Linux {}.{} or later (bpf_loop)",
+                    MIN_KERNEL.0, MIN_KERNEL.1
+                ),
+            ));
+        }
+    }
     let release = crate::runmeta::kernel_release();
     match release_version(&release) {
         Some(v) if v < MIN_KERNEL => Err(failure(

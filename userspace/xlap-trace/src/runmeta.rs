@@ -237,8 +237,16 @@ pub struct RunMeta {
     /// (their receive-device points are missing).
     pub ports_not_traced: Vec<u16>,
     pub points: BTreeMap<String, PointStats>,
-    /// Tracepoints that could not be attached, with the reason.
+    /// Points of the run's set this kernel could not stamp at all, with
+    /// the program and the reason.
     pub unavailable_points: BTreeMap<String, String>,
+    /// Points some of whose stamps this kernel cannot take (which ones,
+    /// and why).
+    #[serde(default)]
+    pub degraded_points: BTreeMap<String, String>,
+    /// The tracepoints and hooks refused, with the kernel's reason.
+    #[serde(default)]
+    pub unavailable_hooks: BTreeMap<String, String>,
     pub packets: u64,
     pub stamps: u64,
     pub lost: u64,

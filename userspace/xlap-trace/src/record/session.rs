@@ -162,11 +162,18 @@ impl Session {
         if let (Err(why), false) = (&capture.batch_export, args.per_stamp_records) {
             plan.note(format!("per-CPU batches are exported only by later stamps and idle CPUs, not every {} ms: a recorder that dies may lose more ({why})", xlap_abi::XLAP_FLUSH_INTERVAL_MS));
         }
-        for (point, why) in &capture.unavailable {
+        if let Some((major, minor)) = preflight::kernel_as() {
+            plan.note(format!("behaving as Linux {major}.{minor} would (XLAP_KERNEL_AS): what it lacks is left out"));
+        }
+        let lacking = capture.lacking();
+        for (point, why) in &lacking.missing {
             plan.note(format!(
                 "{point} not traced here ({}; run.json has the whole reason)",
                 brief_reason(why)
             ));
+        }
+        for (point, what) in &lacking.degraded {
+            plan.note(format!("{point}: {}", brief_reason(what)));
         }
         Ok(Session { capture })
     }
@@ -249,6 +256,7 @@ impl Session {
         let view = (args.live || args.metrics.is_some())
             .then(|| LiveView::new(usdt.app_names.clone(), args.live, args.metrics))
             .transpose()?;
+        let lacking = self.capture.lacking();
         let meta = RunMeta {
             schema_version: xlap_records::schema::SCHEMA_VERSION,
             software_version: env!("CARGO_PKG_VERSION"),
@@ -276,7 +284,9 @@ impl Session {
             flows: runmeta::FlowCounts::default(),
             ports_not_traced: Vec::new(),
             points: BTreeMap::new(),
-            unavailable_points: self.capture.unavailable.iter().cloned().collect(),
+            unavailable_points: lacking.missing,
+            degraded_points: lacking.degraded,
+            unavailable_hooks: self.capture.unavailable_hooks(),
             packets: 0,
             stamps: 0,
             lost: 0,
@@ -789,8 +799,6 @@ impl Live {
         // The statistics stop growing here: read them once they are off.
         sink.stats.finish();
         let program_stats = attached.capture.program_stats();
-        let unavailable: BTreeMap<String, String> =
-            attached.capture.unavailable.iter().cloned().collect();
         drop(attached);
         // Detaching does not wait for a program already running on another
         // CPU; let it finish (it may still flush a batch) before the last
@@ -824,7 +832,6 @@ impl Live {
             losses,
             flows,
             program_stats,
-            unavailable,
         })
     }
 }
@@ -865,7 +872,6 @@ pub struct Detached {
     losses: Vec<[u64; xlap_loss::XLAP_LOSS_COUNT as usize]>,
     flows: capture::Flows,
     program_stats: Vec<(String, ProgramStats)>,
-    unavailable: BTreeMap<String, String>,
 }
 
 impl Detached {
@@ -881,7 +887,6 @@ impl Detached {
             losses,
             flows,
             program_stats,
-            unavailable,
         } = self;
         let args = plan.args;
         if !sink.batcher.is_empty() {
@@ -932,7 +937,6 @@ impl Detached {
             collided: flows.collided,
             not_noted: flows.not_noted,
         };
-        meta.unavailable_points = unavailable;
         meta.bpf_ns_per_stamp = {
             let timed = sink.stats.stamps_in_windows;
             (bpf_time > 0 && timed > 0).then(|| bpf_time as f64 / timed as f64)
