@@ -10,7 +10,7 @@ use std::collections::BTreeSet;
 use std::process::Stdio;
 use xlap_stage::Stage;
 use xlap_tests::example::events;
-use xlap_tests::trace::{is_traced, read_stamps, run_meta, Recorder, Row};
+use xlap_tests::trace::{degraded, is_traced, read_stamps, run_meta, Recorder, Row};
 use xlap_tests::{bin, privileged, read_jsonl, wait_for_file, KillOnDrop, Scratch};
 
 fn seqs(log: &[Value], event: &str) -> BTreeSet<u64> {
@@ -106,7 +106,10 @@ fn io_uring_sends_and_receives_are_stamped_per_datagram() {
         assert_eq!(sent.len(), 400, "{mode}");
         assert!(received.len() > 350, "{mode}: the path lost datagrams");
         for point in ["sock.send_enter", "sock.send_exit", "dev.queue", "dev.xmit"] {
-            if uring_traced(&meta, point) {
+            // A zero-copy send's datagram is in page fragments.
+            let paged =
+                send_op == "send_zc" && degraded(&meta, point, "datagrams in page fragments");
+            if uring_traced(&meta, point) && !paged {
                 assert_eq!(stamped(&rows, point, sender), sent, "{mode}: {point}");
             }
         }
@@ -118,14 +121,16 @@ fn io_uring_sends_and_receives_are_stamped_per_datagram() {
         // The receiver waits for completions in io_uring_enter: woken by
         // the datagrams that reach its socket.
         let woke = stamped(&rows, "sched.wakeup", receiver);
-        assert!(
-            !woke.is_empty() && woke.is_subset(&received),
-            "{mode}: {} wake-ups",
-            woke.len()
-        );
+        if is_traced(&meta, "sched.wakeup") {
+            assert!(
+                !woke.is_empty() && woke.is_subset(&received),
+                "{mode}: {} wake-ups",
+                woke.len()
+            );
+        }
         // A connected socket gives every read its flow: the one its
         // datagram had on the wire.
-        if connect {
+        if connect && !degraded(&meta, "sock.recv_exit", "no flow") {
             for r in rows.iter().filter(|r| r.point == "sock.recv_exit") {
                 let wire = rows
                     .iter()

@@ -5,7 +5,7 @@
 use std::process::{Command, Stdio};
 use std::time::Duration;
 use xlap_stage::Stage;
-use xlap_tests::trace::{is_traced, read_stamps, Recorder, Row};
+use xlap_tests::trace::{degraded, is_traced, read_stamps, Recorder, Row};
 use xlap_tests::{privileged, KillOnDrop, Scratch};
 
 /// iperf3 between the two hosts, traced from before its first datagram:
@@ -111,22 +111,24 @@ fn iperf3_udp_counts_per_point_match_its_own_report() {
         .filter(|r| r.point == reached && r.pid == server_pid)
         .filter_map(|r| r.seq)
         .collect();
-    let woke: Vec<u64> = rows
-        .iter()
-        .filter(|r| r.point == "sched.wakeup" && r.pid == server_pid)
-        .filter_map(|r| r.seq)
-        .collect();
-    let switched = count("sched.switch_in", server_pid);
-    assert!(
-        !woke.is_empty() && switched > 0,
-        "no wake-up of the select()-based server: {} sched.wakeup, {switched} sched.switch_in",
-        woke.len()
-    );
-    assert!(
-        woke.iter().all(|s| queued.contains(s)),
-        "a wake-up credited to a datagram that never reached the server's socket"
-    );
-    assert!(switched <= woke.len() as u64);
+    if is_traced(&meta, "sched.wakeup") {
+        let woke: Vec<u64> = rows
+            .iter()
+            .filter(|r| r.point == "sched.wakeup" && r.pid == server_pid)
+            .filter_map(|r| r.seq)
+            .collect();
+        let switched = count("sched.switch_in", server_pid);
+        assert!(
+            !woke.is_empty() && switched > 0,
+            "no wake-up of the select()-based server: {} sched.wakeup, {switched} sched.switch_in",
+            woke.len()
+        );
+        assert!(
+            woke.iter().all(|s| queued.contains(s)),
+            "a wake-up credited to a datagram that never reached the server's socket"
+        );
+        assert!(switched <= woke.len() as u64);
+    }
     // Only the handshake datagrams (4 bytes, no counter: the client's hello
     // and the server's reply) fail to parse, at most once each per point;
     // nothing else is lost.
@@ -206,24 +208,27 @@ fn iperf3_parallel_streams_are_separate_flows_with_their_own_counts() {
                 "stream {port}: {queued} queued, {read} read, {sent} sent, {lost} lost"
             );
         }
-        assert_eq!(
-            count("sock.recv_exit", server_pid),
-            read,
-            "stream {port}: the server's reads of this stream (reads per source port: {:?})",
-            reads_by_port(&rows, server_pid)
-        );
-        let mut seqs: Vec<u64> = rows
-            .iter()
-            .filter(|r| r.point == "sock.recv_exit" && r.sport() == port)
-            .filter_map(|r| r.seq)
-            .collect();
-        seqs.sort_unstable();
-        seqs.dedup();
-        assert_eq!(
-            seqs.len() as u64,
-            read,
-            "stream {port}: one read per datagram"
-        );
+        // The reads are told apart by their flow (the socket hook's).
+        if !degraded(&meta, "sock.recv_exit", "no flow") {
+            assert_eq!(
+                count("sock.recv_exit", server_pid),
+                read,
+                "stream {port}: the server's reads of this stream (reads per source port: {:?})",
+                reads_by_port(&rows, server_pid)
+            );
+            let mut seqs: Vec<u64> = rows
+                .iter()
+                .filter(|r| r.point == "sock.recv_exit" && r.sport() == port)
+                .filter_map(|r| r.seq)
+                .collect();
+            seqs.sort_unstable();
+            seqs.dedup();
+            assert_eq!(
+                seqs.len() as u64,
+                read,
+                "stream {port}: one read per datagram"
+            );
+        }
         ports.push(port);
     }
     ports.sort_unstable();
@@ -233,7 +238,9 @@ fn iperf3_parallel_streams_are_separate_flows_with_their_own_counts() {
         .iter()
         .filter(|r| r.point == "sock.recv_exit" && r.seq.is_some() && r.flow == 0)
         .count();
-    assert_eq!(unjoined, 0, "reads without their flow");
+    if !degraded(&meta, "sock.recv_exit", "no flow") {
+        assert_eq!(unjoined, 0, "reads without their flow");
+    }
 }
 
 fn reads_by_port(rows: &[Row], pid: u32) -> std::collections::BTreeMap<u16, usize> {

@@ -19,7 +19,7 @@ use xlap_stage::{Link, Qdisc, Stage, StageConfig};
 use xlap_tests::example::kind_code;
 use xlap_tests::example::{events, ExampleOptions, RECEIVER_PORT, SENDER_PORT};
 use xlap_tests::privileged;
-use xlap_tests::trace::{is_traced, trace_example, traced, Row, Traced};
+use xlap_tests::trace::{degraded, is_traced, trace_example, traced, Row, Traced};
 
 /// A datagram: (seq, kind) as the protocol logs it.
 type Datagram = (u64, u32);
@@ -243,10 +243,11 @@ fn causal_pairs(cell: &Cell) -> Vec<(String, String)> {
     .filter(|(a, b)| cell.tx_points.contains(a) && cell.tx_points.contains(b))
     .map(|(a, b)| (format!("tx.{a}"), format!("tx.{b}")))
     .collect();
-    let rx_first = cell.rx_points[0];
-    for before in ["qdisc.dequeue", "dev.start_xmit"] {
-        if cell.tx_points.contains(&before) {
-            pairs.push((format!("tx.{before}"), format!("rx.{rx_first}")));
+    if let Some(rx_first) = cell.rx_points.first() {
+        for before in ["qdisc.dequeue", "dev.start_xmit"] {
+            if cell.tx_points.contains(&before) {
+                pairs.push((format!("tx.{before}"), format!("rx.{rx_first}")));
+            }
         }
     }
     for w in cell.rx_points.windows(2) {
@@ -421,13 +422,20 @@ fn run_cell(cell: &Cell) -> Vec<String> {
         },
         &[],
     );
-    // Only the points this kernel could stamp (run.json names the others).
-    let leak = |points: Vec<&'static str>| -> &'static [&'static str] {
-        Box::leak(points.into_boxed_slice())
+    // Only the points this kernel could stamp (run.json names the others),
+    // and of a GSO sender's datagrams (in page fragments) only those it can
+    // read there.
+    let paged = cell.send_args.contains(&"--gso");
+    let kept = |points: &[&'static str]| -> &'static [&'static str] {
+        let kept: Vec<&'static str> = traced(&t.meta, points)
+            .into_iter()
+            .filter(|p| !(paged && degraded(&t.meta, p, "datagrams in page fragments")))
+            .collect();
+        Box::leak(kept.into_boxed_slice())
     };
     let cell = &Cell {
-        tx_points: leak(traced(&t.meta, cell.tx_points)),
-        rx_points: leak(traced(&t.meta, cell.rx_points)),
+        tx_points: kept(cell.tx_points),
+        rx_points: kept(cell.rx_points),
         ..*cell
     };
     let (sent, received) = logged(&t);

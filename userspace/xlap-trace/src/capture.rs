@@ -181,6 +181,12 @@ impl Capture {
             .unattached
             .iter()
             .map(|u| (u.program, u.why.as_str()))
+            .chain(
+                self.dynptr
+                    .as_ref()
+                    .err()
+                    .map(|why| (crate::point_sets::SKB_DYNPTR, why.as_str())),
+            )
             .collect();
         self.points.lacking(&unattached)
     }
@@ -777,6 +783,7 @@ mod tests {
     fn every_program_of_the_points_table_is_an_optional_program() {
         for pp in crate::point_sets::PROGRAM_POINTS {
             let known = pp.program == "on_sock_ingress"
+                || pp.program == crate::point_sets::SKB_DYNPTR
                 || super::PROGRAMS
                     .iter()
                     .any(|(prog, _, _, required)| *prog == pp.program && !required);

@@ -44,12 +44,15 @@ pub enum Without {
     /// Its points are not stamped at all.
     Missing,
     /// Its points lose some of their stamps (another program stamps the
-    /// rest: what is lost, said here); missing only when every program
-    /// stamping them is absent.
+    /// rest: what is lost, said here).
     Degraded(&'static str),
-    /// Its points keep stamps it would have filtered out (which, said
-    /// here); it stamps none of them itself.
-    Unfiltered(&'static str),
+    /// One of several programs that stamp a point (what it stamps, said
+    /// here): the point is missing when all of them are absent, degraded
+    /// when some are.
+    OneOf(&'static str),
+    /// Its points keep their stamps but lose what it adds to them (a
+    /// filter, a field: said here); it stamps none of them itself.
+    Weakened(&'static str),
 }
 
 /// A program and the points it stamps.
@@ -63,6 +66,16 @@ pub struct ProgramPoints {
     /// The oldest kernel it attaches on, where later than the capture's
     /// (`preflight::MIN_KERNEL`); the README's list is checked against it.
     pub min_kernel: Option<(u32, u32)>,
+}
+
+impl ProgramPoints {
+    /// What a run without it loses ("" for missing points: the points).
+    pub fn what(&self) -> &'static str {
+        match self.without {
+            Without::Missing => "",
+            Without::Degraded(what) | Without::OneOf(what) | Without::Weakened(what) => what,
+        }
+    }
 }
 
 const fn stamps(
@@ -79,6 +92,10 @@ const fn stamps(
         min_kernel: None,
     }
 }
+
+/// The name [`Capture::lacking`](crate::capture::Capture::lacking) gives
+/// the skb dynptr kfunc when the kernel lacks it for tracing programs.
+pub const SKB_DYNPTR: &str = "bpf_dynptr_from_skb";
 
 /// Every optional program that stamps points (the required ones fail the
 /// run when they do not attach).
@@ -117,13 +134,13 @@ pub const PROGRAM_POINTS: &[ProgramPoints] = &[
         "on_napi_gro_receive_entry",
         &[p::XLAP_POINT_DEV_GRO_RECEIVE],
         true,
-        Without::Degraded("skbs built by napi_gro_receive are not stamped"),
+        Without::OneOf("skbs built by napi_gro_receive are not stamped"),
     ),
     stamps(
         "on_napi_gro_frags_entry",
         &[p::XLAP_POINT_DEV_GRO_RECEIVE],
         true,
-        Without::Degraded("skbs built by napi_gro_frags are not stamped"),
+        Without::OneOf("skbs built by napi_gro_frags are not stamped"),
     ),
     stamps(
         "on_netif_receive_skb",
@@ -172,8 +189,44 @@ pub const PROGRAM_POINTS: &[ProgramPoints] = &[
                 p::XLAP_POINT_DEV_RECEIVE_SKB,
             ],
             false,
-            Without::Unfiltered(
+            Without::Weakened(
                 "stamps of datagrams to untraced sockets sharing a traced port are kept",
+            ),
+        )
+    },
+    // And it notes the flow of what a socket receives, which its reads
+    // take (bpf/capture/sock_rx.h, note_flow).
+    ProgramPoints {
+        min_kernel: Some(crate::kfunc::DYNPTR_TRACING_KERNEL),
+        ..stamps(
+            "on_sock_ingress",
+            &[p::XLAP_POINT_SOCK_RECV_EXIT],
+            false,
+            Without::Weakened("reads carry no flow (no addresses or ports)"),
+        )
+    },
+    // Not a program: the kfunc the skb-reading programs call for bytes in
+    // page fragments (`kfunc.rs`). The send points take the device's
+    // reading of the datagrams a call sent.
+    ProgramPoints {
+        min_kernel: Some(crate::kfunc::DYNPTR_TRACING_KERNEL),
+        ..stamps(
+            SKB_DYNPTR,
+            &[
+                p::XLAP_POINT_SOCK_SEND_ENTER,
+                p::XLAP_POINT_SOCK_SEND_EXIT,
+                p::XLAP_POINT_DEV_QUEUE,
+                p::XLAP_POINT_QDISC_ENQUEUE,
+                p::XLAP_POINT_QDISC_DEQUEUE,
+                p::XLAP_POINT_DEV_START_XMIT,
+                p::XLAP_POINT_DEV_XMIT,
+                p::XLAP_POINT_DEV_NETIF_RX,
+                p::XLAP_POINT_DEV_GRO_RECEIVE,
+                p::XLAP_POINT_DEV_RECEIVE_SKB,
+            ],
+            false,
+            Without::Degraded(
+                "datagrams in page fragments (GSO and GRO skbs, zero-copy sends, NIC drivers) are not stamped but counted as 'frag' losses at the device points",
             ),
         )
     },
@@ -235,9 +288,10 @@ impl PointSet {
             let Some((first, reason)) = absent.first() else {
                 continue;
             };
-            let stamps = |pp: &ProgramPoints| !matches!(pp.without, Without::Unfiltered(_));
-            let all_absent = programs.iter().filter(|pp| stamps(pp)).count()
-                == absent.iter().filter(|(pp, _)| stamps(pp)).count();
+            let one_of = |pp: &ProgramPoints| matches!(pp.without, Without::OneOf(_));
+            let alternatives = programs.iter().filter(|pp| one_of(pp)).count();
+            let all_absent = alternatives > 0
+                && alternatives == absent.iter().filter(|(pp, _)| one_of(pp)).count();
             let sole = absent.iter().find(|(pp, _)| pp.without == Without::Missing);
             if let Some((pp, reason)) = sole.or(all_absent.then_some(&(*first, *reason))) {
                 lacking
@@ -247,7 +301,9 @@ impl PointSet {
                 let what: Vec<String> = absent
                     .iter()
                     .map(|(pp, reason)| match pp.without {
-                        Without::Degraded(what) | Without::Unfiltered(what) => {
+                        Without::Degraded(what)
+                        | Without::OneOf(what)
+                        | Without::Weakened(what) => {
                             format!("{what} ({}: {reason})", pp.program)
                         }
                         Without::Missing => unreachable!("a sole program makes the point missing"),
@@ -396,8 +452,14 @@ mod tests {
         assert_eq!(l.missing["sock.queue"], "on_sock_ingress: no dynptr");
         assert_eq!(
             l.degraded.keys().collect::<Vec<_>>(),
-            ["dev.gro_receive", "dev.netif_rx", "dev.receive_skb"]
+            [
+                "dev.gro_receive",
+                "dev.netif_rx",
+                "dev.receive_skb",
+                "sock.recv_exit"
+            ]
         );
+        assert!(l.degraded["sock.recv_exit"].contains("no flow"), "{l:?}");
         assert!(
             l.degraded["dev.netif_rx"].contains("untraced sockets"),
             "{l:?}"
@@ -421,7 +483,14 @@ mod tests {
             l.missing.keys().collect::<Vec<_>>(),
             ["sched.switch_in", "sched.wakeup"]
         );
-        // io_uring's programs leave the syscall points degraded.
+        // io_uring's programs leave the syscall points degraded (the
+        // syscall exit stamps the rest of them).
+        let l = all.lacking(&[
+            ("on_io_uring_complete", "changed"),
+            ("on_io_uring_submit_req", "changed"),
+            ("on_sock_recv_length", "changed"),
+        ]);
+        assert!(l.missing.is_empty(), "{l:?}");
         let l = all.lacking(&[("on_io_uring_complete", "changed")]);
         assert!(l.missing.is_empty());
         assert_eq!(l.degraded.len(), 3, "{l:?}");
@@ -429,6 +498,9 @@ mod tests {
         let minimal = PointSet::parse("minimal").unwrap();
         let l = minimal.lacking(&[("on_sock_ingress", "no dynptr")]);
         assert!(l.missing.is_empty());
-        assert_eq!(l.degraded.keys().collect::<Vec<_>>(), ["dev.receive_skb"]);
+        assert_eq!(
+            l.degraded.keys().collect::<Vec<_>>(),
+            ["dev.receive_skb", "sock.recv_exit"]
+        );
     }
 }

@@ -146,9 +146,6 @@ impl Session {
             let devices = crate::ifaces::resolve(&args.pids, &args.ifaces)?;
             capture.set_ifaces(&devices)?;
         }
-        if let Err(why) = &capture.dynptr {
-            plan.note(format!("datagrams in page fragments (GSO, GRO, NIC drivers) are counted as 'frag' losses, not stamped: {why}"));
-        }
         for need in &plan.caps_missing {
             if need.required {
                 eprintln!("xlap-trace: warning: without {} (--skip-capability-check) the run may fail or miss points; it is needed for {}", need.name, need.for_what);
@@ -172,8 +169,13 @@ impl Session {
                 brief_reason(why)
             ));
         }
+        // One line per reason, with the points it weakens.
+        let mut by_reason: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
         for (point, what) in &lacking.degraded {
-            plan.note(format!("{point}: {}", brief_reason(what)));
+            by_reason.entry(what).or_default().push(point);
+        }
+        for (what, points) in by_reason {
+            plan.note(format!("{}: {}", points.join(", "), brief_reason(what)));
         }
         Ok(Session { capture })
     }
