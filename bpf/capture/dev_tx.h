@@ -22,10 +22,13 @@
 struct xl_tx {
   struct xl_ident id; /* datagram 0 */
   __u64 sk;           /* skb->sk when queued */
-  __u16 nseg;         /* datagrams with stamps (GSO: several, in SKB_SEGS) */
-  __u16 beyond;       /* datagrams over XLAP_MAX_SEGS: counted per point */
-  __u8 depth;         /* devices it is queued on and not yet sent by */
-  __u8 _pad[3];
+  __u16 nseg;       /* datagrams with stamps (GSO: several, in SKB_SEGS); 0: the
+                     first device point could not read it (unread_loss) */
+  __u16 beyond;     /* datagrams over XLAP_MAX_SEGS (or unread): counted per
+                       point */
+  __u8 depth;       /* devices it is queued on and not yet sent by */
+  __u8 unread_loss; /* why an skb of nseg 0 was not read (xlap_loss) */
+  __u8 _pad[2];
 };
 
 /* Where an skb's identity waits between its device points: first a
@@ -157,6 +160,10 @@ static __always_inline void stamp_tx(__u16 point, __u64 key,
                      .ifindex = ifindex,
                      .priority = priority,
                      .queue = queue};
+  if (!e->nseg) {
+    count_losses(point, e->unread_loss, e->beyond);
+    return;
+  }
   struct xl_segs *segs = 0;
   __u32 n = 1;
   if (e->nseg > 1) {
@@ -199,6 +206,26 @@ static __always_inline void send_append(struct xl_send_ctx *sc,
     sc->id.seq = sc->segs.seq[0], sc->id.kind = sc->segs.kind[0];
 }
 
+/* Datagrams of the send call `sc` (if any) its device point could not
+ * read: the send points lose them too (counted at the call's exit). */
+static __always_inline void send_unread(struct xl_send_ctx *sc, __u32 loss,
+                                        __u32 n) {
+  if (!sc)
+    return;
+  sc->unread += n;
+  sc->unread_loss = loss;
+}
+
+/* An skb of a traced process whose datagrams its first device point could
+ * not read: its later points count them lost for the same reason, instead
+ * of passing them by unseen. */
+static __always_inline void tx_put_unread(struct sk_buff *skb, __u64 key,
+                                          __u32 loss, __u32 n) {
+  struct xl_tx e = {
+      .sk = (__u64)skb->sk, .beyond = n, .depth = 1, .unread_loss = loss};
+  tx_put(key, &e);
+}
+
 /* Takes the identity of an skb of a traced process at its first device. */
 static __always_inline void tx_first_queue(struct sk_buff *skb, __u64 key,
                                            __u32 tgid, __u64 cookie,
@@ -227,7 +254,10 @@ static __always_inline void tx_first_queue(struct sk_buff *skb, __u64 key,
     return;
   }
   if (ret != XL_OK) {
-    count_loss(point, ret == XL_UNREADABLE ? XLAP_LOSS_FRAG : XLAP_LOSS_PARSE);
+    __u32 reason = ret == XL_UNREADABLE ? XLAP_LOSS_FRAG : XLAP_LOSS_PARSE;
+    count_loss(point, reason);
+    send_unread(sc, reason, 1);
+    tx_put_unread(skb, key, reason, 1);
     return;
   }
   struct xl_segs *segs;
@@ -239,6 +269,8 @@ static __always_inline void tx_first_queue(struct sk_buff *skb, __u64 key,
   __u32 got = read_datagrams(gso, &r, &d, &id, &segs, &loss, &beyond);
   if (!got) {
     count_losses(point, loss, 1 + beyond);
+    send_unread(sc, loss, 1 + beyond);
+    tx_put_unread(skb, key, loss, 1 + beyond);
     return;
   }
   note_tuple(&r, &d, cookie, 0);

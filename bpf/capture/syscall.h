@@ -223,6 +223,7 @@ int BPF_PROG(on_sys_enter, struct pt_regs *regs, long id) {
     t->send.ts_enter = bpf_ktime_get_ns();
     t->send.n = 0;
     t->send.beyond = 0;
+    t->send.unread = 0;
   }
   return 0;
 }
@@ -412,6 +413,12 @@ int BPF_PROG(on_sys_exit, struct pt_regs *regs, long ret) {
     /* Only a call that put a UDP datagram on a device is a send. */
     if (t->send.n)
       stamp_send(&t->send, tgid, tid);
+    if (t->send.unread) {
+      count_losses(XLAP_POINT_SOCK_SEND_ENTER, t->send.unread_loss,
+                   t->send.unread);
+      count_losses(XLAP_POINT_SOCK_SEND_EXIT, t->send.unread_loss,
+                   t->send.unread);
+    }
     return 0;
   }
   if (!t->in_recv)

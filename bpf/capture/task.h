@@ -13,6 +13,11 @@ struct xl_send_ctx {
   struct xl_segs segs;
   __u32 n;      /* datagrams recorded in segs */
   __u32 beyond; /* datagrams over XLAP_MAX_SEGS (counted as gso losses) */
+  /* Datagrams its first device point could not read (in page fragments
+   * without a dynptr, or not parsed): lost at the send points too, for
+   * the device point's reason (the last one seen). */
+  __u32 unread;
+  __u32 unread_loss;
 };
 
 /* The call state of a thread of a traced process, in the thread's own

@@ -226,7 +226,7 @@ pub const PROGRAM_POINTS: &[ProgramPoints] = &[
             ],
             false,
             Without::Degraded(
-                "datagrams in page fragments (GSO and GRO skbs, zero-copy sends, NIC drivers) are not stamped but counted as 'frag' losses at the device points",
+                "datagrams in page fragments (GSO and GRO skbs, zero-copy sends, NIC drivers) are not stamped but counted lost ('frag') at every point",
             ),
         )
     },
