@@ -12,12 +12,10 @@ pub const SENDER_PORT: u16 = 9001;
 /// The kind byte the example protocol puts on the wire for a kind its logs
 /// name (the xlap-example preset reads it as the packet's kind).
 pub fn kind_code(name: &str) -> u32 {
-    match name {
-        "data" => 1,
-        "redundancy" => 2,
-        "feedback" => 3,
-        other => panic!("unexpected kind {other} in the protocol's log"),
-    }
+    prrt_lite::wire::Kind::ALL
+        .into_iter()
+        .find(|k| k.name() == name)
+        .unwrap_or_else(|| panic!("unexpected kind {name} in the protocol's log")) as u32
 }
 
 #[derive(Clone, Debug)]

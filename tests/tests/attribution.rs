@@ -344,6 +344,14 @@ fn shared_port_attempt(stage: &Stage, attempt: u16) -> Attempt {
     )
 }
 
+/// The receiving points a datagram to a traced socket passes on veth.
+const RX_POINTS: &[&str] = &[
+    "dev.netif_rx",
+    "dev.receive_skb",
+    "sock.queue",
+    "sock.recv_exit",
+];
+
 /// (source port, seq) of the data a receiver logged.
 fn by_source(log: &[Value]) -> BTreeSet<(u16, u64)> {
     events(log, "received")
@@ -385,15 +393,7 @@ fn untraced_sockets_on_a_traced_port_get_no_stamps() {
     );
     let (ours, theirs, other) = (by_source(&traced_log), by_source(&peer), by_source(&local));
     assert!(!other.is_empty(), "the other-address receiver got nothing");
-    for point in traced(
-        &meta,
-        &[
-            "dev.netif_rx",
-            "dev.receive_skb",
-            "sock.queue",
-            "sock.recv_exit",
-        ],
-    ) {
+    for point in traced(&meta, RX_POINTS) {
         let got: BTreeSet<(u16, u64)> = rows
             .iter()
             .filter(|r| r.point == point && r.kind == Some(DATA))
@@ -515,15 +515,7 @@ fn two_traced_receivers_on_one_port_in_two_namespaces_never_cross() {
         // arrive after the receiver stopped reading).
         let carried = tally(&read_jsonl(&scratch.path(sent)), "sent");
         assert!(logged.len() > 150, "host {name}: the path lost datagrams");
-        for point in traced(
-            &meta,
-            &[
-                "dev.netif_rx",
-                "dev.receive_skb",
-                "sock.queue",
-                "sock.recv_exit",
-            ],
-        ) {
+        for point in traced(&meta, RX_POINTS) {
             let mut got: BTreeMap<(u32, u64), usize> = BTreeMap::new();
             for r in rows.iter().filter(|r| r.point == point && r.pid == pid) {
                 if let (Some(kind), Some(seq)) = (r.kind, r.seq) {

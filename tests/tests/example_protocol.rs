@@ -41,7 +41,7 @@ fn fec_recovers_every_single_loss_per_block_and_nothing_else_is_lost() {
             "data" => {
                 dropped_data.entry(seq / K).or_default().insert(seq);
             }
-            "redundancy" => {
+            "parity" => {
                 dropped_parity.insert(seq);
             }
             other => panic!("unexpected kind {other}"),
@@ -135,4 +135,21 @@ fn ipv6_and_injected_delays_work_end_to_end() {
         .min()
         .unwrap();
     assert!(min_injected >= 500_000, "{min_injected} ns");
+}
+
+/// Kinds have one name: the `xlap-example` preset (what the analyses show)
+/// names them as the protocol's wire format and logs do.
+#[test]
+fn the_example_preset_names_kinds_as_the_protocol_does() {
+    use prrt_lite::wire::Kind;
+    let layout = xlap_trace::proto::preset("xlap-example").expect("the preset");
+    let protocol: Vec<(u64, &str)> = Kind::ALL.iter().map(|k| (*k as u64, k.name())).collect();
+    assert_eq!(layout.kind_names.to_vec(), protocol);
+    for kind in Kind::ALL {
+        assert_eq!(
+            serde_json::to_value(kind).unwrap(),
+            kind.name(),
+            "the logs' name"
+        );
+    }
 }

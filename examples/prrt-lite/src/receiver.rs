@@ -104,7 +104,7 @@ struct Block {
 #[derive(Default)]
 struct Counters {
     received_data: u64,
-    received_redundancy: u64,
+    received_parity: u64,
     duplicates: u64,
     recovered: u64,
     lost: u64,
@@ -270,7 +270,7 @@ pub fn run<M: Markers>(cfg: &ReceiverConfig, log: &EventLog) -> Result<()> {
             log.record(json!({
                 "event": "summary", "role": "receiver",
                 "received_data": counters.received_data,
-                "received_redundancy": counters.received_redundancy,
+                "received_parity": counters.received_parity,
                 "duplicates": counters.duplicates,
                 "recovered": counters.recovered,
                 "lost": counters.lost,
@@ -507,8 +507,8 @@ fn receive<M: Markers>(
                             .insert(header.index, (header.send_time_ns, payload.to_vec()));
                     }
                 }
-                Kind::Redundancy => {
-                    counters.received_redundancy += 1;
+                Kind::Parity => {
+                    counters.received_parity += 1;
                     st.block_mut(header.block).parity = Some((header.index, payload.to_vec()));
                 }
                 Kind::Feedback => {}
@@ -646,7 +646,7 @@ impl FeedbackState {
         let seq = self.seq;
         self.seq += 1;
         let fb = Feedback {
-            received: (counters.received_data + counters.received_redundancy) as u32,
+            received: (counters.received_data + counters.received_parity) as u32,
             lost: counters.lost as u32,
             recovered: counters.recovered as u32,
             highest_seq: st.highest_seq.unwrap_or(0),

@@ -193,7 +193,7 @@ pub fn run<M: Markers>(cfg: &SenderConfig, log: &EventLog) -> Result<()> {
         stop.store(true, Ordering::Relaxed);
         log.record(json!({
             "event": "summary", "role": "sender",
-            "data": cfg.count, "redundancy": transmitted.redundancy,
+            "data": cfg.count, "parity": transmitted.parity,
             "sent": transmitted.sent, "dropped": transmitted.dropped,
             "feedback_received": feedbacks.load(Ordering::Relaxed),
         }));
@@ -277,13 +277,13 @@ fn submit_parity<M: Markers>(
     parity: &mut ParityBuilder,
     block: u32,
 ) {
-    let kind = Kind::Redundancy as u8;
+    let kind = Kind::Parity as u8;
     M::send_start(block, kind);
     M::encode_start(block, kind);
     let covered = parity.covered();
     let payload = parity.finish();
     let header = Header {
-        kind: Kind::Redundancy,
+        kind: Kind::Parity,
         payload_len: payload.len() as u16,
         seq: block,
         send_time_ns: now_ns(),
@@ -297,7 +297,7 @@ fn submit_parity<M: Markers>(
     M::encode_end(block, kind);
     M::submit(block, kind);
     let _ = tx.send(Submitted::Packet(Outgoing {
-        kind: Kind::Redundancy,
+        kind: Kind::Parity,
         seq: block,
         bytes,
     }));
@@ -306,7 +306,7 @@ fn submit_parity<M: Markers>(
 struct Transmitted {
     sent: u64,
     dropped: u64,
-    redundancy: u64,
+    parity: u64,
 }
 
 /// The transmit thread: one send syscall per packet (or per GSO batch with
@@ -321,7 +321,7 @@ fn transmit<M: Markers>(
     let mut stats = Transmitted {
         sent: 0,
         dropped: 0,
-        redundancy: 0,
+        parity: 0,
     };
     let mut gso = cfg.gso.or(cfg.sendmmsg).map(|n| GsoSender {
         batcher: GsoBatcher::new(n as usize, MAX_SEND_BYTES),
@@ -341,8 +341,8 @@ fn transmit<M: Markers>(
             }
         };
         let kind = out.kind as u8;
-        if out.kind == Kind::Redundancy {
-            stats.redundancy += 1;
+        if out.kind == Kind::Parity {
+            stats.parity += 1;
         }
         cfg.inject.apply(Stage::Transmit, out.seq);
         let drop_it = dropped(cfg.seed, out.kind, out.seq, cfg.drop_probability);

@@ -2,13 +2,13 @@
 //!
 //! | offset | size | field |
 //! |---|---|---|
-//! | 0 | 1 | kind: 1 data, 2 redundancy, 3 feedback |
+//! | 0 | 1 | kind: 1 data, 2 parity, 3 feedback |
 //! | 1 | 1 | flags (reserved, 0) |
 //! | 2 | 2 | payload length |
 //! | 4 | 4 | sequence number (own space per kind) |
 //! | 8 | 8 | send time, sender's `CLOCK_MONOTONIC` ns |
 //! | 16 | 4 | FEC block number |
-//! | 20 | 1 | index in block (data) / data packets covered (redundancy) |
+//! | 20 | 1 | index in block (data) / data packets covered (parity) |
 //! | 21 | 1 | k, data packets per block |
 //! | 22 | 2 | reserved |
 //!
@@ -26,15 +26,27 @@ pub const KIND_OFFSET: usize = 0;
 #[repr(u8)]
 pub enum Kind {
     Data = 1,
-    Redundancy = 2,
+    Parity = 2,
     Feedback = 3,
 }
 
 impl Kind {
+    pub const ALL: [Kind; 3] = [Kind::Data, Kind::Parity, Kind::Feedback];
+
+    /// The name the logs give it (and xlap-trace's `xlap-example` preset:
+    /// a test holds the two to this one list).
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::Data => "data",
+            Kind::Parity => "parity",
+            Kind::Feedback => "feedback",
+        }
+    }
+
     pub fn from_u8(v: u8) -> Option<Kind> {
         match v {
             1 => Some(Kind::Data),
-            2 => Some(Kind::Redundancy),
+            2 => Some(Kind::Parity),
             3 => Some(Kind::Feedback),
             _ => None,
         }
@@ -101,7 +113,7 @@ impl Header {
 /// Feedback payload (receiver → sender), big-endian.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Feedback {
-    /// Data and redundancy packets received so far.
+    /// Data and parity packets received so far.
     pub received: u32,
     /// Data packets given up (not recoverable within the deadline).
     pub lost: u32,
@@ -162,7 +174,7 @@ mod tests {
     #[test]
     fn header_round_trips_and_seq_sits_at_the_documented_offset() {
         let h = Header {
-            kind: Kind::Redundancy,
+            kind: Kind::Parity,
             payload_len: 3,
             seq: 0x0102_0304,
             send_time_ns: 99,

@@ -63,21 +63,12 @@ pub struct Correlation {
 
 /// Where a packet leaves the sender and reaches the receiver: the first of
 /// these point columns (without `_ns`) a run has.
-pub const TX_WIRE: &[&str] = &["dev_start_xmit", "dev_xmit", "dev_queue"];
-pub const RX_WIRE: &[&str] = &["dev_netif_rx", "dev_gro_receive", "dev_receive_skb"];
-
+///
 /// Points that fire per device: on a stacked or tunnel device once per
 /// device. The device that puts the packet on the wire (the last one queued
 /// on when sending, the first one received on) keeps the plain column, the
 /// others fill `<point>_upper_ns`.
-pub const TX_DEVICE_POINTS: &[&str] = &[
-    "dev.queue",
-    "qdisc.enqueue",
-    "qdisc.dequeue",
-    "dev.start_xmit",
-    "dev.xmit",
-];
-pub const RX_DEVICE_POINTS: &[&str] = &["dev.netif_rx", "dev.gro_receive", "dev.receive_skb"];
+pub use xlap_records::points::{RX_DEVICE_POINTS, RX_WIRE, TX_DEVICE_POINTS, TX_WIRE};
 
 fn sql_points(points: &[&str]) -> String {
     points

@@ -79,6 +79,33 @@ pub const fn kernel_point(id: u32) -> Option<PointInfo> {
     })
 }
 
+/// The device and qdisc points of the sending side, in id order: they fire
+/// once per device a datagram passes (a stacked or tunnel device: twice).
+/// Checked against the table above by a test.
+pub const TX_DEVICE_POINTS: &[&str] = &[
+    "dev.queue",
+    "qdisc.enqueue",
+    "qdisc.dequeue",
+    "dev.start_xmit",
+    "dev.xmit",
+];
+/// The device points of the receiving side, in id order; they stamp by
+/// port, before any socket is known.
+pub const RX_DEVICE_POINTS: &[&str] = &["dev.netif_rx", "dev.gro_receive", "dev.receive_skb"];
+
+/// Where a packet leaves the sender, best first (the driver's entry, its
+/// return, the queue), as packets-table column stems (`<stem>_ns`).
+pub const TX_WIRE: &[&str] = &["dev_start_xmit", "dev_xmit", "dev_queue"];
+/// Where a packet reaches the receiver, best first: the first receive
+/// device point there is.
+pub const RX_WIRE: &[&str] = &["dev_netif_rx", "dev_gro_receive", "dev_receive_skb"];
+
+/// A point's column stem in the packets table (`dev.xmit` -> `dev_xmit`;
+/// the column is `<stem>_ns`).
+pub fn column_stem(point: &str) -> String {
+    point.replace('.', "_")
+}
+
 /// Every kernel point, in id order.
 pub fn kernel_points() -> impl Iterator<Item = PointInfo> {
     (1..xlap_point::XLAP_POINT_KERNEL_COUNT).filter_map(kernel_point)
@@ -124,6 +151,30 @@ mod tests {
                 p.name
             );
         }
+    }
+
+    #[test]
+    fn device_and_wire_lists_follow_the_point_table() {
+        let names = |side: Side| -> Vec<&str> {
+            kernel_points()
+                .filter(|p| p.side == side && matches!(p.layer, Layer::Dev | Layer::Qdisc))
+                .map(|p| p.name)
+                .collect()
+        };
+        assert_eq!(TX_DEVICE_POINTS, names(Side::Tx));
+        assert_eq!(RX_DEVICE_POINTS, names(Side::Rx));
+        let stems =
+            |points: &[&str]| -> Vec<String> { points.iter().map(|p| column_stem(p)).collect() };
+        assert_eq!(RX_WIRE, stems(RX_DEVICE_POINTS));
+        let tx = stems(TX_DEVICE_POINTS);
+        assert!(
+            TX_WIRE.iter().all(|w| tx.iter().any(|t| t == w)),
+            "{TX_WIRE:?}"
+        );
+        assert!(
+            !TX_WIRE.iter().any(|w| w.starts_with("qdisc")),
+            "a qdisc is not the wire"
+        );
     }
 
     #[test]

@@ -152,7 +152,7 @@ impl std::hash::Hasher for FastHasher {
 
 /// The receive-device points, which stamp by port before any socket is
 /// known: a flow marked foreign loses its stamps there.
-pub const BY_PORT_POINTS: &[&str] = &["dev.netif_rx", "dev.gro_receive", "dev.receive_skb"];
+pub const BY_PORT_POINTS: &[&str] = xlap_records::points::RX_DEVICE_POINTS;
 
 /// Flows the socket-ingress hook saw go to a socket we do not trace, and
 /// flows it saw reach ours (a multicast datagram may do both: then its
