@@ -239,4 +239,15 @@ fn a_directory_that_is_not_a_run_is_a_clear_error() {
     std::fs::write(scratch.path("run.json"), r#"{"schema_version": "9"}"#).unwrap();
     let e = Run::open(&scratch.0).unwrap_err().to_string();
     assert!(e.contains("schema version 9"), "{e}");
+    // A run.json of the right version without what pairs runs and clocks.
+    std::fs::write(
+        scratch.path("run.json"),
+        r#"{"schema_version": "2", "run_id": "r", "host": "h",
+            "clock_start": {"monotonic_ns": 1, "realtime_ns": 2},
+            "options": {"layout": {"seq_size": 4}}}"#,
+    )
+    .unwrap();
+    std::fs::write(scratch.path("stamps.parquet"), b"").unwrap();
+    let e = Run::open(&scratch.0).unwrap_err().to_string();
+    assert!(e.contains("boot_id"), "{e}");
 }

@@ -1,6 +1,7 @@
 //! A recorded run: its directory, `run.json` and `stamps.parquet`.
 
 use crate::{AnalyzeError, Result};
+use serde::Deserialize;
 use std::path::{Path, PathBuf};
 
 #[derive(Clone, Debug)]
@@ -46,26 +47,64 @@ impl Run {
                 "stamps.parquet is missing (the run did not end cleanly: stamps.arrows holds what was recorded)".into(),
             ));
         }
-        let s = |k: &str| meta[k].as_str().unwrap_or_default().to_string();
+        let head = RunHead::deserialize(&meta).map_err(|e| {
+            err(format!(
+                "run.json lacks what the analyses need ({e}): it was not written by xlap-trace, or was edited"
+            ))
+        })?;
         Ok(Run {
             dir: dir.to_path_buf(),
-            run_id: s("run_id"),
-            host: s("host"),
-            boot_id: s("boot_id"),
-            seq_size: meta["options"]["layout"]["seq_size"].as_u64().unwrap_or(4) as u8,
-            port_seq_sizes: meta["options"]["port_layouts"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .filter_map(|l| Some((l["port"].as_u64()? as u16, l["seq_size"].as_u64()? as u8)))
+            run_id: head.run_id,
+            host: head.host,
+            boot_id: head.boot_id,
+            seq_size: head.options.layout.seq_size,
+            port_seq_sizes: head
+                .options
+                .port_layouts
+                .iter()
+                .map(|l| (l.port, l.seq_size))
                 .collect(),
-            clock_pair: (
-                meta["clock_start"]["monotonic_ns"].as_i64().unwrap_or(0),
-                meta["clock_start"]["realtime_ns"].as_i64().unwrap_or(0),
-            ),
+            clock_pair: (head.clock_start.monotonic_ns, head.clock_start.realtime_ns),
             meta,
         })
     }
+}
+
+/// The part of `run.json` the analyses rely on, typed: a run.json without
+/// one of these is refused, naming the field, rather than read as an empty
+/// host or boot id (which would pair clocks that are not one) or a clock
+/// at 0.
+#[derive(Deserialize)]
+struct RunHead {
+    run_id: String,
+    host: String,
+    boot_id: String,
+    clock_start: ClockStart,
+    options: RunOptions,
+}
+
+#[derive(Deserialize)]
+struct ClockStart {
+    monotonic_ns: i64,
+    realtime_ns: i64,
+}
+
+#[derive(Deserialize)]
+struct RunOptions {
+    layout: SeqLayout,
+    #[serde(default)]
+    port_layouts: Vec<PortSeqLayout>,
+}
+
+#[derive(Deserialize)]
+struct SeqLayout {
+    seq_size: u8,
+}
+
+#[derive(Deserialize)]
+struct PortSeqLayout {
+    port: u16,
+    seq_size: u8,
 }
 
 /// The run (stamps) schema versions this analyser reads: xlap-records'
