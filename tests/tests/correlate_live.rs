@@ -5,6 +5,7 @@
 
 use std::collections::BTreeSet;
 use std::path::Path;
+use xlap_records::points::point_of_column;
 use xlap_stage::Stage;
 use xlap_tests::example::{events, ExampleOptions};
 use xlap_tests::trace::{is_traced, trace_example, Traced};
@@ -160,7 +161,7 @@ fn the_live_packets_table_matches_the_protocol_and_offline_correlation_and_clock
     // A column is `<point>_ns`, the point's dot an underscore.
     let all_present = cols
         .iter()
-        .filter(|c| is_traced(&t.meta, &c.trim_end_matches("_ns").replacen('_', ".", 1)))
+        .filter(|c| is_traced(&t.meta, &point_of_column(c)))
         .map(|c| format!("{c} IS NOT NULL"))
         .collect::<Vec<_>>()
         .join(" AND ");
@@ -184,7 +185,7 @@ fn the_live_packets_table_matches_the_protocol_and_offline_correlation_and_clock
                 )
                 .unwrap();
             if null > 0 {
-                let point = c.trim_end_matches("_ns").replacen('_', ".", 1);
+                let point = point_of_column(c);
                 lacking.entry(point).or_default().push(*seq);
             }
         }

@@ -317,7 +317,7 @@ fn describe_columns(conn: &Connection, sides: &[(String, String)]) -> Result<()>
     )?;
     for (i, (col, side)) in sides.iter().enumerate() {
         if cols.contains(col) {
-            let point = col.trim_end_matches("_ns").replacen('_', ".", 1);
+            let point = xlap_records::points::point_of_column(col);
             conn.execute(
                 "INSERT INTO point_columns VALUES (?, ?, ?, ?)",
                 duckdb::params![col, point, side, i as i32],

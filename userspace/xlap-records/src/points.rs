@@ -106,6 +106,13 @@ pub fn column_stem(point: &str) -> String {
     point.replace('.', "_")
 }
 
+/// The point of a packets-table column (`dev_xmit_ns` -> `dev.xmit`,
+/// `app_send_start_ns` -> `app.send_start`): the layer's underscore is the
+/// first one.
+pub fn point_of_column(column: &str) -> String {
+    column.trim_end_matches("_ns").replacen('_', ".", 1)
+}
+
 /// Every kernel point, in id order.
 pub fn kernel_points() -> impl Iterator<Item = PointInfo> {
     (1..xlap_point::XLAP_POINT_KERNEL_COUNT).filter_map(kernel_point)
@@ -166,6 +173,12 @@ mod tests {
         let stems =
             |points: &[&str]| -> Vec<String> { points.iter().map(|p| column_stem(p)).collect() };
         assert_eq!(RX_WIRE, stems(RX_DEVICE_POINTS));
+        for p in kernel_points() {
+            assert_eq!(
+                point_of_column(&format!("{}_ns", column_stem(p.name))),
+                p.name
+            );
+        }
         let tx = stems(TX_DEVICE_POINTS);
         assert!(
             TX_WIRE.iter().all(|w| tx.iter().any(|t| t == w)),

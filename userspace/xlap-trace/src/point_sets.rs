@@ -285,15 +285,19 @@ impl PointSet {
                 .iter()
                 .filter_map(|pp| Some((*pp, why(pp.program)?)))
                 .collect();
-            let Some((first, reason)) = absent.first() else {
+            if absent.is_empty() {
                 continue;
-            };
+            }
+            // Missing: a sole stamper is absent, or every one of several.
             let one_of = |pp: &ProgramPoints| matches!(pp.without, Without::OneOf(_));
             let alternatives = programs.iter().filter(|pp| one_of(pp)).count();
-            let all_absent = alternatives > 0
-                && alternatives == absent.iter().filter(|(pp, _)| one_of(pp)).count();
+            let absent_alternatives: Vec<&(&ProgramPoints, &str)> =
+                absent.iter().filter(|(pp, _)| one_of(pp)).collect();
+            let all_absent = alternatives > 0 && alternatives == absent_alternatives.len();
             let sole = absent.iter().find(|(pp, _)| pp.without == Without::Missing);
-            if let Some((pp, reason)) = sole.or(all_absent.then_some(&(*first, *reason))) {
+            if let Some((pp, reason)) =
+                sole.or(absent_alternatives.first().copied().filter(|_| all_absent))
+            {
                 lacking
                     .missing
                     .insert(point.name.to_string(), format!("{}: {reason}", pp.program));

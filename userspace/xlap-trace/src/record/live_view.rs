@@ -19,7 +19,7 @@ use std::io::{IsTerminal, Read, Write};
 use std::net::{SocketAddr, TcpListener};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use xlap_records::points::point_info;
+use xlap_records::points::{column_stem, point_info};
 
 /// Maps on the per-stamp path hash with [`FastHasher`] (SipHash would be
 /// most of a stamp's cost here).
@@ -284,8 +284,8 @@ impl LiveView {
     fn stage_name(&self, (a, b): StageKey) -> String {
         format!(
             "{}__{}",
-            self.point_name(a).replace('.', "_"),
-            self.point_name(b).replace('.', "_")
+            column_stem(&self.point_name(a)),
+            column_stem(&self.point_name(b))
         )
     }
 
