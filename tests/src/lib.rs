@@ -9,6 +9,7 @@ pub mod bench_args;
 pub mod c_programs;
 pub mod example;
 pub mod multiset;
+pub mod packets_file;
 pub mod trace;
 
 /// The environment variable that lets a test skip what this machine cannot

@@ -175,6 +175,19 @@ fn fixture_is_what_the_seeded_generator_makes() {
         "regenerate tests/fixtures/synth-2000 with xlap-trace synth --packets 2000 --seed 42"
     );
     assert_eq!(a["seq"].len(), 2000);
+    xlap_tests::packets_file::assert_follows_schema(&out.join("packets.parquet"));
+    xlap_tests::packets_file::assert_follows_schema(&fixture().join("packets.parquet"));
+    let run_json = |dir: &Path| -> Value {
+        let mut v: Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("run.json")).unwrap()).unwrap();
+        v["software_version"] = Value::Null;
+        v
+    };
+    assert_eq!(
+        run_json(&fixture()),
+        run_json(&out),
+        "regenerate tests/fixtures/synth-2000 with xlap-trace synth --packets 2000 --seed 42"
+    );
 }
 
 #[test]

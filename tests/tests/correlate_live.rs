@@ -216,15 +216,82 @@ fn the_live_packets_table_matches_the_protocol_and_offline_correlation_and_clock
             t.meta["points"]
         );
     }
-    let bad: i64 = conn
-        .query_row(
-            &format!("SELECT count(*) FROM '{p}' WHERE kind = 1 AND NOT recovered AND NOT lost
-                      AND (e2e_ns <> sender_total_ns + channel_ns + receiver_total_ns OR e2e_ns <= 0 OR channel_ns < 0)"),
-            [],
-            |r| r.get(0),
-        )
+    // The table's times against the protocol's own clock readings (both
+    // ends read CLOCK_MONOTONIC, the stamps' clock, on one kernel): the
+    // first stamp before the send call began, the wire between the send
+    // call's start and return (veth transmits inside it) and before the
+    // receiver's arrival reading, the receive exit before it, the deliver
+    // marker between arrival and the delivered line, and the end of e2e_ns
+    // (the receiver's last stamp) not before it.
+    let by_seq = |log: &[serde_json::Value],
+                  event: &str|
+     -> std::collections::BTreeMap<u64, serde_json::Value> {
+        let mut m = std::collections::BTreeMap::new();
+        for e in events(log, event).filter(|e| e["kind"] == "data" || event == "delivered") {
+            m.entry(e["seq"].as_u64().unwrap())
+                .or_insert_with(|| e.clone());
+        }
+        m
+    };
+    let (sent, received, delivered_at) = (
+        by_seq(&t.sent, "sent"),
+        by_seq(&t.received, "received"),
+        by_seq(&t.received, "delivered"),
+    );
+    let mut stmt = conn
+        .prepare(&format!(
+            "SELECT seq, sent_ns, dev_start_xmit_ns, dev_netif_rx_ns, sock_recv_exit_ns, app_deliver_ns, sent_ns + e2e_ns
+             FROM '{p}' WHERE kind = 1 AND NOT recovered AND app_deliver_ns IS NOT NULL AND {all_present}"
+        ))
         .unwrap();
-    assert_eq!(bad, 0);
+    let rows: Vec<(u64, [i64; 6])> = stmt
+        .query_map([], |r| {
+            Ok((
+                r.get(0)?,
+                [
+                    r.get(1)?,
+                    r.get(2)?,
+                    r.get(3)?,
+                    r.get(4)?,
+                    r.get(5)?,
+                    r.get(6)?,
+                ],
+            ))
+        })
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    assert_eq!(rows.len(), complete.len());
+    let mut off = Vec::new();
+    for (seq, [first, tx_wire, rx_wire, recv_exit, deliver, last]) in &rows {
+        let log = |m: &std::collections::BTreeMap<u64, serde_json::Value>, key: &str| {
+            m.get(seq)
+                .and_then(|e| e[key].as_i64())
+                .unwrap_or_else(|| panic!("seq {seq}: no {key} in the log"))
+        };
+        let (start, returned) = (log(&sent, "t_start_ns"), log(&sent, "t_ns"));
+        let arrival = log(&received, "t_ns");
+        let done = log(&delivered_at, "t_ns");
+        let ok = first <= &start
+            && (start..=returned).contains(tx_wire)
+            && tx_wire <= rx_wire
+            && rx_wire <= &arrival
+            && recv_exit <= &arrival
+            && (arrival..=done).contains(deliver)
+            && last >= deliver;
+        if !ok {
+            off.push(format!(
+                "seq {seq}: first {first} send [{start}, {returned}] tx wire {tx_wire} rx wire {rx_wire} recv exit {recv_exit} arrival {arrival} deliver {deliver} delivered {done} e2e end {last}"
+            ));
+        }
+    }
+    assert!(
+        off.is_empty(),
+        "{} of {} packets' times disagree with the protocol's clock: {:?}",
+        off.len(),
+        rows.len(),
+        &off[..off.len().min(5)]
+    );
 
     // The two ends recorded apart (same kernel): the same table.
     let scratch = Scratch::new("correlate_offline");
@@ -303,6 +370,15 @@ fn the_live_packets_table_matches_the_protocol_and_offline_correlation_and_clock
         "offline correlation of the two ends equals the live table"
     );
 
+    // How long the traffic went on, on the one clock: a drift error of
+    // δ ppm moves the mapping by δ·span/2 at the run's ends.
+    let span_ns: i64 = conn
+        .query_row(
+            &format!("SELECT max(sent_ns) - min(sent_ns) FROM '{p}'"),
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
     // A known offset (+3.7 ms) and drift (50 ppm) on the receiver's clock.
     for (offset, drift, name) in [(3_700_000i64, 50.0, "shifted"), (0, 0.0, "unshifted")] {
         let (a, b) = split(&t, &scratch.path(name), offset, drift, "another-kernel");
@@ -318,6 +394,14 @@ fn the_live_packets_table_matches_the_protocol_and_offline_correlation_and_clock
         assert!(
             (est - truth).abs() <= u,
             "{name}: estimated {est} ± {u}, true {truth}: {m}"
+        );
+        // The drift too: off by no more than the offset's uncertainty
+        // allows over the run (here ~2.5 ppm; the injected drift is 50).
+        let drift_est = m["drift_ppm"].as_f64().unwrap();
+        let drift_bound = 2.0 * u / span_ns as f64 * 1e6;
+        assert!(
+            (drift_est - drift).abs() <= drift_bound,
+            "{name}: drift {drift_est} ppm, true {drift}: off by more than ±{u} ns over {span_ns} ns allow ({drift_bound:.2} ppm): {m}"
         );
         assert!(m["method"].as_str().unwrap().starts_with("two-way"), "{m}");
     }

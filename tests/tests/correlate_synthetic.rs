@@ -158,6 +158,11 @@ fn the_packets_table_matches_the_synthetic_truth() {
         (1, 1, 1, 0)
     );
     assert_eq!(
+        xlap_tests::packets_file::assert_follows_schema(&out),
+        c.points,
+        "the file's points are the correlation's"
+    );
+    assert_eq!(
         c.points,
         [
             "app_send_start_ns",

@@ -32,6 +32,7 @@
 //!    a layout without a kind field.
 
 use crate::clock::{self, Mapping};
+use crate::packets_table::{self, PointColumns};
 use crate::runs::Run;
 use crate::{AnalyzeError, Result};
 use duckdb::Connection;
@@ -317,88 +318,6 @@ pub fn correlate(
             "no stamp carries a sequence number: nothing to correlate".into(),
         ));
     }
-    let q = |c: &str| format!("\"{c}\"");
-    let present = |names: &[&str]| -> Vec<String> {
-        names
-            .iter()
-            .map(|n| format!("{n}_ns"))
-            .filter(|n| cols.iter().any(|(c, _)| c == n))
-            .map(|n| q(&n))
-            .collect()
-    };
-    let coalesce = |v: Vec<String>| {
-        if v.is_empty() {
-            "NULL::BIGINT".to_string()
-        } else {
-            format!("coalesce({})", v.join(", "))
-        }
-    };
-    let side_cols = |side: &str| -> Vec<String> {
-        cols.iter()
-            .filter(|(_, s)| s == side)
-            .map(|(c, _)| q(c))
-            .collect()
-    };
-    let extreme = |f: &str, v: Vec<String>| {
-        if v.is_empty() {
-            "NULL::BIGINT".to_string()
-        } else {
-            format!("{f}({})", v.join(", "))
-        }
-    };
-    let tx_wire = coalesce(present(TX_WIRE));
-    let rx_wire = coalesce(present(RX_WIRE));
-    let tx_first = extreme("least", side_cols("tx"));
-    let rx_last = extreme("greatest", side_cols("rx"));
-    let rx_any_kernel = {
-        let v: Vec<String> = cols
-            .iter()
-            .filter(|(c, s)| s == "rx" && !c.starts_with("app_"))
-            .map(|(c, _)| format!("{} IS NOT NULL", q(c)))
-            .collect();
-        if v.is_empty() {
-            "false".to_string()
-        } else {
-            v.join(" OR ")
-        }
-    };
-    let rx_any = {
-        let v: Vec<String> = side_cols("rx")
-            .iter()
-            .map(|c| format!("{c} IS NOT NULL"))
-            .collect();
-        if v.is_empty() {
-            "false".to_string()
-        } else {
-            v.join(" OR ")
-        }
-    };
-    // Stages chain the points of one side (sender, then receiver); the
-    // crossing between them is `channel_ns`. A chain across sides would pair
-    // unrelated work that merely overlaps in time (on veth the receiver's
-    // softirq runs inside the sender's transmit call).
-    let stages: Vec<String> = ["tx", "rx"]
-        .iter()
-        .flat_map(|side| {
-            let chain: Vec<&String> = cols
-                .iter()
-                .filter(|(_, s)| s == side)
-                .map(|(c, _)| c)
-                .collect();
-            chain
-                .windows(2)
-                .map(|w| {
-                    let (a, b) = (w[0], w[1]);
-                    format!(
-                        "{} - {} AS {}",
-                        q(b),
-                        q(a),
-                        q(&format!("{}__{}", a.trim_end_matches("_ns"), b))
-                    )
-                })
-                .collect::<Vec<_>>()
-        })
-        .collect();
     let deadline = opts
         .deadline_ns
         .map_or("NULL::BOOLEAN".to_string(), |d| format!("e2e_ns > {d}"));
@@ -420,6 +339,7 @@ pub fn correlate(
         "SELECT NULL::UBIGINT flow, NULL::VARCHAR src_addr, NULL::VARCHAR dst_addr,
                 NULL::UBIGINT tx_socket_cookie, NULL::UBIGINT rx_socket_cookie WHERE false"
     };
+    let q = |c: &str| format!("\"{c}\"");
     let pivot_cols = cols
         .iter()
         .map(|(c, _)| format!("min(t) FILTER (WHERE col = '{c}') AS {}", q(c)))
@@ -439,54 +359,46 @@ pub fn correlate(
     } else {
         "NULL".to_string()
     };
+    let columns = PointColumns {
+        cols: &cols,
+        alias: "p",
+    }
+    .select_list(|column, d| match column {
+        "run_id" => "e.tx_run".into(),
+        "flow" => "p.flow".into(),
+        "kind" => "nullif(p.kind, -1)".into(),
+        "seq" => "p.useq".into(),
+        "src_addr" | "dst_addr" | "tx_socket_cookie" | "rx_socket_cookie" => format!("fa.{column}"),
+        "src_port" => "nullif((p.flow >> 16) & 65535, 0)".into(),
+        "dst_port" => "nullif(p.flow & 65535, 0)".into(),
+        "tx_host" | "rx_host" | "tx_pid" | "rx_pid" => format!("e.{column}"),
+        "priority" => "p.__priority".into(),
+        "lost" => format!("NOT ({})", d.rx_any),
+        "recovered" => format!("({}) AND NOT ({})", d.rx_any, d.rx_any_kernel),
+        "duplicate" => "coalesce(d.copies, 0) > 1".into(),
+        "duplicate_skew_ns" => "CASE WHEN d.copies > 1 THEN d.skew END".into(),
+        "reordered" => format!(
+            "coalesce({w} > min({w}) OVER (PARTITION BY p.flow, p.kind ORDER BY p.useq ROWS BETWEEN 1 FOLLOWING AND UNBOUNDED FOLLOWING), false)",
+            w = d.rx_wire
+        ),
+        "retransmitted" => "coalesce(sn.sends, 0) > 1".into(),
+        "deadline_missed" => deadline.clone(),
+        other => unreachable!("packets column {other} has no expression"),
+    });
     conn.execute_batch(&format!(
         "CREATE OR REPLACE TEMP TABLE pk AS
          SELECT flow, kind, useq, {priority}::UINTEGER AS __priority, {pivot_cols}
          FROM s5 GROUP BY flow, kind, useq;
          CREATE OR REPLACE TABLE packets AS
-         SELECT e.tx_run AS run_id, p.flow, nullif(p.kind, -1)::UINTEGER AS kind, p.useq::UBIGINT AS seq,
-                fa.src_addr, fa.dst_addr,
-                nullif((p.flow >> 16) & 65535, 0)::USMALLINT AS src_port,
-                nullif(p.flow & 65535, 0)::USMALLINT AS dst_port,
-                fa.tx_socket_cookie, fa.rx_socket_cookie,
-                e.tx_host, e.rx_host, e.tx_pid, e.rx_pid,
-                {tx_first} AS sent_ns,
-                p.__priority AS priority,
-                p.* EXCLUDE (flow, kind, useq, __priority),
-                {tx_wire} - {tx_first} AS sender_total_ns,
-                {rx_wire} - {tx_wire} AS channel_ns,
-                {rx_last} - {rx_wire} AS receiver_total_ns,
-                {rx_last} - {tx_first} AS e2e_ns,
-                ({tx_wire} - {tx_first}) + ({rx_last} - {rx_wire}) AS xlap_e2e_ns,
-                {stages},
-                NOT ({rx_any}) AS lost,
-                ({rx_any}) AND NOT ({rx_any_kernel}) AS recovered,
-                coalesce(d.copies, 0) > 1 AS duplicate,
-                CASE WHEN d.copies > 1 THEN d.skew END AS duplicate_skew_ns,
-                coalesce({rx_wire} > min({rx_wire}) OVER (PARTITION BY p.flow, p.kind ORDER BY p.useq ROWS BETWEEN 1 FOLLOWING AND UNBOUNDED FOLLOWING), false) AS reordered,
-                coalesce(sn.sends, 0) > 1 AS retransmitted,
-                {deadline} AS deadline_missed
+         SELECT {columns}
          FROM pk p JOIN ends e USING (flow)
          LEFT JOIN ({dup_source}) d USING (flow, kind, useq)
          LEFT JOIN ({sends_source}) sn USING (flow, kind, useq)
          LEFT JOIN ({addr_source}) fa USING (flow)
-         ORDER BY p.flow, p.kind, p.useq;",
-        stages = if stages.is_empty() { "NULL AS no_stages".to_string() } else { stages.join(",\n                ") }
+         ORDER BY p.flow, p.kind, p.useq;"
     ))?;
     if let Some(out) = out {
-        let tmp = out.with_extension("parquet.tmp");
-        conn.execute_batch(&format!(
-            "COPY packets TO '{}' (FORMAT PARQUET, COMPRESSION ZSTD, KV_METADATA {{{}: '{}', {}: '{}'}});",
-            tmp.display().to_string().replace('\'', "''"),
-            crate::dataset::VERSION_KEY,
-            crate::dataset::PACKETS_SCHEMA_VERSION,
-            crate::dataset::SIDES_KEY,
-            crate::dataset::sides_json(&cols).replace('\'', "''"),
-        ))?;
-        std::fs::rename(&tmp, out).map_err(|e| AnalyzeError::Input {
-            path: out.display().to_string(),
-            what: e.to_string(),
-        })?;
+        packets_table::write(conn, "packets", out, &cols)?;
     }
     let (packets, lost, recovered, duplicates, reordered): (i64, i64, i64, i64, i64) = conn
         .query_row(
@@ -515,9 +427,8 @@ fn realtime_mapping(reference: &Run, other: &Run) -> Mapping {
     let (mb, rb) = other.clock_pair;
     // mono_B − mono_A at one instant = (ra − ma) − (rb − mb).
     let sync = |r: &Run| {
-        r.meta["clock_sync"]["maxerror_us"]
-            .as_f64()
-            .filter(|_| r.meta["clock_sync"]["synchronized"] == true)
+        let s = r.meta.clock_sync;
+        s.synchronized.then_some(s.maxerror_us as f64)
     };
     let uncertainty = match (sync(reference), sync(other)) {
         (Some(a), Some(b)) => Some((a + b) * 1e3),
@@ -533,17 +444,13 @@ fn realtime_mapping(reference: &Run, other: &Run) -> Mapping {
     let steps: Vec<String> = [reference, other]
         .iter()
         .flat_map(|r| {
-            r.meta["clock_steps"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .filter_map(move |s| {
-                    Some(format!(
-                        "{}'s realtime clock stepped {:+.6} s during its run",
-                        r.host,
-                        s["step_ns"].as_i64()? as f64 / 1e9
-                    ))
-                })
+            r.meta.clock_steps.iter().map(move |s| {
+                format!(
+                    "{}'s realtime clock stepped {:+.6} s during its run",
+                    r.host,
+                    s.step_ns as f64 / 1e9
+                )
+            })
         })
         .collect();
     if !steps.is_empty() {

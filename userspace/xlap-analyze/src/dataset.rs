@@ -17,25 +17,15 @@ use crate::{correlate, AnalyzeError, CorrelateOptions, Result, Run};
 use duckdb::Connection;
 use std::path::{Path, PathBuf};
 
-/// Version of the packets table layout, in the Parquet key-value metadata
-/// `xlap_packets_schema_version`. Readers refuse newer versions.
-pub const PACKETS_SCHEMA_VERSION: u32 = 1;
-pub const VERSION_KEY: &str = "xlap_packets_schema_version";
-/// Parquet key-value metadata: `{"<point column>": "tx" | "rx", ...}`.
-pub const SIDES_KEY: &str = "xlap_point_sides";
-
-/// The sides of the point columns, as written in [`SIDES_KEY`].
-pub fn sides_json(cols: &[(String, String)]) -> String {
-    let map: serde_json::Map<String, serde_json::Value> = cols
-        .iter()
-        .map(|(c, s)| (c.clone(), serde_json::Value::String(s.clone())))
-        .collect();
-    serde_json::Value::Object(map).to_string()
-}
+use xlap_records::schema::{
+    PACKETS_SCHEMA_VERSION, PACKETS_SIDES_KEY as SIDES_KEY, PACKETS_VERSION_KEY as VERSION_KEY,
+};
 
 const TOTALS: &[&str] = &["sender_total_ns", "receiver_total_ns", "e2e_ns"];
 
-/// Columns every packets table has; the queries rely on them.
+/// Columns of the packets schema (`xlap_records::schema::packets`) the
+/// queries rely on: every packets table has them, those of the earliest
+/// version 1 files included (a test holds them to the schema).
 const REQUIRED: &[&str] = &[
     "flow",
     "kind",
@@ -376,7 +366,7 @@ fn check_packets_file(conn: &Connection, file: &Path) -> Result<Vec<(String, Str
     let Some(version) = version else {
         return Err(input(
             file,
-            "a Parquet file, but not an xlap-trace packets table (no xlap_packets_schema_version metadata): written by another tool or an older xlap-trace; rebuild it from the runs with `xlap-trace correlate RUN_DIR... -o FILE`",
+            format!("a Parquet file, but not an xlap-trace packets table (no {VERSION_KEY} metadata): written by another tool or an older xlap-trace; rebuild it from the runs with `xlap-trace correlate RUN_DIR... -o FILE`"),
         ));
     };
     match version.parse::<u32>() {
@@ -461,60 +451,45 @@ fn load_runs(conn: &Connection, files: &[PathBuf]) -> Result<()> {
     );
     for file in files {
         let m = crate::runs::read_meta(file)?;
-        let s = |v: &serde_json::Value| v.as_str().unwrap_or_default().to_string();
-        let start = m["clock_start"]["monotonic_ns"].as_i64();
-        let end = m["clock_end"]["monotonic_ns"].as_i64();
-        let duration = match (start, end) {
-            (Some(a), Some(b)) => Some((b - a) as f64 / 1e9),
-            _ => None,
-        };
         conn.execute(
             "INSERT INTO runs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             duckdb::params![
-                s(&m["run_id"]),
-                s(&m["host"]),
-                s(&m["kernel"]),
-                s(&m["boot_id"]),
-                m["clock_start"]["realtime_ns"].as_i64(),
-                duration,
-                m["packets"].as_u64(),
-                m["stamps"].as_u64(),
-                m["bpf_ns_per_stamp"].as_f64(),
-                s(&m["stop_reason"]),
+                m.run_id,
+                m.host,
+                m.kernel,
+                m.boot_id,
+                m.clock_start.realtime_ns as i64,
+                m.duration_s(),
+                m.packets,
+                m.stamps,
+                m.bpf_ns_per_stamp,
+                m.stop_reason,
                 file.display().to_string(),
             ],
         )?;
         // The protocol's names of its kinds (from the --proto preset).
-        let port_layouts = m["options"]["port_layouts"].as_array().cloned();
-        for pair in std::iter::once(&m["options"]["layout"])
-            .chain(port_layouts.iter().flatten())
-            .filter_map(|l| l["kind_names"].as_array())
-            .flatten()
-        {
-            if let (Some(kind), Some(name)) = (pair[0].as_u64(), pair[1].as_str()) {
+        for (_, layout) in m.layouts() {
+            for (kind, name) in &layout.kind_names {
                 conn.execute(
                     "INSERT INTO kinds SELECT ?, ? WHERE NOT EXISTS (SELECT 1 FROM kinds WHERE kind = ?)",
                     duckdb::params![kind, name, kind],
                 )?;
             }
         }
-        if let Some(points) = m["points"].as_object() {
-            for (name, c) in points {
-                let mut values: Vec<Box<dyn duckdb::ToSql>> = vec![
-                    Box::new(s(&m["run_id"])),
-                    Box::new(s(&m["host"])),
-                    Box::new(name.clone()),
-                    Box::new(c["stamps"].as_u64()),
-                ];
-                // A run from before a reason existed counts none of it.
-                for column in &loss_columns {
-                    values.push(Box::new(c[column].as_u64().unwrap_or(0)));
-                }
-                conn.execute(
-                    &insert_point,
-                    duckdb::params_from_iter(values.iter().map(|v| v.as_ref())),
-                )?;
+        for (name, c) in &m.points {
+            let mut values: Vec<Box<dyn duckdb::ToSql>> = vec![
+                Box::new(m.run_id.clone()),
+                Box::new(m.host.clone()),
+                Box::new(name.clone()),
+                Box::new(c.stamps),
+            ];
+            for reason in xlap_abi::LOSS_REASONS {
+                values.push(Box::new(c.lost(reason)));
             }
+            conn.execute(
+                &insert_point,
+                duckdb::params_from_iter(values.iter().map(|v| v.as_ref())),
+            )?;
         }
     }
     Ok(())
@@ -528,4 +503,19 @@ pub fn main_kind(conn: &Connection) -> Result<u64> {
         [],
         |r| r.get(0),
     )?)
+}
+
+#[cfg(test)]
+mod tests {
+    /// What a packets file is checked for is what the schema declares.
+    #[test]
+    fn required_columns_are_the_schemas() {
+        let schema = xlap_records::schema::packets(&[], &[]);
+        for c in super::REQUIRED.iter().chain(super::TOTALS) {
+            assert!(
+                schema.field_with_name(c).is_ok(),
+                "{c} is not in the schema"
+            );
+        }
+    }
 }

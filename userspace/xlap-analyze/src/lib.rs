@@ -10,6 +10,7 @@ pub mod clock;
 pub mod correlate;
 pub mod dataset;
 pub mod format;
+pub mod packets_table;
 pub mod perfetto;
 pub mod queries;
 pub mod report;

@@ -1,8 +1,8 @@
 //! A recorded run: its directory, `run.json` and `stamps.parquet`.
 
 use crate::{AnalyzeError, Result};
-use serde::Deserialize;
 use std::path::{Path, PathBuf};
+use xlap_records::run_meta::{RunMeta, RunState};
 
 #[derive(Clone, Debug)]
 pub struct Run {
@@ -18,7 +18,7 @@ pub struct Run {
     pub port_seq_sizes: Vec<(u16, u8)>,
     /// (monotonic, realtime) ns of the run's first clock pair.
     pub clock_pair: (i64, i64),
-    pub meta: serde_json::Value,
+    pub meta: RunMeta,
 }
 
 impl Run {
@@ -37,7 +37,7 @@ impl Run {
             AnalyzeError::Input { what, .. } => err(what),
             other => other,
         })?;
-        if meta["state"] == "running" {
+        if meta.state == RunState::Running {
             return Err(err(format!(
                 "the run has not ended (run.json says running): it is still being recorded, or its recorder died; `xlap-trace recover {shown}` makes it whole once the recorder is gone"
             )));
@@ -47,72 +47,32 @@ impl Run {
                 "stamps.parquet is missing (the run did not end cleanly: stamps.arrows holds what was recorded)".into(),
             ));
         }
-        let head = RunHead::deserialize(&meta).map_err(|e| {
-            err(format!(
-                "run.json lacks what the analyses need ({e}): it was not written by xlap-trace, or was edited"
-            ))
-        })?;
         Ok(Run {
             dir: dir.to_path_buf(),
-            run_id: head.run_id,
-            host: head.host,
-            boot_id: head.boot_id,
-            seq_size: head.options.layout.seq_size,
-            port_seq_sizes: head
+            run_id: meta.run_id.clone(),
+            host: meta.host.clone(),
+            boot_id: meta.boot_id.clone(),
+            seq_size: meta.options.layout.seq_size,
+            port_seq_sizes: meta
                 .options
                 .port_layouts
                 .iter()
-                .map(|l| (l.port, l.seq_size))
+                .map(|l| (l.port, l.layout.seq_size))
                 .collect(),
-            clock_pair: (head.clock_start.monotonic_ns, head.clock_start.realtime_ns),
+            clock_pair: (
+                meta.clock_start.monotonic_ns as i64,
+                meta.clock_start.realtime_ns as i64,
+            ),
             meta,
         })
     }
 }
 
-/// The part of `run.json` the analyses rely on, typed: a run.json without
-/// one of these is refused, naming the field, rather than read as an empty
-/// host or boot id (which would pair clocks that are not one) or a clock
-/// at 0.
-#[derive(Deserialize)]
-struct RunHead {
-    run_id: String,
-    host: String,
-    boot_id: String,
-    clock_start: ClockStart,
-    options: RunOptions,
-}
-
-#[derive(Deserialize)]
-struct ClockStart {
-    monotonic_ns: i64,
-    realtime_ns: i64,
-}
-
-#[derive(Deserialize)]
-struct RunOptions {
-    layout: SeqLayout,
-    #[serde(default)]
-    port_layouts: Vec<PortSeqLayout>,
-}
-
-#[derive(Deserialize)]
-struct SeqLayout {
-    seq_size: u8,
-}
-
-#[derive(Deserialize)]
-struct PortSeqLayout {
-    port: u16,
-    seq_size: u8,
-}
-
-/// The run (stamps) schema versions this analyser reads: xlap-records'
-/// current one and those before it.
-pub const READS_RUN_VERSIONS: &[&str] = &["1", "2"];
-
-/// A run's `run.json`, refused unless it is JSON of the version we read.
-pub fn read_meta(path: &Path) -> Result<serde_json::Value> {
+/// A run's `run.json`, refused unless it is JSON of a version we read
+/// holding what the analyses need (`xlap_records::run_meta`: a missing
+/// run id, host, boot id, start clock or layout is named, not read as
+/// empty).
+pub fn read_meta(path: &Path) -> Result<RunMeta> {
     let err = |what: String| AnalyzeError::Input {
         path: path.display().to_string(),
         what,
@@ -128,16 +88,5 @@ pub fn read_meta(path: &Path) -> Result<serde_json::Value> {
             err(format!("not an xlap-trace run directory (run.json: {e})"))
         }
     })?;
-    let meta: serde_json::Value =
-        serde_json::from_str(&text).map_err(|e| err(format!("run.json is not valid JSON: {e}")))?;
-    // Version 1 stamps lack the address and socket columns and have 8-bit
-    // kinds; both still read.
-    let version = meta["schema_version"].as_str().unwrap_or("?");
-    if !READS_RUN_VERSIONS.contains(&version) {
-        return Err(err(format!(
-            "run.json has schema version {version}; this xlap-trace reads versions {} (use a matching xlap-trace)",
-            READS_RUN_VERSIONS.join(", ")
-        )));
-    }
-    Ok(meta)
+    RunMeta::from_json(&text).map_err(|e| err(e.to_string()))
 }

@@ -18,11 +18,14 @@
 //! - [`LOSS_RATE`] of the packets are lost (no receiver columns), every 8th
 //!   packet is parity (kind 1), the rest data (kind 0).
 
-use crate::dataset::{sides_json, PACKETS_SCHEMA_VERSION, SIDES_KEY, VERSION_KEY};
+use crate::packets_table::{self, PointColumns};
 use crate::{AnalyzeError, Result};
 use duckdb::Connection;
+use std::collections::BTreeMap;
 use std::ops::Range;
 use std::path::Path;
+use xlap_records::points::point_of_column;
+use xlap_records::run_meta::{ClockPair, PointStats, RunMeta, RunOptions, SeqLayout};
 
 pub const INFLATED_SEQS: Range<u64> = 100..200;
 pub const INFLATED_NS: i64 = 250_000;
@@ -157,55 +160,53 @@ pub fn generate(conn: &Connection, dir: &Path, packets: u64, seed: u32) -> Resul
     let rx_cols: Vec<String> = std::iter::once(format!("{rx_start} AS dev_netif_rx_ns"))
         .chain(chain(&rx_points, "dev_netif_rx_ns"))
         .collect();
-    let stage_cols = |points: &[String]| -> Vec<String> {
-        points
-            .windows(2)
-            .map(|w| format!("{b}_ns - {a}_ns AS {a}__{b}_ns", a = w[0], b = w[1]))
-            .collect()
-    };
-    let last_rx = rx_points.last().unwrap();
     let rx_null: Vec<String> = rx_points
         .iter()
         .map(|p| format!("CASE WHEN lost THEN NULL ELSE {p}_ns END AS {p}_ns"))
         .collect();
-    let out = dir.join("packets.parquet");
+    let cols: Vec<(String, String)> = tx_points
+        .iter()
+        .map(|p| (format!("{p}_ns"), "tx".to_string()))
+        .chain(
+            rx_points
+                .iter()
+                .map(|p| (format!("{p}_ns"), "rx".to_string())),
+        )
+        .collect();
+    let columns = PointColumns {
+        cols: &cols,
+        alias: "p",
+    }
+    .select_list(|column, d| match column {
+        "run_id" => format!("'synth-{seed}'"),
+        "flow" => "1".into(),
+        "kind" => "p.kind".into(),
+        "seq" => "p.seq".into(),
+        "src_addr" => "'10.0.0.1'".into(),
+        "dst_addr" => "'10.0.0.2'".into(),
+        "dst_port" => "1".into(),
+        "src_port" | "tx_socket_cookie" | "rx_socket_cookie" | "duplicate_skew_ns" => "NULL".into(),
+        "tx_host" => "'synth-a'".into(),
+        "rx_host" => "CASE WHEN p.lost THEN NULL ELSE 'synth-b' END".into(),
+        "tx_pid" => "1000".into(),
+        "rx_pid" => "CASE WHEN p.lost THEN NULL ELSE 2000 END".into(),
+        // the htb classes 1:10 (kind 0) and 1:20 (kind 1) by SO_PRIORITY
+        "priority" => "CASE WHEN p.kind = 1 THEN 65568 ELSE 65552 END".into(),
+        "lost" => "p.lost".into(),
+        "recovered" | "duplicate" | "reordered" | "retransmitted" => "false".into(),
+        "deadline_missed" => format!("coalesce({} - {} > 1000000, false)", d.rx_last, d.tx_first),
+        other => unreachable!("packets column {other} has no expression"),
+    });
     let sql = format!(
-        "COPY (
-           WITH r AS (SELECT range AS i, range::UBIGINT AS seq, CASE WHEN range % 8 = 7 THEN 1 ELSE 0 END::UTINYINT AS kind,
+        "CREATE OR REPLACE TEMP TABLE synth_packets AS
+           WITH r AS (SELECT range AS i, range::UBIGINT AS seq, CASE WHEN range % 8 = 7 THEN 1 ELSE 0 END AS kind,
                              u(range, 0) < {LOSS_RATE} AS lost
                       FROM range({packets})),
                 d AS (SELECT *, {durations} FROM r),
                 tx AS (SELECT *, {point_cols} FROM d),
                 rx AS (SELECT *, {rx_cols} FROM tx),
                 p AS (SELECT i, seq, kind, lost, {tx_list}, {rx_null} FROM rx)
-           SELECT 'synth-{seed}' AS run_id, 1::UBIGINT AS flow, kind, seq,
-                  '10.0.0.1' AS src_addr, '10.0.0.2' AS dst_addr,
-                  NULL::USMALLINT AS src_port, 1::USMALLINT AS dst_port,
-                  NULL::UBIGINT AS tx_socket_cookie, NULL::UBIGINT AS rx_socket_cookie,
-                  'synth-a' AS tx_host, CASE WHEN lost THEN NULL ELSE 'synth-b' END AS rx_host,
-                  1000::UINTEGER AS tx_pid, CASE WHEN lost THEN NULL ELSE 2000::UINTEGER END AS rx_pid,
-                  {TX_FIRST}_ns AS sent_ns,
-                  -- the htb classes 1:10 (kind 0) and 1:20 (kind 1) by SO_PRIORITY
-                  CASE WHEN kind = 1 THEN 65568 ELSE 65552 END::UINTEGER AS priority,
-                  {all_points},
-                  dev_start_xmit_ns - {TX_FIRST}_ns AS sender_total_ns,
-                  dev_netif_rx_ns - dev_start_xmit_ns AS channel_ns,
-                  {last_rx}_ns - dev_netif_rx_ns AS receiver_total_ns,
-                  {last_rx}_ns - {TX_FIRST}_ns AS e2e_ns,
-                  (dev_start_xmit_ns - {TX_FIRST}_ns) + ({last_rx}_ns - dev_netif_rx_ns) AS xlap_e2e_ns,
-                  {stages},
-                  lost, false AS recovered, false AS duplicate, NULL::BIGINT AS duplicate_skew_ns,
-                  false AS reordered, false AS retransmitted,
-                  coalesce({last_rx}_ns - {TX_FIRST}_ns > 1000000, false) AS deadline_missed
-           FROM p
-         ) TO '{file}' (FORMAT PARQUET, COMPRESSION ZSTD, KV_METADATA {{{VERSION_KEY}: '{PACKETS_SCHEMA_VERSION}', {SIDES_KEY}: '{sides}'}});",
-        sides = sides_json(
-            &tx_points
-                .iter()
-                .map(|p| (format!("{p}_ns"), "tx".to_string()))
-                .chain(rx_points.iter().map(|p| (format!("{p}_ns"), "rx".to_string())))
-                .collect::<Vec<_>>()
-        ),
+           SELECT {columns} FROM p ORDER BY p.i;",
         durations = durations.join(",\n  "),
         point_cols = point_cols.join(", "),
         rx_cols = rx_cols.join(", "),
@@ -215,20 +216,9 @@ pub fn generate(conn: &Connection, dir: &Path, packets: u64, seed: u32) -> Resul
             .collect::<Vec<_>>()
             .join(", "),
         rx_null = rx_null.join(", "),
-        all_points = tx_points
-            .iter()
-            .chain(rx_points.iter())
-            .map(|p| format!("{p}_ns"))
-            .collect::<Vec<_>>()
-            .join(", "),
-        stages = stage_cols(&tx_points)
-            .into_iter()
-            .chain(stage_cols(&rx_points))
-            .collect::<Vec<_>>()
-            .join(", "),
-        file = out.display().to_string().replace('\'', "''"),
     );
     conn.execute_batch(&sql)?;
+    packets_table::write(conn, "synth_packets", &dir.join("packets.parquet"), &cols)?;
     write_run_json(conn, dir, packets, seed, &tx_points, &rx_points)
 }
 
@@ -253,41 +243,92 @@ fn write_run_json(
         [],
         |r| r.get(0),
     )?;
-    let mut points = serde_json::Map::new();
     let counter = |stamps: u64, ringbuf_full: u64| {
-        serde_json::json!({
-            "stamps": stamps, "lost_ringbuf_full": ringbuf_full, "lost_map_full": 0,
-            "lost_parse": 0, "lost_unmatched": 0
-        })
+        let mut c = PointStats {
+            stamps,
+            ..PointStats::default()
+        };
+        let mut losses = vec![0; xlap_abi::LOSS_REASONS.len()];
+        let full = xlap_abi::LOSS_REASONS
+            .iter()
+            .position(|r| *r == "ringbuf_full")
+            .expect("a ring buffer loss reason");
+        losses[full] = ringbuf_full;
+        c.add_losses(&losses);
+        c
     };
+    let mut points = BTreeMap::new();
     for p in tx_points {
-        points.insert(p.replacen('_', ".", 1), counter(packets, 0));
+        points.insert(point_of_column(&format!("{p}_ns")), counter(packets, 0));
     }
     for p in rx_points {
         let lost = if p == "sched_switch_in" { 3 } else { 0 };
-        points.insert(p.replacen('_', ".", 1), counter(delivered as u64, lost));
+        points.insert(
+            point_of_column(&format!("{p}_ns")),
+            counter(delivered as u64, lost),
+        );
     }
-    let meta = serde_json::json!({
-        "schema_version": "1",
-        "software_version": env!("CARGO_PKG_VERSION"),
-        "run_id": format!("synth-{seed}"),
-        "host": "synth-a",
-        "kernel": "synthetic",
-        "boot_id": format!("synthetic-{seed}"),
-        "clock_start": {"monotonic_ns": 1_000_000_000i64, "realtime_ns": 1_700_000_000_000_000_000i64},
-        "options": {
-            "layout": {"seq_size": 8, "kind_names": [[0, "data"], [1, "parity"]]},
-            "synthetic": {"packets": packets, "seed": seed}
+    let meta = RunMeta {
+        software_version: env!("CARGO_PKG_VERSION").into(),
+        run_id: format!("synth-{seed}"),
+        host: "synth-a".into(),
+        kernel: "synthetic".into(),
+        boot_id: format!("synthetic-{seed}"),
+        clock_start: ClockPair {
+            monotonic_ns: 1_000_000_000,
+            realtime_ns: 1_700_000_000_000_000_000,
+            ..ClockPair::default()
         },
-        "points": points,
-        "packets": packets,
-        "stop_reason": "synthetic",
-    });
+        options: RunOptions {
+            layout: SeqLayout {
+                seq_size: 8,
+                kind_names: vec![(0, "data".into()), (1, "parity".into())],
+                ..SeqLayout::default()
+            },
+            other: BTreeMap::from([(
+                "synthetic".to_string(),
+                serde_json::json!({"packets": packets, "seed": seed}),
+            )]),
+            ..RunOptions::default()
+        },
+        points,
+        packets,
+        stop_reason: "synthetic".into(),
+        ..RunMeta::default()
+    };
     let path = dir.join("run.json");
-    std::fs::write(&path, serde_json::to_string_pretty(&meta).unwrap() + "\n").map_err(|e| {
-        AnalyzeError::Input {
-            path: path.display().to_string(),
-            what: e.to_string(),
-        }
+    meta.write(&path).map_err(|e| AnalyzeError::Input {
+        path: path.display().to_string(),
+        what: e.to_string(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use xlap_records::points::{column_stem, kernel_points, Side};
+
+    /// The synthetic path is made of real points on their real sides
+    /// (the app points are the example protocol's marker names).
+    #[test]
+    fn synthetic_points_are_the_vocabularys() {
+        let side_of = |stem: &str| {
+            kernel_points()
+                .find(|p| column_stem(p.name) == stem)
+                .map(|p| p.side)
+        };
+        let tx = std::iter::once(TX_FIRST).chain(TX.iter().map(|s| s.point));
+        let rx = std::iter::once(CHANNEL.point).chain(RX.iter().map(|s| s.point));
+        for (points, side) in [(tx.collect::<Vec<_>>(), Side::Tx), (rx.collect(), Side::Rx)] {
+            for p in points {
+                if !p.starts_with("app_") {
+                    assert_eq!(side_of(p), Some(side), "{p}");
+                }
+            }
+        }
+        assert_eq!(INFLATED_STAGE.split("__").count(), 2);
+        assert!(TX
+            .windows(2)
+            .any(|w| format!("{}__{}", w[0].point, w[1].point) == INFLATED_STAGE));
+    }
 }

@@ -1,7 +1,9 @@
 //! Decoded stamps, the stamp-point vocabulary, the Arrow schema of what
-//! xlap-trace writes, and writers for it. Pure Rust: testable without root.
+//! xlap-trace writes, writers for it, and `run.json` (typed, written and
+//! read through one declaration). Pure Rust: testable without root.
 
 pub mod points;
+pub mod run_meta;
 pub mod schema;
 pub mod stamp;
 pub mod writer;

@@ -61,9 +61,106 @@ pub fn stamps() -> Arc<Schema> {
     ))
 }
 
-/// Every schema by table name, for `xlap-trace schema` and its check.
+/// Version of the packets table layout, in the Parquet key-value metadata
+/// [`PACKETS_VERSION_KEY`]. Readers refuse newer versions.
+pub const PACKETS_SCHEMA_VERSION: u32 = 1;
+pub const PACKETS_VERSION_KEY: &str = "xlap_packets_schema_version";
+/// Parquet key-value metadata of a packets table: `{"<point column>": "tx"
+/// | "rx", ...}`.
+pub const PACKETS_SIDES_KEY: &str = "xlap_point_sides";
+
+/// The packets table's columns before its point columns: the packet, its
+/// flow and the processes at either end.
+pub fn packets_head() -> Vec<Field> {
+    vec![
+        Field::new("run_id", DataType::Utf8, true),
+        Field::new("flow", DataType::UInt64, true),
+        Field::new("kind", DataType::UInt32, true),
+        Field::new("seq", DataType::UInt64, true),
+        Field::new("src_addr", DataType::Utf8, true),
+        Field::new("dst_addr", DataType::Utf8, true),
+        Field::new("src_port", DataType::UInt16, true),
+        Field::new("dst_port", DataType::UInt16, true),
+        Field::new("tx_socket_cookie", DataType::UInt64, true),
+        Field::new("rx_socket_cookie", DataType::UInt64, true),
+        Field::new("tx_host", DataType::Utf8, true),
+        Field::new("rx_host", DataType::Utf8, true),
+        Field::new("tx_pid", DataType::UInt32, true),
+        Field::new("rx_pid", DataType::UInt32, true),
+        Field::new("sent_ns", DataType::Int64, true),
+        Field::new("priority", DataType::UInt32, true),
+    ]
+}
+
+/// X-LAP's durations, between the point columns and the stage columns.
+pub fn packets_totals() -> Vec<Field> {
+    [
+        "sender_total_ns",
+        "channel_ns",
+        "receiver_total_ns",
+        "e2e_ns",
+        "xlap_e2e_ns",
+    ]
+    .into_iter()
+    .map(|n| Field::new(n, DataType::Int64, true))
+    .collect()
+}
+
+/// The flags, after the stage columns.
+pub fn packets_flags() -> Vec<Field> {
+    vec![
+        Field::new("lost", DataType::Boolean, true),
+        Field::new("recovered", DataType::Boolean, true),
+        Field::new("duplicate", DataType::Boolean, true),
+        Field::new("duplicate_skew_ns", DataType::Int64, true),
+        Field::new("reordered", DataType::Boolean, true),
+        Field::new("retransmitted", DataType::Boolean, true),
+        Field::new("deadline_missed", DataType::Boolean, true),
+    ]
+}
+
+/// `packets`: one row per packet (flow, kind, seq), as `xlap-trace
+/// correlate` writes it (and `xlap-trace synth` imitates it). Which point
+/// and stage columns it has depends on the runs: `points` (`<point>_ns`,
+/// in path order, each one's side in [`PACKETS_SIDES_KEY`]) stand after
+/// [`packets_head`], `stages` (`<a>__<b>_ns`, consecutive points of one
+/// side) after [`packets_totals`]; all are ns on the reference clock.
+/// Nullable throughout: the file is written by DuckDB, whose Parquet
+/// columns are all optional.
+pub fn packets(points: &[String], stages: &[String]) -> Arc<Schema> {
+    let ns = |names: &[String]| -> Vec<Field> {
+        names
+            .iter()
+            .map(|n| Field::new(n, DataType::Int64, true))
+            .collect()
+    };
+    let fields: Vec<Field> = packets_head()
+        .into_iter()
+        .chain(ns(points))
+        .chain(packets_totals())
+        .chain(ns(stages))
+        .chain(packets_flags())
+        .collect();
+    Arc::new(Schema::new_with_metadata(
+        fields,
+        HashMap::from([
+            (META_TABLE.to_string(), "packets".to_string()),
+            (
+                PACKETS_VERSION_KEY.to_string(),
+                PACKETS_SCHEMA_VERSION.to_string(),
+            ),
+            (
+                "xlap.variable_columns".to_string(),
+                "after priority: one <point>_ns column per point (Int64, path order); after xlap_e2e_ns: one <a>__<b>_ns column per stage (Int64)".to_string(),
+            ),
+        ]),
+    ))
+}
+
+/// Every schema by table name, for `xlap-trace schema` and its check (the
+/// packets table with its fixed columns only).
 pub fn all() -> Vec<(&'static str, Arc<Schema>)> {
-    vec![("stamps", stamps())]
+    vec![("stamps", stamps()), ("packets", packets(&[], &[]))]
 }
 
 /// The committed JSON form of a schema.

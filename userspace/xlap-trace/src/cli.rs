@@ -333,6 +333,15 @@ pub enum MarkerPath {
     Uprobe,
 }
 
+impl From<MarkerPath> for xlap_records::run_meta::SitePath {
+    fn from(path: MarkerPath) -> Self {
+        match path {
+            MarkerPath::Ring => Self::Ring,
+            MarkerPath::Uprobe => Self::Uprobe,
+        }
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Endian {
     Big,

@@ -8,27 +8,11 @@
 //! e.g. a PTP daemon): it says what it found, once, and records it in
 //! run.json.
 
-use serde::Serialize;
 use std::collections::BTreeSet;
 use std::os::fd::AsRawFd;
 
-/// One device in one traced network namespace.
-#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
-pub struct DeviceTimestamping {
-    pub netns: u32,
-    pub ifname: String,
-    /// The driver (`ethtool -i`): veth, tun, virtio_net, ixgbe, ...
-    pub driver: String,
-    pub hardware_tx: bool,
-    pub hardware_rx: bool,
-    pub software_tx: bool,
-    pub software_rx: bool,
-    /// The PTP hardware clock of the device (`/dev/ptpN`), if any.
-    pub phc_index: Option<i32>,
-    /// Hardware receive timestamping switched on (`SIOCGHWTSTAMP`
-    /// rx_filter not NONE); false where the driver has no such setting.
-    pub hardware_rx_on: bool,
-}
+/// One device in one traced network namespace (as run.json lists it).
+pub use xlap_records::run_meta::DeviceTimestamping;
 
 const ETHTOOL_GDRVINFO: u32 = 0x3;
 const ETHTOOL_GET_TS_INFO: u32 = 0x41;

@@ -26,6 +26,33 @@ pub struct Layout {
     pub kind_names: &'static [(u64, &'static str)],
 }
 
+impl From<Layout> for xlap_records::run_meta::SeqLayout {
+    fn from(l: Layout) -> Self {
+        Self {
+            seq_offset: l.seq_offset,
+            seq_size: l.seq_size,
+            kind_offset: l.kind_offset,
+            kind_size: l.kind_size,
+            kind_mask: l.kind_mask,
+            big_endian: l.big_endian,
+            kind_names: l
+                .kind_names
+                .iter()
+                .map(|&(kind, name)| (kind, name.to_string()))
+                .collect(),
+        }
+    }
+}
+
+impl From<&PortLayout> for xlap_records::run_meta::PortSeqLayout {
+    fn from(l: &PortLayout) -> Self {
+        Self {
+            port: l.port,
+            layout: l.layout.into(),
+        }
+    }
+}
+
 /// The preset of a run without --proto.
 pub const DEFAULT_PRESET: &str = "xlap-example";
 

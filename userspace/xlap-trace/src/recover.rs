@@ -8,9 +8,8 @@
 //! history) recover such a run by themselves first.
 
 use crate::exit::{failure, Code};
-use crate::runmeta::process_start_ticks;
-use anyhow::{Context, Result};
-use serde_json::{json, Value};
+use crate::runmeta::{process_start_ticks, RecoveryNote, RunMeta, RunState};
+use anyhow::Result;
 use std::path::{Path, PathBuf};
 use xlap_records::writer::stream_to_parquet;
 
@@ -18,7 +17,7 @@ use xlap_records::writer::stream_to_parquet;
 #[derive(Debug)]
 pub struct Recovery {
     pub dir: PathBuf,
-    pub recorder_pid: u64,
+    pub recorder_pid: u32,
     pub stamps: u64,
     /// Stamps the last checkpoint had seen written to the stream.
     pub checkpoint_stamps: Option<u64>,
@@ -28,20 +27,14 @@ pub struct Recovery {
     pub after_checkpoint_s: Option<f64>,
 }
 
-/// The state run.json gives (runs from before states were `complete`).
-fn state(meta: &Value) -> &str {
-    meta["state"].as_str().unwrap_or("complete")
-}
-
 /// Whether the run's recorder is still at work: its pid alive and started
 /// when run.json says it did.
-fn recorder_alive(meta: &Value) -> Option<u64> {
-    let pid = meta["recorder"]["pid"].as_u64()?;
-    let ticks = meta["recorder"]["start_ticks"].as_u64()?;
-    (process_start_ticks(pid as u32) == Some(ticks)).then_some(pid)
+fn recorder_alive(meta: &RunMeta) -> Option<u32> {
+    let r = meta.recorder.as_ref()?;
+    (process_start_ticks(r.pid) == Some(r.start_ticks)).then_some(r.pid)
 }
 
-fn read_json(path: &Path) -> Result<Value> {
+fn read_meta(path: &Path) -> Result<RunMeta> {
     let text = std::fs::read_to_string(path).map_err(|e| {
         failure(
             Code::BadInput,
@@ -51,20 +44,16 @@ fn read_json(path: &Path) -> Result<Value> {
             ),
         )
     })?;
-    serde_json::from_str(&text).map_err(|e| {
-        failure(
-            Code::BadInput,
-            format!("{}: not valid JSON ({e})", path.display()),
-        )
-    })
+    RunMeta::from_json(&text)
+        .map_err(|e| failure(Code::BadInput, format!("{}: {e}", path.display())))
 }
 
 /// Recovers the run in `dir`; `None` when there is nothing to recover (the
 /// run ended, or was recovered before).
 pub fn recover(dir: &Path) -> Result<Option<Recovery>> {
     let meta_path = dir.join("run.json");
-    let mut meta = read_json(&meta_path)?;
-    if state(&meta) != "running" {
+    let mut meta = read_meta(&meta_path)?;
+    if meta.state != RunState::Running {
         return Ok(None);
     }
     if let Some(pid) = recorder_alive(&meta) {
@@ -94,69 +83,51 @@ pub fn recover(dir: &Path) -> Result<Option<Recovery>> {
         )
     })?;
     let counts = count(&parquet)?;
-    let checkpoint = meta["checkpoint"].clone();
-    let checkpoint_ns = checkpoint["clock"]["monotonic_ns"].as_i64();
+    let checkpoint = meta.checkpoint.clone();
     let recovery = Recovery {
         dir: dir.to_path_buf(),
-        recorder_pid: meta["recorder"]["pid"].as_u64().unwrap_or(0),
+        recorder_pid: meta.recorder.as_ref().map_or(0, |r| r.pid),
         stamps: copy.rows,
-        checkpoint_stamps: checkpoint["streamed_stamps"].as_u64(),
+        checkpoint_stamps: checkpoint.as_ref().map(|c| c.streamed_stamps),
         bytes_cut: copy.bytes_total - copy.bytes_used,
-        after_checkpoint_s: checkpoint_ns
+        after_checkpoint_s: checkpoint
+            .as_ref()
             .zip(counts.last_ts_ns)
-            .map(|(c, l)| (l - c) as f64 / 1e9),
+            .map(|(c, l)| (l - c.clock.monotonic_ns as i64) as f64 / 1e9),
     };
     // Stamps per point as recovered; the losses stay those of the last
     // checkpoint (the kernel's counters died with the recorder).
-    let points = meta["points"].as_object_mut().map(std::mem::take);
-    let mut points = points.unwrap_or_default();
-    for p in points.values_mut() {
-        p["stamps"] = json!(0);
+    for p in meta.points.values_mut() {
+        p.stamps = 0;
     }
     for (name, n) in &counts.per_point {
-        let entry = points.entry(name.clone()).or_insert_with(|| json!({}));
-        entry["stamps"] = json!(n);
+        meta.points.entry(name.clone()).or_default().stamps = *n;
     }
-    meta["points"] = Value::Object(points);
-    meta["stamps"] = json!(copy.rows);
-    meta["packets"] = json!(counts.packets);
+    meta.stamps = copy.rows;
+    meta.packets = counts.packets;
     // The run's end: the last stamp recovered, on the start's clock pair.
-    if let Some(last) = counts.last_ts_ns {
-        let end_ns = meta["clock_end"]["monotonic_ns"].as_i64().unwrap_or(0);
-        if last > end_ns {
-            let start = &meta["clock_start"];
-            let since = last - start["monotonic_ns"].as_i64().unwrap_or(0);
-            let shift = |k: &str| start[k].as_i64().unwrap_or(0) + since;
-            let end = json!({
-                "monotonic_ns": last,
-                "realtime_ns": shift("realtime_ns"),
-                "tai_ns": shift("tai_ns"),
-                "spread_ns": start["spread_ns"],
-            });
-            meta["clock_end"] = end;
+    if let Some(last) = counts.last_ts_ns.map(|t| t as u64) {
+        if last > meta.clock_end().monotonic_ns {
+            meta.clock_end = Some(meta.clock_start.advanced_to(last));
         }
     }
-    meta["state"] = json!("recovered");
-    meta["stop_reason"] = json!("recorder died");
-    meta["recovery"] = json!({
-        "by": format!("xlap-trace {}", env!("CARGO_PKG_VERSION")),
-        "stamps": copy.rows,
-        "checkpoint_stamps": recovery.checkpoint_stamps,
-        "stream_bytes": copy.bytes_total,
-        "stream_bytes_cut": recovery.bytes_cut,
-        "last_stamp_after_checkpoint_s": recovery.after_checkpoint_s,
-        "not_known": [
-            "stamps the kernel side counted lost after the last checkpoint (the losses here are the checkpoint's)",
-            format!("stamps the recorder had not yet written to stamps.arrows when it died (at most the last {} ms of each CPU's stamps, and those read but not yet in a written batch: up to 0.5 s)", meta["batch_export_every_ms"].as_u64().map_or("?".into(), |ms| ms.to_string())),
-            "the flows' addresses and sockets (src_addr, dst_addr, socket_cookie are null)",
-            "whether a receive-device stamp belongs to a socket not traced (they are kept)",
+    meta.state = RunState::Recovered;
+    meta.stop_reason = "recorder died".into();
+    meta.recovery = Some(RecoveryNote {
+        by: format!("xlap-trace {}", env!("CARGO_PKG_VERSION")),
+        stamps: copy.rows,
+        checkpoint_stamps: recovery.checkpoint_stamps,
+        stream_bytes: copy.bytes_total,
+        stream_bytes_cut: recovery.bytes_cut,
+        last_stamp_after_checkpoint_s: recovery.after_checkpoint_s,
+        not_known: vec![
+            "stamps the kernel side counted lost after the last checkpoint (the losses here are the checkpoint's)".into(),
+            format!("stamps the recorder had not yet written to stamps.arrows when it died (at most the last {} ms of each CPU's stamps, and those read but not yet in a written batch: up to 0.5 s)", meta.batch_export_every_ms.map_or("?".into(), |ms| ms.to_string())),
+            "the flows' addresses and sockets (src_addr, dst_addr, socket_cookie are null)".into(),
+            "whether a receive-device stamp belongs to a socket not traced (they are kept)".into(),
         ],
     });
-    let tmp = meta_path.with_extension("json.tmp");
-    std::fs::write(&tmp, serde_json::to_string_pretty(&meta)? + "\n")
-        .with_context(|| format!("cannot write {}", tmp.display()))?;
-    std::fs::rename(&tmp, &meta_path)
-        .with_context(|| format!("cannot write {}", meta_path.display()))?;
+    meta.write(&meta_path)?;
     crate::record::segments::note_recovered(dir, copy.rows)?;
     Ok(Some(recovery))
 }
@@ -218,8 +189,8 @@ pub fn report(r: &Recovery) {
 /// left alone (reading it then says so).
 pub fn before_reading(paths: &[&Path]) {
     for dir in paths.iter().flat_map(|p| run_dirs(p)) {
-        let running = read_json(&dir.join("run.json"))
-            .map(|m| state(&m) == "running" && recorder_alive(&m).is_none())
+        let running = read_meta(&dir.join("run.json"))
+            .map(|m| m.state == RunState::Running && recorder_alive(&m).is_none())
             .unwrap_or(false);
         if !running {
             continue;

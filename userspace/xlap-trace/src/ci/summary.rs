@@ -132,19 +132,24 @@ impl Summary {
             [],
             |r| r.get(0),
         )?;
-        let meta: serde_json::Value = std::fs::read_to_string(dir.join("run.json"))
-            .ok()
-            .and_then(|t| serde_json::from_str(&t).ok())
-            .unwrap_or_default();
-        let text = |k: &str| meta[k].as_str().map(str::to_string).into_iter().collect();
+        // A packets table without its run (correlate's output alone) has
+        // no tracer counts: none are reported.
+        let meta = match dir.join("run.json") {
+            path if path.is_file() => Some(xlap_analyze::runs::read_meta(&path)?),
+            _ => None,
+        };
         Ok(Summary {
             summary_version: SUMMARY_VERSION,
-            runs: text("run_id"),
-            hosts: text("host"),
-            kernels: text("kernel"),
-            stamps: meta["stamps"].as_u64().unwrap_or(0),
-            lost: meta["lost"].as_u64().unwrap_or(0),
-            bpf_ns_per_stamp: meta["bpf_ns_per_stamp"].as_f64(),
+            runs: meta.iter().map(|m| m.run_id.clone()).collect(),
+            hosts: meta.iter().map(|m| m.host.clone()).collect(),
+            kernels: meta
+                .iter()
+                .filter(|m| !m.kernel.is_empty())
+                .map(|m| m.kernel.clone())
+                .collect(),
+            stamps: meta.as_ref().map_or(0, |m| m.stamps),
+            lost: meta.as_ref().map_or(0, |m| m.lost),
+            bpf_ns_per_stamp: meta.as_ref().and_then(|m| m.bpf_ns_per_stamp),
             levels,
             duration_s,
             block_levels,

@@ -29,6 +29,16 @@ pub enum StatsMode {
     Off,
 }
 
+impl From<StatsMode> for crate::runmeta::StatsMode {
+    fn from(mode: StatsMode) -> Self {
+        match mode {
+            StatsMode::Sampled => Self::Sampled,
+            StatsMode::Full => Self::Full,
+            StatsMode::Off => Self::Off,
+        }
+    }
+}
+
 pub const SAMPLE_WINDOW: Duration = Duration::from_millis(100);
 pub const SAMPLE_PERIOD: Duration = Duration::from_secs(1);
 

@@ -12,16 +12,8 @@ use crate::targets::{self, PortOwners};
 use anyhow::Result;
 use std::collections::{BTreeMap, HashSet};
 
-/// A child a target forked, followed since.
-#[derive(Clone, Debug, serde::Serialize)]
-pub struct Child {
-    pub pid: u32,
-    /// The target it descends from.
-    pub target: u32,
-    pub comm: String,
-    /// Seconds into the run when the recorder first saw it.
-    pub seen_after_s: f64,
-}
+/// A child a target forked, followed since (as run.json lists it).
+pub use xlap_records::run_meta::Child;
 
 pub struct Following {
     /// The processes named on the command line.

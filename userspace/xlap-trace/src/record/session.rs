@@ -17,8 +17,8 @@ use crate::exit::{failure, Code};
 use crate::proto::Layouts;
 use crate::reader_priority::{thread_cpu_s, ReaderPriority};
 use crate::runmeta::{
-    self, Checkpoint, ClockPair, PointStats, ProgramStats, Recorder, RunMeta, RunState, SegmentOf,
-    Target,
+    self, Checkpoint, ClockPair, Exited, PointStats, ProgramStats, RunMeta, RunOptions, RunState,
+    SchemaVersion, SegmentOf, SitePath, Target, UsdtSite,
 };
 use crate::{preflight, targets};
 use anyhow::{Context, Result};
@@ -225,7 +225,7 @@ impl Session {
                 .unwrap_or(0),
             std::process::id()
         );
-        let clock_start = ClockPair::sample();
+        let clock_start = runmeta::sample_clocks();
         let (segments, files, segment) = match args.rotate {
             Some(rotate) => {
                 let segments = Segments::start(
@@ -260,11 +260,11 @@ impl Session {
             .transpose()?;
         let lacking = self.capture.lacking();
         let meta = RunMeta {
-            schema_version: xlap_records::schema::SCHEMA_VERSION,
-            software_version: env!("CARGO_PKG_VERSION"),
+            schema_version: SchemaVersion::default(),
+            software_version: env!("CARGO_PKG_VERSION").into(),
             state: RunState::Running,
-            recorder: Recorder::this_process(),
-            checkpoint_every_s: CHECKPOINT_EVERY.as_secs_f64(),
+            recorder: Some(runmeta::this_recorder()),
+            checkpoint_every_s: Some(CHECKPOINT_EVERY.as_secs_f64()),
             checkpoint: None,
             batch_export_every_ms: self
                 .capture
@@ -275,11 +275,11 @@ impl Session {
             host: host.clone(),
             kernel: runmeta::kernel_release(),
             boot_id: runmeta::boot_id(),
-            clock_sync: runmeta::ClockSync::read(),
+            clock_sync: runmeta::clock_sync(),
             clock_start,
-            clock_end: clock_start,
+            clock_end: Some(clock_start),
             clock_steps: Vec::new(),
-            options: serde_json::Value::Null,
+            options: RunOptions::default(),
             targets: Vec::new(),
             followed: Vec::new(),
             foreign_stamps_dropped: 0,
@@ -293,19 +293,17 @@ impl Session {
             stamps: 0,
             lost: 0,
             bpf_programs: BTreeMap::new(),
-            bpf_stats: runmeta::BpfStats {
-                mode: args.stats_mode(),
-                on_s: 0.0,
-                windows: 0,
-                stamps: 0,
-                unavailable: false,
-            },
+            bpf_stats: Some(runmeta::BpfStats {
+                mode: args.stats_mode().into(),
+                ..runmeta::BpfStats::default()
+            }),
             bpf_ns_per_stamp: None,
-            reader_cpu_s: 0.0,
+            reader_cpu_s: Some(0.0),
             stop_reason: String::new(),
             segment,
             device_timestamping: timestamping,
-            capabilities_missing: plan.caps_missing.iter().map(|n| n.name).collect(),
+            capabilities_missing: plan.caps_missing.iter().map(|n| n.name.into()).collect(),
+            recovery: None,
         };
         let mut live = Live {
             attached: Attached {
@@ -461,24 +459,44 @@ impl RunInfo {
         let usdt = &self.usdt;
         let ring_sites = &self.ring_sites;
         let meta = &mut self.meta;
-        meta.options = serde_json::json!({
-            "pids": args.pids,
-            "layout": plan.layouts.default,
-            "port_layouts": plan.layouts.ports,
-            "points": plan.points.names(),
-            "ringbuf_bytes": plan.ringbuf_bytes,
-            "per_stamp_records": args.per_stamp_records,
-            "duration_s": args.duration,
-            "count": args.count,
-            "exited": following.exited.iter().map(|(pid, s)| serde_json::json!({"pid": pid, "after_s": s})).collect::<Vec<_>>(),
-            "marker_path": args.marker_path,
-            "usdt_sites": usdt.sites.iter().map(|s| serde_json::json!({
-                "pid": s.pid, "provider": s.probe.provider, "name": s.probe.name,
-                "path": if ring_sites.iter().any(|(p, f)| *p == s.pid && *f == s.path) { "ring" } else { "uprobe" },
-                "point": format!("app.{}", usdt.app_names[(s.spec.point - xlap_point::XLAP_POINT_APP_BASE as u16) as usize]),
-                "file": s.path, "args": s.probe.args_spec,
-            })).collect::<Vec<_>>(),
-        });
+        meta.options = RunOptions {
+            pids: args.pids.clone(),
+            layout: plan.layouts.default.into(),
+            port_layouts: plan.layouts.ports.iter().map(Into::into).collect(),
+            points: plan.points.names().into_iter().map(String::from).collect(),
+            ringbuf_bytes: Some(plan.ringbuf_bytes),
+            per_stamp_records: args.per_stamp_records,
+            duration_s: args.duration,
+            count: args.count,
+            exited: following
+                .exited
+                .iter()
+                .map(|&(pid, after_s)| Exited { pid, after_s })
+                .collect(),
+            marker_path: Some(args.marker_path.into()),
+            usdt_sites: usdt
+                .sites
+                .iter()
+                .map(|s| UsdtSite {
+                    pid: s.pid,
+                    provider: s.probe.provider.clone(),
+                    name: s.probe.name.clone(),
+                    path: if ring_sites.iter().any(|(p, f)| *p == s.pid && *f == s.path) {
+                        SitePath::Ring
+                    } else {
+                        SitePath::Uprobe
+                    },
+                    point: format!(
+                        "app.{}",
+                        usdt.app_names
+                            [(s.spec.point - xlap_point::XLAP_POINT_APP_BASE as u16) as usize]
+                    ),
+                    file: s.path.clone(),
+                    args: s.probe.args_spec.clone(),
+                })
+                .collect(),
+            other: BTreeMap::new(),
+        };
         meta.targets = args
             .pids
             .iter()
@@ -681,18 +699,18 @@ impl Live {
             &BTreeMap::new(),
             &HashSet::new(),
         );
-        let clock = ClockPair::sample();
+        let clock = runmeta::sample_clocks();
         let meta = &mut self.info.meta;
         note_clock_step(meta, clock, plan.args.quiet);
-        meta.clock_end = clock;
+        meta.clock_end = Some(clock);
         meta.checkpoint = Some(Checkpoint {
             clock,
             streamed_stamps: self.sink.streamed,
             stream_bytes: self.sink.stream_bytes,
         });
-        meta.reader_cpu_s = thread_cpu_s() - self.info.cpu_start;
+        meta.reader_cpu_s = Some(thread_cpu_s() - self.info.cpu_start);
         meta.stop_reason = "(still running)".into();
-        meta.write(&self.files.meta)
+        Ok(meta.write(&self.files.meta)?)
     }
 
     fn rotation_due(&self) -> bool {
@@ -713,7 +731,7 @@ impl Live {
         if !self.sink.batcher.is_empty() {
             self.sink.write_batch()?;
         }
-        let clock = ClockPair::sample();
+        let clock = runmeta::sample_clocks();
         let meta = &mut self.info.meta;
         let mut next_segment = meta.segment.clone().expect("a rotated run's segment");
         next_segment.index += 1;
@@ -745,9 +763,9 @@ impl Live {
         let mut closed = meta.clone();
         closed.state = RunState::Complete;
         closed.checkpoint = None;
-        closed.clock_end = clock;
+        closed.clock_end = Some(clock);
         closed.stop_reason = "rotated".into();
-        closed.reader_cpu_s = thread_cpu_s() - self.info.cpu_start;
+        closed.reader_cpu_s = Some(thread_cpu_s() - self.info.cpu_start);
         closed.flows = runmeta::FlowCounts {
             known: flows.table.len() as u64,
             collided: flows.collided,
@@ -758,7 +776,7 @@ impl Live {
         // The next segment: a run of its own from here.
         meta.run_id = next_segment.run_id();
         meta.clock_start = clock;
-        meta.clock_end = clock;
+        meta.clock_end = Some(clock);
         meta.clock_steps.clear();
         meta.segment = Some(next_segment);
         self.sink.batcher =
@@ -841,7 +859,7 @@ impl Live {
 /// Notes (and says) a step of the realtime clock since the run's last
 /// clock pair (`clock_end` holds the last checkpoint's).
 fn note_clock_step(meta: &mut RunMeta, now: ClockPair, quiet: bool) {
-    if let Some(step) = now.step_since(&meta.clock_end) {
+    if let Some(step) = now.step_since(&meta.clock_end()) {
         if !quiet {
             eprintln!(
                 "xlap-trace: warning: the realtime clock stepped {:+.6} s during the run ({:.1} s in); stamps use the monotonic clock and this host's stages are unaffected, but wall times and realtime mappings to other hosts hold only before it (run.json: clock_steps)",
@@ -896,7 +914,7 @@ impl Detached {
         }
         sink.stream.finish()?;
         let reader_cpu_s = thread_cpu_s() - info.cpu_start;
-        let clock_end = ClockPair::sample();
+        let clock_end = runmeta::sample_clocks();
         let drop = DropFlows {
             flows: sink.foreign.to_drop(),
             points: BY_PORT_POINTS,
@@ -932,7 +950,7 @@ impl Detached {
         meta.state = RunState::Complete;
         meta.checkpoint = None;
         note_clock_step(&mut meta, clock_end, args.quiet);
-        meta.clock_end = clock_end;
+        meta.clock_end = Some(clock_end);
         meta.foreign_stamps_dropped = dropped.values().sum();
         meta.flows = runmeta::FlowCounts {
             known: flows.table.len() as u64,
@@ -943,15 +961,15 @@ impl Detached {
             let timed = sink.stats.stamps_in_windows;
             (bpf_time > 0 && timed > 0).then(|| bpf_time as f64 / timed as f64)
         };
-        meta.bpf_stats = runmeta::BpfStats {
-            mode: sink.stats.mode(),
+        meta.bpf_stats = Some(runmeta::BpfStats {
+            mode: sink.stats.mode().into(),
             on_s: sink.stats.sampled_s(),
             windows: sink.stats.windows(),
             stamps: sink.stats.stamps_in_windows,
             unavailable: sink.stats.unavailable,
-        };
+        });
         meta.bpf_programs = bpf_programs;
-        meta.reader_cpu_s = reader_cpu_s;
+        meta.reader_cpu_s = Some(reader_cpu_s);
         meta.stop_reason = stop_reason;
         meta.write(&files.meta)?;
         if let Some(segments) = segments {

@@ -1,0 +1,195 @@
+//! Writing the packets table in the columns, order and types of
+//! `xlap_records::schema::packets`, for both of its writers: `correlate`
+//! (from stamps) and `synth` (a planted ground truth). What is derived
+//! from the point columns (the send time, X-LAP's totals, the stages) is
+//! derived here, once; each writer gives the rest (run, flow, flags).
+
+use crate::{AnalyzeError, Result};
+use arrow_schema::DataType;
+use duckdb::Connection;
+use std::path::Path;
+use xlap_records::points::{RX_WIRE, TX_WIRE};
+use xlap_records::schema::{self, PACKETS_SCHEMA_VERSION, PACKETS_SIDES_KEY, PACKETS_VERSION_KEY};
+
+/// A packets table's point columns in path order, each with its side
+/// ("tx" or "rx"), read from `alias` in the writer's query.
+pub struct PointColumns<'a> {
+    pub cols: &'a [(String, String)],
+    pub alias: &'a str,
+}
+
+/// SQL expressions over the point columns.
+pub struct Derived {
+    /// The sender's first point: when the packet was sent.
+    pub tx_first: String,
+    /// Where it left the sender and reached the receiver (the preferred
+    /// device points present: `TX_WIRE`, `RX_WIRE`).
+    pub tx_wire: String,
+    pub rx_wire: String,
+    /// The receiver's last point.
+    pub rx_last: String,
+    /// Some receiver point fired / some receiver kernel point fired.
+    pub rx_any: String,
+    pub rx_any_kernel: String,
+    /// `<a>__<b>_ns` per stage: consecutive points of one side.
+    pub stages: Vec<(String, String)>,
+}
+
+impl PointColumns<'_> {
+    fn col(&self, c: &str) -> String {
+        format!("{}.\"{c}\"", self.alias)
+    }
+
+    fn side(&self, side: &str) -> Vec<&String> {
+        self.cols
+            .iter()
+            .filter(|(_, s)| s == side)
+            .map(|(c, _)| c)
+            .collect()
+    }
+
+    pub fn derived(&self) -> Derived {
+        let present = |names: &[&str]| -> Vec<String> {
+            names
+                .iter()
+                .map(|n| format!("{n}_ns"))
+                .filter(|n| self.cols.iter().any(|(c, _)| c == n))
+                .map(|n| self.col(&n))
+                .collect()
+        };
+        let call = |f: &str, v: Vec<String>| {
+            if v.is_empty() {
+                "NULL::BIGINT".to_string()
+            } else {
+                format!("{f}({})", v.join(", "))
+            }
+        };
+        let any = |v: Vec<String>| {
+            if v.is_empty() {
+                "false".to_string()
+            } else {
+                v.iter()
+                    .map(|c| format!("{c} IS NOT NULL"))
+                    .collect::<Vec<_>>()
+                    .join(" OR ")
+            }
+        };
+        let cols_of = |side: &str| -> Vec<String> {
+            self.side(side).into_iter().map(|c| self.col(c)).collect()
+        };
+        // Stages chain the points of one side (sender, then receiver); the
+        // crossing between them is `channel_ns`. A chain across sides would
+        // pair unrelated work that merely overlaps in time (on veth the
+        // receiver's softirq runs inside the sender's transmit call).
+        let stages = ["tx", "rx"]
+            .iter()
+            .flat_map(|side| {
+                self.side(side)
+                    .windows(2)
+                    .map(|w| {
+                        let (a, b) = (w[0], w[1]);
+                        (
+                            format!("{}__{b}", a.trim_end_matches("_ns")),
+                            format!("{} - {}", self.col(b), self.col(a)),
+                        )
+                    })
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        Derived {
+            tx_first: call("least", cols_of("tx")),
+            tx_wire: call("coalesce", present(TX_WIRE)),
+            rx_wire: call("coalesce", present(RX_WIRE)),
+            rx_last: call("greatest", cols_of("rx")),
+            rx_any: any(cols_of("rx")),
+            rx_any_kernel: any(self
+                .side("rx")
+                .into_iter()
+                .filter(|c| !c.starts_with("app_"))
+                .map(|c| self.col(c))
+                .collect()),
+            stages,
+        }
+    }
+
+    /// The SELECT list of the table: every column of the schema in its
+    /// order and type. `given(column, derived)` is the writer's expression
+    /// for the head and flag columns other than `sent_ns`.
+    pub fn select_list(&self, given: impl Fn(&str, &Derived) -> String) -> String {
+        let d = self.derived();
+        let cast = |name: &str, ty: &DataType, expr: String| {
+            format!("({expr})::{} AS \"{name}\"", sql_type(ty))
+        };
+        let mut out = Vec::new();
+        for f in schema::packets_head() {
+            let expr = match f.name().as_str() {
+                "sent_ns" => d.tx_first.clone(),
+                name => given(name, &d),
+            };
+            out.push(cast(f.name(), f.data_type(), expr));
+        }
+        for (c, _) in self.cols {
+            out.push(format!("{} AS \"{c}\"", self.col(c)));
+        }
+        for f in schema::packets_totals() {
+            let expr = match f.name().as_str() {
+                "sender_total_ns" => format!("{} - {}", d.tx_wire, d.tx_first),
+                "channel_ns" => format!("{} - {}", d.rx_wire, d.tx_wire),
+                "receiver_total_ns" => format!("{} - {}", d.rx_last, d.rx_wire),
+                "e2e_ns" => format!("{} - {}", d.rx_last, d.tx_first),
+                // X-LAP's own end to end: sender total + receiver total.
+                "xlap_e2e_ns" => format!(
+                    "({} - {}) + ({} - {})",
+                    d.tx_wire, d.tx_first, d.rx_last, d.rx_wire
+                ),
+                other => unreachable!("a total without a definition: {other}"),
+            };
+            out.push(cast(f.name(), f.data_type(), expr));
+        }
+        for (name, expr) in &d.stages {
+            out.push(cast(name, &DataType::Int64, expr.clone()));
+        }
+        for f in schema::packets_flags() {
+            out.push(cast(f.name(), f.data_type(), given(f.name(), &d)));
+        }
+        out.join(",\n  ")
+    }
+}
+
+/// DuckDB's name of an Arrow type of the packets schema.
+pub fn sql_type(ty: &DataType) -> &'static str {
+    match ty {
+        DataType::Utf8 => "VARCHAR",
+        DataType::UInt16 => "USMALLINT",
+        DataType::UInt32 => "UINTEGER",
+        DataType::UInt64 => "UBIGINT",
+        DataType::Int64 => "BIGINT",
+        DataType::Boolean => "BOOLEAN",
+        other => unreachable!("the packets schema has no {other} column"),
+    }
+}
+
+/// The sides of the point columns, as written in [`PACKETS_SIDES_KEY`].
+pub fn sides_json(cols: &[(String, String)]) -> String {
+    let map: serde_json::Map<String, serde_json::Value> = cols
+        .iter()
+        .map(|(c, s)| (c.clone(), serde_json::Value::String(s.clone())))
+        .collect();
+    serde_json::Value::Object(map).to_string()
+}
+
+/// Writes `query` (a table name or a parenthesised query) to `out` as a
+/// packets Parquet file: its version and point sides in the key-value
+/// metadata, whole or not at all (a temporary file renamed).
+pub fn write(conn: &Connection, query: &str, out: &Path, cols: &[(String, String)]) -> Result<()> {
+    let tmp = out.with_extension("parquet.tmp");
+    conn.execute_batch(&format!(
+        "COPY {query} TO '{}' (FORMAT PARQUET, COMPRESSION ZSTD, KV_METADATA {{{PACKETS_VERSION_KEY}: '{PACKETS_SCHEMA_VERSION}', {PACKETS_SIDES_KEY}: '{}'}});",
+        tmp.display().to_string().replace('\'', "''"),
+        sides_json(cols).replace('\'', "''"),
+    ))?;
+    std::fs::rename(&tmp, out).map_err(|e| AnalyzeError::Input {
+        path: out.display().to_string(),
+        what: e.to_string(),
+    })
+}
