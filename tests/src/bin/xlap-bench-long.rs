@@ -253,6 +253,24 @@ fn report(
                 .sum::<u64>()
                 .max(1) as f64
     });
+    // Where the losses were, by reason and by point: from each segment
+    // still on disk (a deleted one's run.json went with it).
+    let mut lost_by: std::collections::BTreeMap<(String, String), u64> = Default::default();
+    let mut kept_lost = 0u64;
+    for s in &segments {
+        let d = dir.join(s["dir"].as_str().unwrap_or_default());
+        let Ok(text) = std::fs::read_to_string(d.join("run.json")) else {
+            continue;
+        };
+        let meta = xlap_records::run_meta::RunMeta::from_json(&text)?;
+        kept_lost += meta.lost;
+        for (point, stats) in &meta.points {
+            for (key, n) in stats.lost.iter().filter(|(_, n)| **n > 0) {
+                let reason = key.trim_start_matches("lost_").to_string();
+                *lost_by.entry((reason, point.clone())).or_default() += n;
+            }
+        }
+    }
     let mut parquet_bytes = 0u64;
     let mut parquet_stamps = 0u64;
     for s in segments.iter().filter(|s| s["state"] == "complete") {
@@ -290,6 +308,19 @@ fn report(
     println!(
         "| stamps lost | {lost} ({:.4} %) |",
         100.0 * lost as f64 / (stamps + lost).max(1) as f64
+    );
+    let mut by: Vec<(&(String, String), &u64)> = lost_by.iter().collect();
+    by.sort_by(|a, b| b.1.cmp(a.1));
+    println!(
+        "| stamps lost by reason and point (segments kept: {kept_lost}) | {} |",
+        if by.is_empty() {
+            "none".to_string()
+        } else {
+            by.iter()
+                .map(|((reason, point), n)| format!("{reason} at {point}: {n}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        }
     );
     println!(
         "| recorder RSS: after 1 min, max, end | {:.0} / {:.0} / {:.0} MiB |",
@@ -343,7 +374,7 @@ fn report(
         out.join("long.json"),
         serde_json::to_string_pretty(&json!({
             "samples": samples.iter().map(Sample::to_json).collect::<Vec<_>>(), "segments": segments, "sent": sent, "stamps": stamps,
-            "lost": lost, "wall_s": wall_s, "stream_bytes_per_stamp": stream_b_per_stamp,
+            "lost": lost, "lost_by": by.iter().map(|((reason, point), n)| json!({"reason": reason, "point": point, "stamps": n})).collect::<Vec<_>>(), "wall_s": wall_s, "stream_bytes_per_stamp": stream_b_per_stamp,
             "parquet_bytes_per_stamp": parquet_bytes as f64 / parquet_stamps.max(1) as f64,
         }))?,
     )?;

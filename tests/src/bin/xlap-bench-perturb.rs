@@ -250,12 +250,38 @@ fn start_bpftrace(scratch: &Scratch) -> Result<KillOnDrop> {
     let script = scratch.path("diy-net.bt");
     std::fs::write(&script, DIY_SCRIPT)?;
     let out = scratch.path("bpftrace.out");
-    let child = Command::new("bpftrace")
+    let err = scratch.path("bpftrace.err");
+    // bpftrace finds tracepoints in tracefs, which a machine may not have
+    // mounted (xlap-trace does not need it): then it runs in a mount
+    // namespace of its own with tracefs mounted there, the host left as
+    // it was. `exec` keeps its pid, which the round's SIGINT is sent to.
+    let tracefs = [
+        "/sys/kernel/tracing/events",
+        "/sys/kernel/debug/tracing/events",
+    ]
+    .iter()
+    .any(|p| Path::new(p).is_dir());
+    let mut command = if tracefs {
+        Command::new("bpftrace")
+    } else {
+        let mut c = Command::new("unshare");
+        c.args([
+            "--mount",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            "mount -t tracefs nodev /sys/kernel/tracing && exec bpftrace \"$@\"",
+            "sh",
+        ]);
+        c
+    };
+    let child = command
         .arg(&script)
         .env("BPFTRACE_MAP_KEYS_MAX", "1000000")
         .stdin(Stdio::null())
         .stdout(std::fs::File::create(&out)?)
-        .stderr(Stdio::null())
+        .stderr(std::fs::File::create(&err)?)
         .spawn()
         .context("bpftrace")?;
     let mut child = KillOnDrop(child);
@@ -267,7 +293,14 @@ fn start_bpftrace(scratch: &Scratch) -> Result<KillOnDrop> {
             return Ok(child);
         }
         if let Some(status) = child.0.try_wait()? {
-            bail!("bpftrace exited ({status}) before attaching");
+            let said = std::fs::read_to_string(&err).unwrap_or_default();
+            bail!(
+                "bpftrace exited ({status}) before attaching: {}",
+                said.lines()
+                    .filter(|l| l.contains("ERROR") && !l.contains("RLIMIT_MEMLOCK"))
+                    .collect::<Vec<_>>()
+                    .join("; ")
+            );
         }
         if t0.elapsed() > Duration::from_secs(60) {
             bail!("bpftrace did not attach within 60 s");
