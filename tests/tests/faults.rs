@@ -128,6 +128,77 @@ fn traced_processes_killed_mid_run_end_it_with_their_data() {
     );
 }
 
+/// A small tmpfs (`size`: "2m"), unmounted when dropped.
+struct SmallDisk(std::path::PathBuf);
+
+impl SmallDisk {
+    fn mount(scratch: &Scratch, size: &str) -> SmallDisk {
+        let disk = scratch.path("small-disk");
+        std::fs::create_dir_all(&disk).unwrap();
+        let mounted = Command::new("mount")
+            .args([
+                "-t",
+                "tmpfs",
+                "-o",
+                &format!("size={size}"),
+                "xlap-test-full",
+            ])
+            .arg(&disk)
+            .status()
+            .expect("mount");
+        assert!(mounted.success(), "cannot mount a tmpfs");
+        SmallDisk(disk)
+    }
+}
+
+impl Drop for SmallDisk {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.0).status();
+    }
+}
+
+/// The example protocol (`count` datagrams, one per 100 µs) traced onto a
+/// disk that fills up, `record_args` added: returns the protocol run (finished), the run directory and what
+/// the recorder said, after checking it stopped with exit 1 saying what
+/// to do.
+fn record_until_full(
+    stage: &Stage,
+    scratch: &Scratch,
+    disk: &SmallDisk,
+    count: u32,
+    record_args: &[&str],
+) -> (
+    Vec<serde_json::Value>,
+    (u32, u32),
+    std::path::PathBuf,
+    String,
+) {
+    let run = ProtocolRun::spawn(
+        stage,
+        scratch,
+        &ExampleOptions {
+            count,
+            period_us: 100,
+            gated: true,
+            ..Default::default()
+        },
+    );
+    let pids = run.pids();
+    let dir = disk.0.join("run");
+    let rec = Recorder::start(&[pids.0, pids.1], &dir, record_args);
+    run.start();
+    let out = rec.child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("No space left on device"), "{stderr}");
+    assert!(
+        stderr.contains(&format!("xlap-trace recover {}`", dir.display())),
+        "says what to do, for the recording: {stderr}"
+    );
+    let (sent, _) = run.wait();
+    (sent, pids, dir, stderr)
+}
+
 /// A tmpfs of 2 MiB as the output disk: the live stream fills it.
 #[test]
 fn a_full_disk_stops_the_run_with_what_to_do_and_keeps_what_was_written() {
@@ -136,44 +207,8 @@ fn a_full_disk_stops_the_run_with_what_to_do_and_keeps_what_was_written() {
     };
     let stage = Stage::two_hosts().expect("stage");
     let scratch = Scratch::new("fault-disk-full");
-    let disk = scratch.path("small-disk");
-    std::fs::create_dir_all(&disk).unwrap();
-    let mounted = Command::new("mount")
-        .args(["-t", "tmpfs", "-o", "size=2m", "xlap-test-full"])
-        .arg(&disk)
-        .status()
-        .expect("mount");
-    assert!(mounted.success(), "cannot mount a tmpfs");
-    struct Unmount(std::path::PathBuf);
-    impl Drop for Unmount {
-        fn drop(&mut self) {
-            let _ = Command::new("umount").arg(&self.0).status();
-        }
-    }
-    let _unmount = Unmount(disk.clone());
-    let run = ProtocolRun::spawn(
-        &stage,
-        &scratch,
-        &ExampleOptions {
-            count: 20_000,
-            period_us: 100,
-            gated: true,
-            ..Default::default()
-        },
-    );
-    let pids = run.pids();
-    let dir = disk.join("run");
-    let rec = Recorder::start(&[pids.0, pids.1], &dir, &[]);
-    run.start();
-    let out = rec.child.wait_with_output().unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{stderr}");
-    assert!(stderr.contains("No space left on device"), "{stderr}");
-    assert!(
-        stderr.contains("xlap-trace recover"),
-        "says what to do: {stderr}"
-    );
-    let (sent, _) = run.wait();
+    let disk = SmallDisk::mount(&scratch, "2m");
+    let (sent, pids, dir, _) = record_until_full(&stage, &scratch, &disk, 20_000, &[]);
     // Moved to a disk with room, the run is recovered whole up to where
     // the disk filled.
     let moved = scratch.path("moved");
@@ -288,4 +323,62 @@ fn a_realtime_clock_step_during_a_run_is_recorded_and_warned() {
         .take(10)
         .collect();
     assert!(missing.is_empty(), "logged, not stamped: {missing:?}");
+}
+
+/// The same under `--rotate`: the disk fills in a later segment; the
+/// recorder names that segment's stream and the recording to recover,
+/// and `recover` of the recording takes up the segment left running.
+/// (Segments are finished into Parquet, a fifth of the stream, as the run
+/// goes: 1 MiB holds about half of 40 000 datagrams' stamps.)
+#[test]
+fn a_full_disk_under_rotation_names_the_segment_and_the_recording() {
+    let Some(_guard) = privileged("faults_disk_full_rotated") else {
+        return;
+    };
+    let stage = Stage::two_hosts().expect("stage");
+    let scratch = Scratch::new("fault-disk-full-rotated");
+    let disk = SmallDisk::mount(&scratch, "1m");
+    let (_, _, dir, stderr) =
+        record_until_full(&stage, &scratch, &disk, 40_000, &["--rotate", "64KiB"]);
+    let segment = stderr
+        .split(&format!("the recording stopped ({}/", dir.display()))
+        .nth(1)
+        .and_then(|rest| rest.split('/').next())
+        .unwrap_or_else(|| panic!("names no segment: {stderr}"));
+    assert!(
+        segment.starts_with("seg-") && segment != "seg-000001",
+        "the disk filled in a later segment, and it is named: {stderr}"
+    );
+    let moved = scratch.path("moved");
+    assert!(Command::new("cp")
+        .arg("-r")
+        .arg(&dir)
+        .arg(&moved)
+        .status()
+        .unwrap()
+        .success());
+    let out = Command::new(bin("xlap-trace"))
+        .arg("recover")
+        .arg(&moved)
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{said}");
+    let listing = |d: &std::path::Path| {
+        std::fs::read_dir(d)
+            .map(|r| {
+                r.filter_map(|e| e.ok())
+                    .map(|e| e.file_name().to_string_lossy().to_string())
+                    .collect::<Vec<_>>()
+            })
+            .unwrap_or_default()
+    };
+    assert!(
+        moved.join(segment).join("run.json").is_file(),
+        "{segment}: {:?} of {:?}; recorder: {stderr}; recover: {said}",
+        listing(&moved.join(segment)),
+        listing(&moved)
+    );
+    let meta = run_meta(&moved.join(segment));
+    assert_eq!(meta["state"], "recovered", "{said}");
 }

@@ -1,6 +1,7 @@
 //! Synthetic runs with a known ground truth, for the query tests and the
-//! analysis benchmark: a packets table shaped like `correlate`'s (same point,
-//! stage, total and flag columns) and a `run.json` with tracer counters.
+//! analysis benchmark: a packets table written as `correlate` writes one
+//! (the same columns, totals and stages: `packets_table`) and a `run.json`
+//! with tracer counters.
 //!
 //! Every random draw is a pure function of (seed, packet, stream): a 32-bit
 //! integer hash evaluated by DuckDB, so the output does not depend on thread

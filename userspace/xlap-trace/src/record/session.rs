@@ -566,10 +566,15 @@ impl Live {
     /// Drains the ring buffer and follows the targets until a stop
     /// condition; returns which.
     pub fn follow(&mut self, plan: &Plan, stop: &Arc<AtomicBool>) -> Result<String> {
-        let dir = self.files.dir.display().to_string();
-        self.follow_until_stop(plan, stop).with_context(|| {
+        let result = self.follow_until_stop(plan, stop);
+        // The segment being recorded when it stopped (a rotated recording
+        // has moved on from its first); `recover` of the recording's
+        // directory takes up every segment left running.
+        let segment = self.files.dir.display().to_string();
+        let recording = plan.args.output.display().to_string();
+        result.with_context(|| {
             format!(
-                "the recording stopped ({dir}/stamps.arrows keeps every batch written; `xlap-trace recover {dir}` makes the run whole, on a disk with room)"
+                "the recording stopped ({segment}/stamps.arrows keeps every batch written; `xlap-trace recover {recording}` makes it whole, on a disk with room)"
             )
         })
     }
