@@ -8,17 +8,28 @@ use std::process::Command;
 /// the scratch directory.
 pub fn udp_loop(scratch: &Scratch) -> PathBuf {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/markers/c");
-    let exe = scratch.path("udp_loop");
+    build(&dir.join("udp_loop.c"), &scratch.path("udp_loop"))
+}
+
+/// Builds `tests/c/hostile_target.c` (udp_loop that attacks its tracer's
+/// marker ring) to `exe`.
+pub fn hostile_target(exe: &Path) -> PathBuf {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("c");
+    build(&dir.join("hostile_target.c"), exe)
+}
+
+fn build(source: &Path, exe: &Path) -> PathBuf {
+    let markers = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/markers/c");
     let status = Command::new("cc")
-        .args(["-O2", "-Wall", "-Werror", "-I"])
-        .arg(&dir)
-        .arg(dir.join("udp_loop.c"))
+        .args(["-O2", "-Wall", "-Werror", "-pthread", "-I"])
+        .arg(&markers)
+        .arg(source)
         .arg("-o")
-        .arg(&exe)
+        .arg(exe)
         .status()
         .expect("cc runs (./run.sh setup installs build-essential)");
-    assert!(status.success(), "udp_loop.c does not build");
-    exe
+    assert!(status.success(), "{} does not build", source.display());
+    exe.to_path_buf()
 }
 
 /// The `received SEQ TID` lines of a udp_loop log.

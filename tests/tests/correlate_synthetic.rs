@@ -1,6 +1,8 @@
 //! Unprivileged: the correlator on synthetic stamps whose truth is known:
 //! 16-bit sequence numbers wrapping, losses, a duplicate, a reordered pair,
-//! a packet rebuilt by the receiver without crossing the wire.
+//! a packet rebuilt by the receiver without crossing the wire. And point
+//! names (the traced programs' own) and run.json names made to break out of
+//! SQL: carried quoted through correlation and the analyses, never run.
 
 use std::path::Path;
 use xlap_abi::xlap_point;
@@ -41,12 +43,32 @@ fn lost(i: u64) -> bool {
 
 /// Writes a run directory with the given stamps.
 fn write_run(dir: &Path, stamps: &[Stamp]) {
-    std::fs::create_dir_all(dir).unwrap();
     // app point APP+0 is send_start, APP+1 deliver
+    let names = RunNames {
+        run_id: "synthetic",
+        host: "host",
+        boot_id: "boot-a",
+        markers: &["send_start", "deliver"],
+    };
+    write_run_named(dir, stamps, &names);
+}
+
+/// The names a run directory gives its run, host, clock and markers
+/// (marker i is app point APP+i).
+struct RunNames<'a> {
+    run_id: &'a str,
+    host: &'a str,
+    boot_id: &'a str,
+    markers: &'a [&'a str],
+}
+
+/// Writes a run directory with the given stamps and names.
+fn write_run_named(dir: &Path, stamps: &[Stamp], names: &RunNames) {
+    std::fs::create_dir_all(dir).unwrap();
     let mut batcher = StampBatcher::new(
-        "synthetic",
-        "host",
-        vec!["send_start".into(), "deliver".into()],
+        names.run_id,
+        names.host,
+        names.markers.iter().map(|m| m.to_string()).collect(),
     );
     let stream = dir.join("stamps.arrows");
     let mut out = StampStream::create(&stream).unwrap();
@@ -57,7 +79,7 @@ fn write_run(dir: &Path, stamps: &[Stamp]) {
     out.finish().unwrap();
     stream_to_parquet(&stream, &dir.join("stamps.parquet")).unwrap();
     let meta = serde_json::json!({
-        "schema_version": "1", "run_id": "synthetic", "host": "host", "boot_id": "boot-a",
+        "schema_version": "1", "run_id": names.run_id, "host": names.host, "boot_id": names.boot_id,
         "options": {"layout": {"seq_size": 2}},
         "clock_start": {"monotonic_ns": 0, "realtime_ns": 0},
     });
@@ -255,4 +277,182 @@ fn a_directory_that_is_not_a_run_is_a_clear_error() {
     std::fs::write(scratch.path("stamps.parquet"), b"").unwrap();
     let e = Run::open(&scratch.0).unwrap_err().to_string();
     assert!(e.contains("boot_id"), "{e}");
+}
+
+/// Where a name that broke out of its quotes would write: no dot in it,
+/// so a point column (dots as underscores) names the same file.
+fn pwn_file() -> std::path::PathBuf {
+    std::env::temp_dir().join(format!("xlap-pwn-{}", std::process::id()))
+}
+
+/// Marker names made to end a string literal or an identifier and run a
+/// statement of their own (a `COPY ... TO` a file outside the run), plus
+/// quotes, a semicolon and dots.
+fn hostile_markers(pwn: &Path) -> Vec<String> {
+    let pwn = pwn.display();
+    vec![
+        "send_start'x".into(),
+        "deliver\"y".into(),
+        format!("x'); COPY (SELECT 1) TO '{pwn}'; --"),
+        "..".into(),
+        "semi;colon".into(),
+        format!("y\" FROM s5; COPY (SELECT 2) TO '{pwn}'; --"),
+    ]
+}
+
+/// 500 packets, each through three hostile markers on each side around
+/// the kernel points, with some jitter for the analyses to find.
+fn hostile_stamps() -> Vec<Stamp> {
+    let mut v = Vec::new();
+    for i in 0..500u64 {
+        let t = 1_000_000_000 + i * 10_000;
+        let jitter = (i * 7919) % 1_000;
+        let tx = [
+            (APP, 0, 0),
+            (APP + 2, 500, 0),
+            (xlap_point::XLAP_POINT_SOCK_SEND_ENTER as u16, 1_000, FLOW),
+            (xlap_point::XLAP_POINT_DEV_QUEUE as u16, 2_000, FLOW),
+            (
+                xlap_point::XLAP_POINT_DEV_START_XMIT as u16,
+                3_000 + jitter,
+                FLOW,
+            ),
+            (APP + 3, 3_500 + jitter, 0),
+        ];
+        let rx = [
+            (xlap_point::XLAP_POINT_DEV_NETIF_RX as u16, 4_000, FLOW),
+            (xlap_point::XLAP_POINT_SOCK_QUEUE as u16, 5_000, FLOW),
+            (xlap_point::XLAP_POINT_SOCK_RECV_EXIT as u16, 7_000, 0),
+            (APP + 1, 8_000, 0),
+            (APP + 4, 8_500, 0),
+            (APP + 5, 9_000, 0),
+        ];
+        for (point, dt, flow) in tx {
+            v.push(stamp(point, t + dt, i, flow, SENDER));
+        }
+        for (point, dt, flow) in rx {
+            v.push(stamp(point, t + jitter + dt, i, flow, RECEIVER));
+        }
+    }
+    v
+}
+
+#[test]
+fn hostile_names_are_carried_quoted_through_correlation_and_analyses() {
+    use xlap_trace::analyze_cmd;
+    let pwn = pwn_file();
+    let _ = std::fs::remove_file(&pwn);
+    let scratch = Scratch::new("hostile");
+    let dir = scratch.path("run");
+    let markers = hostile_markers(&pwn);
+    let marker_refs: Vec<&str> = markers.iter().map(|m| m.as_str()).collect();
+    let run_id = format!("run'); COPY (SELECT 3) TO '{}'; --", pwn.display());
+    write_run_named(
+        &dir,
+        &hostile_stamps(),
+        &RunNames {
+            run_id: &run_id,
+            host: "host\"'; --",
+            boot_id: "boot'b",
+            markers: &marker_refs,
+        },
+    );
+
+    // As `record` ends: the correlation root would run.
+    let out = dir.join("packets.parquet");
+    let c = xlap_trace::correlate_cmd::correlate(&[&dir], &out, Some(1.0))
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    assert_eq!((c.packets, c.lost, c.unplaced_stamps), (500, 0, 0));
+    for m in &markers {
+        let col = format!("app_{}_ns", m.replace('.', "_"));
+        assert!(c.points.contains(&col), "{col} not in {:?}", c.points);
+    }
+    assert_eq!(
+        xlap_tests::packets_file::assert_follows_schema(&out),
+        c.points
+    );
+
+    // The default analyses, on the run and on its packets file alone.
+    for arg in [&dir, &out] {
+        let (conn, ds) = analyze_cmd::open(arg, xlap_analyze::dataset::Shared::Materialized, false)
+            .unwrap_or_else(|e| panic!("{}: {e:#}", arg.display()));
+        assert_eq!(ds.delivered, 500);
+        let queries: Vec<_> = analyze_cmd::DEFAULT_QUERIES
+            .iter()
+            .map(|q| xlap_analyze::queries::find(q).unwrap())
+            .collect();
+        let results = analyze_cmd::run_queries(&conn, &queries, &[], false).unwrap();
+        let jitter = &results.iter().find(|(q, _)| q.name == "jitter").unwrap().1;
+        let stages = serde_json::to_string(&jitter.rows).unwrap();
+        assert!(stages.contains("send_start'x"), "{stages}");
+        assert!(stages.contains("COPY (SELECT 2)"), "{stages}");
+        // The report's scatter plots and waterfalls, and the Perfetto
+        // export, name their columns too.
+        let html = xlap_analyze::report::build(
+            &conn,
+            &xlap_analyze::report::ReportOptions {
+                kind: None,
+                slowest: 3,
+                title: "hostile".into(),
+                others: Vec::new(),
+            },
+        )
+        .unwrap();
+        assert!(html.contains("send_start'x"), "the report names the stages");
+        let trace = scratch.path("trace.json");
+        let exported = xlap_analyze::perfetto::export(
+            &conn,
+            &trace,
+            &xlap_analyze::perfetto::ExportOptions {
+                max_packets: 10,
+                kind: None,
+            },
+        )
+        .unwrap();
+        assert_eq!(exported.packets, 10);
+    }
+
+    // A CI summary measuring a stage its baseline has and it lacks.
+    let mut summary = xlap_trace::ci::summary::Summary::of_run(&dir).unwrap();
+    let stage = "app_send_start'x__app_deliver\"y".to_string();
+    summary
+        .add_stages_of(&dir, std::slice::from_ref(&stage))
+        .unwrap();
+    assert!(summary.stages.iter().any(|s| s.stage == stage));
+
+    assert!(
+        !pwn.exists(),
+        "a name ran a statement of its own: {}",
+        pwn.display()
+    );
+}
+
+#[test]
+fn a_point_name_that_cannot_be_a_column_is_named_with_its_file() {
+    let scratch = Scratch::new("unusable");
+    let dir = scratch.path("run");
+    let stamps: Vec<Stamp> = hostile_stamps()
+        .into_iter()
+        .filter(|s| s.point < APP || s.point == APP + 1)
+        .collect();
+    write_run_named(
+        &dir,
+        &stamps,
+        &RunNames {
+            run_id: "r",
+            host: "h",
+            boot_id: "b",
+            markers: &["send_start", "del\u{1}iver"],
+        },
+    );
+    let e = xlap_trace::correlate_cmd::correlate(&[&dir], &dir.join("packets.parquet"), None)
+        .unwrap_err();
+    let e = format!("{e:#}");
+    assert!(
+        e.contains(&dir.join("stamps.parquet").display().to_string()),
+        "{e}"
+    );
+    assert!(e.contains(r#""app.del\u{1}iver""#), "{e}");
+    assert!(e.contains("control character U+0001"), "{e}");
+    assert!(!dir.join("packets.parquet").exists());
 }

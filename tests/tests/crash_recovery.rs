@@ -4,7 +4,8 @@
 //! sent before the last second, no stamp after the kill, and no BPF program
 //! left in the kernel; a CPU that never goes idle does not keep the last
 //! stamps in its batch (they are exported on a timer), checked against a
-//! sender's own list of what it sent.
+//! sender's own list of what it sent. The marker rings the dead recorder
+//! left in /dev/shm are removed by the recovery.
 
 use std::collections::BTreeSet;
 use std::process::{Command, Stdio};
@@ -38,6 +39,16 @@ fn capture_programs() -> BTreeSet<u64> {
             .contains(&name)
         })
         .filter_map(|p| p["id"].as_u64())
+        .collect()
+}
+
+/// The marker ring files of the recorder `pid` in /dev/shm.
+fn rings_of(pid: u32) -> Vec<String> {
+    let prefix = format!("xlap-trace.{pid}.");
+    std::fs::read_dir("/dev/shm")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|n| n.starts_with(&prefix))
         .collect()
 }
 
@@ -97,8 +108,12 @@ fn a_recorder_killed_mid_run_leaves_a_run_the_analysis_recovers() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    let recorder = rec.child.id();
     let killed_at = kill_hard(rec);
     let (sent, _received) = run.wait();
+    // The dead recorder's marker rings (one per process with markers) are
+    // still in /dev/shm: memory, until someone removes them.
+    assert_eq!(rings_of(recorder).len(), 2, "the rings left by the kill");
 
     // The kernel freed every program of the dead recorder.
     let mut left: Vec<u64> = Vec::new();
@@ -129,6 +144,8 @@ fn a_recorder_killed_mid_run_leaves_a_run_the_analysis_recovers() {
     let meta = run_meta(&dir);
     assert_eq!(meta["state"], "recovered");
     assert_eq!(meta["stop_reason"], "recorder died");
+    let left = rings_of(recorder);
+    assert!(left.is_empty(), "rings left after the recovery: {left:?}");
 
     // Against the sender's own log: every datagram it sent more than a
     // second before the kill (the stream is written every 0.5 s, batches

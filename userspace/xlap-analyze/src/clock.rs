@@ -103,12 +103,14 @@ fn window_minima(
     t0: Option<f64>,
 ) -> Result<Option<(f64, Vec<Window>)>> {
     let t0_sql = t0.map_or("NULL".to_string(), |t| format!("{t}"));
+    // The domains (boot ids from run.json) are bound: $1 the reference, $2
+    // the other.
     let sql = format!(
         "WITH d AS (
-            SELECT CASE WHEN tx_domain = '{r}' THEN tx_ns ELSE rx_ns END::DOUBLE AS t_ref,
-                   tx_domain = '{r}' AS ab, (rx_ns - tx_ns)::DOUBLE AS delay
+            SELECT CASE WHEN tx_domain = $1 THEN tx_ns ELSE rx_ns END::DOUBLE AS t_ref,
+                   tx_domain = $1 AS ab, (rx_ns - tx_ns)::DOUBLE AS delay
             FROM wire
-            WHERE (tx_domain = '{r}' AND rx_domain = '{d}') OR (tx_domain = '{d}' AND rx_domain = '{r}')),
+            WHERE (tx_domain = $1 AND rx_domain = $2) OR (tx_domain = $2 AND rx_domain = $1)),
          b AS (SELECT min(t_ref) lo, max(t_ref) + 1 hi FROM d),
          w AS (SELECT least({n} - 1, floor((t_ref - lo) * {n} / (hi - lo)))::BIGINT AS win, ab, t_ref,
                       delay - CASE WHEN ab THEN 1 ELSE -1 END * {b} * (t_ref - coalesce({t0_sql}, lo)) AS delay,
@@ -118,13 +120,11 @@ fn window_minima(
          FROM w GROUP BY win
          HAVING count(*) FILTER (WHERE ab) > 0 AND count(*) FILTER (WHERE NOT ab) > 0
          ORDER BY win",
-        r = reference.replace('\'', ""),
-        d = domain.replace('\'', ""),
         n = WINDOWS
     );
     let mut stmt = conn.prepare(&sql)?;
     let rows: Vec<Window> = stmt
-        .query_map([], |row| {
+        .query_map([reference, domain], |row| {
             let (t, ab, ba, width): (f64, f64, f64, f64) =
                 (row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?);
             Ok(Window {
@@ -197,5 +197,15 @@ mod tests {
         assert!(u < 100_000.0, "{m:?}");
         assert_eq!(m.windows, 10);
         assert!(estimate(&conn, "A", "C").unwrap().is_none());
+        // Boot ids are matched as they are, quotes and all.
+        conn.execute_batch(
+            "UPDATE wire SET tx_domain = tx_domain || ''');--', rx_domain = rx_domain || ''');--';",
+        )
+        .unwrap();
+        let quoted = estimate(&conn, "A');--", "B');--")
+            .unwrap()
+            .expect("the same traffic");
+        assert_eq!((quoted.offset_ns, quoted.windows), (m.offset_ns, m.windows));
+        assert!(estimate(&conn, "A", "B").unwrap().is_none());
     }
 }

@@ -34,6 +34,7 @@
 use crate::clock::{self, Mapping};
 use crate::packets_table::{self, PointColumns};
 use crate::runs::Run;
+use crate::sql;
 use crate::{AnalyzeError, Result};
 use duckdb::Connection;
 use serde::Serialize;
@@ -71,20 +72,69 @@ pub struct Correlation {
 /// others fill `<point>_upper_ns`.
 pub use xlap_records::points::{RX_DEVICE_POINTS, RX_WIRE, TX_DEVICE_POINTS, TX_WIRE};
 
-fn sql_points(points: &[&str]) -> String {
-    points
-        .iter()
-        .map(|p| format!("'{p}'"))
-        .collect::<Vec<_>>()
-        .join(", ")
+/// The wrap-around span of a `seq_size`-byte sequence number (0: none
+/// within 64 bits).
+fn span_of(seq_size: u8) -> i64 {
+    if seq_size >= 8 {
+        0
+    } else {
+        1i64 << (8 * seq_size as u32)
+    }
 }
 
-fn sql_list(paths: &[&Path]) -> String {
-    paths
+/// `run_domain` (run, clock domain, seq span) and `port_span` (run, port,
+/// seq span of a port with a layout of its own), the run's names bound as
+/// values: a run id or boot id from run.json is data, not SQL.
+fn load_run_tables(conn: &Connection, runs: &[Run]) -> Result<()> {
+    conn.execute_batch(
+        "CREATE OR REPLACE TEMP TABLE run_domain (run_id VARCHAR, domain VARCHAR, span HUGEINT);
+         CREATE OR REPLACE TEMP TABLE port_span (run_id VARCHAR, port BIGINT, span HUGEINT);",
+    )?;
+    let mut domain = conn.prepare("INSERT INTO run_domain VALUES (?, ?, ?)")?;
+    let mut port = conn.prepare("INSERT INTO port_span VALUES (?, ?, ?)")?;
+    for r in runs {
+        domain.execute(duckdb::params![r.run_id, r.boot_id, span_of(r.seq_size)])?;
+        // Datagrams of a port with a layout of its own wrap at its seq size
+        // (a flow's destination port first, as in the capture).
+        for (p, size) in &r.port_seq_sizes {
+            port.execute(duckdb::params![r.run_id, p, span_of(*size)])?;
+        }
+    }
+    Ok(())
+}
+
+/// `clocks`: each domain's mapping onto the reference clock.
+fn load_clocks(conn: &Connection, clocks: &[Mapping]) -> Result<()> {
+    conn.execute_batch(
+        "CREATE OR REPLACE TEMP TABLE clocks (domain VARCHAR, offset_ns DOUBLE, drift_ppm DOUBLE, t0_ns BIGINT);",
+    )?;
+    let mut stmt = conn.prepare("INSERT INTO clocks VALUES (?, ?, ?, ?)")?;
+    for m in clocks {
+        stmt.execute(duckdb::params![m.domain, m.offset_ns, m.drift_ppm, m.t0_ns])?;
+    }
+    Ok(())
+}
+
+/// Refuses a point column the packets table cannot have, naming its point
+/// and the stamps file it came from; every other name is carried quoted.
+fn check_point_columns(conn: &Connection, runs: &[Run], cols: &[(String, String)]) -> Result<()> {
+    let Err((col, why)) = packets_table::check_columns(cols) else {
+        return Ok(());
+    };
+    let (point, run_id): (String, String) = conn.query_row(
+        "SELECT point, run_id FROM s5 WHERE col = ? LIMIT 1",
+        [&col],
+        |r| Ok((r.get(0)?, r.get(1)?)),
+    )?;
+    let file = runs
         .iter()
-        .map(|p| format!("'{}'", p.display().to_string().replace('\'', "''")))
-        .collect::<Vec<_>>()
-        .join(", ")
+        .find(|r| r.run_id == run_id)
+        .unwrap_or(&runs[0])
+        .stamps();
+    Err(AnalyzeError::Input {
+        path: file.display().to_string(),
+        what: format!("the point {point:?} cannot be correlated: {why}"),
+    })
 }
 
 /// Correlates `runs` (the first one's clock is the reference) into a
@@ -99,52 +149,11 @@ pub fn correlate(
         return Err(AnalyzeError::Other("no runs to correlate".into()));
     }
     let files: Vec<_> = runs.iter().map(|r| r.stamps()).collect();
-    let file_refs: Vec<&Path> = files.iter().map(|p| p.as_path()).collect();
     conn.execute_batch(&format!(
         "CREATE OR REPLACE TEMP VIEW stamps AS SELECT * FROM read_parquet([{}]);",
-        sql_list(&file_refs)
+        sql::paths(&files)
     ))?;
-    let span_of = |seq_size: u8| -> i128 {
-        if seq_size >= 8 {
-            0
-        } else {
-            1i128 << (8 * seq_size as u32)
-        }
-    };
-    let domains_values = runs
-        .iter()
-        .map(|r| {
-            format!(
-                "('{}', '{}', {})",
-                r.run_id.replace('\'', ""),
-                r.boot_id.replace('\'', ""),
-                span_of(r.seq_size)
-            )
-        })
-        .collect::<Vec<_>>()
-        .join(", ");
-    // Datagrams of a port with a layout of its own wrap at its seq size
-    // (a flow's destination port first, as in the capture).
-    let port_spans: Vec<String> = runs
-        .iter()
-        .flat_map(|r| {
-            r.port_seq_sizes.iter().map(|(port, size)| {
-                format!(
-                    "('{}', {port}, {})",
-                    r.run_id.replace('\'', ""),
-                    span_of(*size)
-                )
-            })
-        })
-        .collect();
-    conn.execute_batch(&format!(
-        "CREATE OR REPLACE TEMP TABLE port_span (run_id VARCHAR, port BIGINT, span HUGEINT);{}",
-        if port_spans.is_empty() {
-            String::new()
-        } else {
-            format!(" INSERT INTO port_span VALUES {};", port_spans.join(", "))
-        }
-    ))?;
+    load_run_tables(conn, runs)?;
     // Later IP fragments are extra stamps of their datagram (runs from
     // before the column existed have none).
     let has_fragment: bool = conn.query_row(
@@ -177,9 +186,7 @@ pub fn correlate(
         ""
     };
     conn.execute_batch(&format!(
-        "CREATE OR REPLACE TEMP TABLE run_domain (run_id VARCHAR, domain VARCHAR, span HUGEINT);
-         INSERT INTO run_domain VALUES {domains_values};
-         -- 1. domains and flows
+        "-- 1. domains and flows
          CREATE OR REPLACE TEMP TABLE s0 AS
            SELECT s.run_id, s.host, s.point, s.side, s.ts_ns, s.seq::HUGEINT AS seq, coalesce(s.kind::BIGINT, -1) AS kind, s.flow, s.pid, s.ifindex, {priority_col} AS priority, d.domain, d.span
            FROM stamps s JOIN run_domain d USING (run_id) WHERE s.seq IS NOT NULL {whole};
@@ -209,8 +216,8 @@ pub fn correlate(
          FROM (SELECT flow, kind, seq, domain, min(ts_ns) ts FROM s1 WHERE replace(point, '.', '_') IN ({tx}) GROUP BY ALL) t
          JOIN (SELECT flow, kind, seq, domain, min(ts_ns) ts FROM s1 WHERE replace(point, '.', '_') IN ({rx}) GROUP BY ALL) r
          USING (flow, kind, seq);",
-        tx = TX_WIRE.iter().map(|p| format!("'{p}'")).collect::<Vec<_>>().join(", "),
-        rx = RX_WIRE.iter().map(|p| format!("'{p}'")).collect::<Vec<_>>().join(", ")
+        tx = sql::literals(TX_WIRE),
+        rx = sql::literals(RX_WIRE)
     ))?;
     let reference = runs[0].boot_id.clone();
     let mut clocks = vec![Mapping::identity(&reference, "reference clock (first run)")];
@@ -224,25 +231,11 @@ pub fn correlate(
         };
         clocks.push(mapping);
     }
-    let clock_values = clocks
-        .iter()
-        .map(|m| {
-            format!(
-                "('{}', {}, {}, {})",
-                m.domain.replace('\'', ""),
-                m.offset_ns,
-                m.drift_ppm,
-                m.t0_ns
-            )
-        })
-        .collect::<Vec<_>>()
-        .join(", ");
+    load_clocks(conn, &clocks)?;
 
     // 3.–4. reference time, unwrapped seq, side and column of every stamp.
     conn.execute_batch(&format!(
-        "CREATE OR REPLACE TEMP TABLE clocks (domain VARCHAR, offset_ns DOUBLE, drift_ppm DOUBLE, t0_ns BIGINT);
-         INSERT INTO clocks VALUES {clock_values};
-         CREATE OR REPLACE TEMP TABLE s2 AS
+        "CREATE OR REPLACE TEMP TABLE s2 AS
            SELECT s1.* EXCLUDE (span), coalesce(pd.span, ps.span, s1.span) AS span,
                   (ts_ns - c.offset_ns - c.drift_ppm * 1e-6 * (ts_ns - c.offset_ns - c.t0_ns))::BIGINT AS t
            FROM s1 JOIN clocks c USING (domain)
@@ -289,8 +282,8 @@ pub fn correlate(
                           THEN '_upper' ELSE '' END
                   || CASE WHEN point IN (SELECT point FROM both_sides) THEN '_' || end_side ELSE '' END || '_ns' AS col
            FROM s4 JOIN wire_dev w USING (flow, kind, useq) WHERE end_side IS NOT NULL;",
-        tx_dev = sql_points(TX_DEVICE_POINTS),
-        rx_dev = sql_points(RX_DEVICE_POINTS),
+        tx_dev = sql::literals(TX_DEVICE_POINTS),
+        rx_dev = sql::literals(RX_DEVICE_POINTS),
     ))?;
     let unplaced: i64 = conn.query_row(
         "SELECT (SELECT count(*) FROM stamps WHERE seq IS NOT NULL) - (SELECT count(*) FROM s5)",
@@ -318,6 +311,7 @@ pub fn correlate(
             "no stamp carries a sequence number: nothing to correlate".into(),
         ));
     }
+    check_point_columns(conn, runs, &cols)?;
     let deadline = opts
         .deadline_ns
         .map_or("NULL::BOOLEAN".to_string(), |d| format!("e2e_ns > {d}"));
@@ -327,7 +321,7 @@ pub fn correlate(
         .find(|p| cols.iter().any(|(c, _)| c == &format!("{p}_ns")));
     let dup_source = rx_count_point.map_or(
         "SELECT NULL::UBIGINT flow, NULL::BIGINT kind, NULL::HUGEINT useq, 0 AS copies, NULL::BIGINT AS skew WHERE false".to_string(),
-        |p| format!("SELECT flow, kind, useq, count(*) AS copies, max(t) - min(t) AS skew FROM s5 WHERE col = '{p}_ns' GROUP BY ALL"),
+        |p| format!("SELECT flow, kind, useq, count(*) AS copies, max(t) - min(t) AS skew FROM s5 WHERE col = {} GROUP BY ALL", sql::literal(&format!("{p}_ns"))),
     );
     let sends_source = "SELECT flow, kind, useq, count(*) AS sends FROM s5 WHERE point = 'sock.send_enter' GROUP BY ALL";
     let addr_source = if has_addresses {
@@ -339,17 +333,22 @@ pub fn correlate(
         "SELECT NULL::UBIGINT flow, NULL::VARCHAR src_addr, NULL::VARCHAR dst_addr,
                 NULL::UBIGINT tx_socket_cookie, NULL::UBIGINT rx_socket_cookie WHERE false"
     };
-    let q = |c: &str| format!("\"{c}\"");
     let pivot_cols = cols
         .iter()
-        .map(|(c, _)| format!("min(t) FILTER (WHERE col = '{c}') AS {}", q(c)))
+        .map(|(c, _)| {
+            format!(
+                "min(t) FILTER (WHERE col = {}) AS {}",
+                sql::literal(c),
+                sql::ident(c)
+            )
+        })
         .collect::<Vec<_>>()
         .join(",\n  ");
     // The priority of the skb on the wire device (the qdisc's class input).
     let wire_device_cols: Vec<String> = ["dev_queue_ns", "qdisc_enqueue_ns", "dev_start_xmit_ns"]
         .into_iter()
         .filter(|n| cols.iter().any(|(c, _)| c == n))
-        .map(|n| format!("'{n}'"))
+        .map(sql::literal)
         .collect();
     let priority = if !wire_device_cols.is_empty() {
         format!(

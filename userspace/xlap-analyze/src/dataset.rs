@@ -13,6 +13,7 @@
 //! - a packets Parquet file (the output of `correlate`); `run.json` files
 //!   beside it and in its sibling directories are its runs.
 
+use crate::sql;
 use crate::{correlate, AnalyzeError, CorrelateOptions, Result, Run};
 use duckdb::Connection;
 use std::path::{Path, PathBuf};
@@ -59,10 +60,6 @@ fn input(path: &Path, what: impl Into<String>) -> AnalyzeError {
         path: path.display().to_string(),
         what: what.into(),
     }
-}
-
-fn quoted(p: &Path) -> String {
-    format!("'{}'", p.display().to_string().replace('\'', "''"))
 }
 
 fn run_dirs_in(dir: &Path) -> Vec<PathBuf> {
@@ -176,7 +173,7 @@ pub fn open_view(
             let sides = check_packets_file(conn, file)?;
             conn.execute_batch(&format!(
                 "CREATE OR REPLACE TEMP VIEW packets AS SELECT * FROM read_parquet({});",
-                quoted(file)
+                sql::path(file)
             ))?;
             sides
         }
@@ -195,7 +192,7 @@ pub fn open_view(
         .iter()
         .map(|d| d.join("stamps.parquet"))
         .filter(|p| p.is_file())
-        .map(|p| quoted(&p))
+        .map(|p| sql::path(&p))
         .collect();
     if !stamp_files.is_empty() {
         conn.execute_batch(&format!(
@@ -319,9 +316,10 @@ fn describe_columns(conn: &Connection, sides: &[(String, String)]) -> Result<()>
         if side == "rx" && cols.iter().any(|c| c == "channel_ns") {
             stages.push(("channel_ns".into(), "channel".into()));
         }
+        // A point whose own name holds `__` is a point, not a stage.
         for col in cols
             .iter()
-            .filter(|c| c.contains("__") && c.ends_with("_ns"))
+            .filter(|c| c.contains("__") && c.ends_with("_ns") && side_of(c).is_none())
         {
             let first = format!("{}_ns", col.split("__").next().unwrap_or_default());
             if side_of(&first).as_deref().unwrap_or("tx") == side {
@@ -351,7 +349,7 @@ fn check_packets_file(conn: &Connection, file: &Path) -> Result<Vec<(String, Str
     let kv: std::result::Result<Vec<(String, String)>, duckdb::Error> = (|| {
         let mut stmt = conn.prepare(&format!(
             "SELECT decode(key), decode(value) FROM parquet_kv_metadata({})",
-            quoted(file)
+            sql::path(file)
         ))?;
         let rows = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?;
         rows.collect()
@@ -382,11 +380,12 @@ fn check_packets_file(conn: &Connection, file: &Path) -> Result<Vec<(String, Str
     }
     let mut stmt = conn.prepare(&format!(
         "SELECT column_name FROM (DESCRIBE SELECT * FROM read_parquet({}))",
-        quoted(file)
+        sql::path(file)
     ))?;
     let cols: Vec<String> = stmt
         .query_map([], |r| r.get(0))?
         .collect::<std::result::Result<_, _>>()?;
+    check_names(file, cols.iter())?;
     let missing: Vec<&str> = REQUIRED
         .iter()
         .copied()
@@ -413,10 +412,21 @@ fn check_packets_file(conn: &Connection, file: &Path) -> Result<Vec<(String, Str
                 format!("the {SIDES_KEY} metadata is missing or not a JSON object"),
             )
         })?;
+    check_names(file, sides.keys())?;
     Ok(sides
         .into_iter()
         .map(|(c, s)| (c, s.as_str().unwrap_or("tx").to_string()))
         .collect())
+}
+
+/// Refuses a packets file whose column names cannot be used (named with
+/// the file); any other name is carried quoted.
+fn check_names<'a>(file: &Path, names: impl Iterator<Item = &'a String>) -> Result<()> {
+    for name in names {
+        sql::check_name(name)
+            .map_err(|why| input(file, format!("a column of the packets table: {why}")))?;
+    }
+    Ok(())
 }
 
 fn first_line(s: &str) -> &str {

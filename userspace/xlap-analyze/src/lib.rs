@@ -15,10 +15,12 @@ pub mod perfetto;
 pub mod queries;
 pub mod report;
 pub mod runs;
+pub mod sql;
 pub mod synth;
 
 pub use correlate::{correlate, CorrelateOptions, Correlation};
 pub use runs::Run;
+use std::path::{Path, PathBuf};
 
 #[derive(Debug, thiserror::Error)]
 pub enum AnalyzeError {
@@ -47,15 +49,154 @@ pub const DEFAULT_MEMORY_LIMIT: &str = "4GB";
 /// the system's temporary directory (`TMPDIR`) beyond it. Row order is
 /// kept (the packets table is written in flow, kind, seq order); read-only
 /// analyses may give it up.
+///
+/// No extension is installed or loaded behind the caller's back: what the
+/// analyses need (Parquet) is built in, and a name from a run must not make
+/// the recorder (root) fetch and load code. File access is the caller's to
+/// narrow with [`confine`] once its own settings are made; the user's own
+/// SQL (`xlap-trace sql`) keeps it.
 pub fn engine() -> Result<duckdb::Connection> {
     let conn = duckdb::Connection::open_in_memory()?;
+    conn.execute_batch(
+        "SET autoinstall_known_extensions = false; SET autoload_known_extensions = false;",
+    )?;
     let limit = std::env::var("XLAP_MEMORY_LIMIT").unwrap_or_else(|_| DEFAULT_MEMORY_LIMIT.into());
-    let spill = std::env::temp_dir().join(format!("xlap-duckdb-{}", std::process::id()));
     conn.execute_batch(&format!(
-        "SET memory_limit = '{}'; SET temp_directory = '{}';",
-        limit.replace('\'', ""),
-        spill.display().to_string().replace('\'', "''")
+        "SET memory_limit = {}; SET temp_directory = {};",
+        sql::literal(&limit),
+        sql::path(&spill_dir())
     ))
     .map_err(|e| AnalyzeError::Usage(format!("XLAP_MEMORY_LIMIT={limit}: {e}")))?;
     Ok(conn)
+}
+
+/// Where [`engine`] spills: a directory of this process's own.
+fn spill_dir() -> PathBuf {
+    std::env::temp_dir().join(format!("xlap-duckdb-{}", std::process::id()))
+}
+
+/// Confines `conn` to `dirs` (and its spill directory): no file elsewhere
+/// can be read or written, whatever SQL it is given, and no setting can be
+/// changed any more (the caller makes its own settings first). For the
+/// commands that know what they read and write: a run directory read from
+/// a CI artifact, and the correlation root runs at the end of `record`,
+/// work on names that come from traced programs.
+pub fn confine(conn: &duckdb::Connection, dirs: &[&Path]) -> Result<()> {
+    let mut allowed: Vec<PathBuf> = dirs.iter().map(|d| absolute(d)).collect();
+    allowed.push(spill_dir());
+    // The list first: it cannot be changed once external access is off.
+    conn.execute_batch(&format!(
+        "SET allowed_directories = [{}]; SET enable_external_access = false; SET lock_configuration = true;",
+        sql::paths(&allowed)
+    ))?;
+    Ok(())
+}
+
+/// `p` as an absolute path (lexically: symlinks and `..` kept). DuckDB
+/// checks a file against the allowed directories by its spelling, `..`
+/// folded but a relative path left relative: the engine's paths and the
+/// allowed directories are both spelled absolute ([`sql::path`]).
+pub(crate) fn absolute(p: &Path) -> PathBuf {
+    let p = if p.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        p
+    };
+    std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A fresh directory of this test's own under the system's temp dir.
+    fn scratch(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("xlap-engine-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("run")).unwrap();
+        std::fs::create_dir_all(dir.join("other")).unwrap();
+        dir
+    }
+
+    fn count(conn: &duckdb::Connection, file: &Path) -> duckdb::Result<i64> {
+        conn.query_row(
+            &format!("SELECT count(*) FROM read_csv({})", sql::path(file)),
+            [],
+            |r| r.get(0),
+        )
+    }
+
+    #[test]
+    fn extensions_are_neither_installed_nor_loaded() {
+        let conn = engine().unwrap();
+        let (install, load): (bool, bool) = conn
+            .query_row(
+                "SELECT current_setting('autoinstall_known_extensions'), current_setting('autoload_known_extensions')",
+                [],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .unwrap();
+        assert!(!install && !load);
+    }
+
+    #[test]
+    fn a_confined_engine_touches_nothing_outside_its_directories() {
+        let root = scratch("confined");
+        let (run, other) = (root.join("run"), root.join("other"));
+        std::fs::write(run.join("a.csv"), "x\n1\n2\n").unwrap();
+        std::fs::write(other.join("b.csv"), "x\n1\n").unwrap();
+        let conn = engine().unwrap();
+        // Unconfined it reads anywhere: what fails below fails by confine.
+        assert_eq!(count(&conn, &other.join("b.csv")).unwrap(), 1);
+        confine(&conn, &[&run]).unwrap();
+
+        assert_eq!(count(&conn, &run.join("a.csv")).unwrap(), 2);
+        for file in [
+            other.join("b.csv"),
+            run.join("../other/b.csv"),
+            PathBuf::from("/etc/passwd"),
+        ] {
+            let e = count(&conn, &file).expect_err(&file.display().to_string());
+            assert!(
+                e.to_string().contains("ermission"),
+                "{}: {e}",
+                file.display()
+            );
+        }
+        let copy = |file: &Path| {
+            conn.execute_batch(&format!("COPY (SELECT 1 AS x) TO {};", sql::path(file)))
+        };
+        copy(&run.join("c.csv")).unwrap();
+        assert!(copy(&other.join("c.csv")).is_err());
+        assert!(!other.join("c.csv").exists());
+        // Nothing undoes it, and the queries' own variables still work.
+        for undo in [
+            "SET enable_external_access = true;",
+            "SET allowed_directories = ['/'];",
+            "SET lock_configuration = false;",
+            "RESET enable_external_access;",
+        ] {
+            assert!(conn.execute_batch(undo).is_err(), "{undo}");
+        }
+        assert!(count(&conn, &other.join("b.csv")).is_err());
+        conn.execute_batch("SET VARIABLE kind = 1;").unwrap();
+        std::fs::remove_dir_all(&root).unwrap();
+    }
+
+    /// `xlap-trace analyze .`: the current directory, spelled relative.
+    #[test]
+    fn a_confined_engine_takes_relative_paths_as_the_directory_they_lie_in() {
+        let conn = engine().unwrap();
+        confine(&conn, &[Path::new("")]).unwrap();
+        let read = |file: &str| {
+            conn.query_row(
+                &format!("SELECT size FROM read_text({})", sql::path(Path::new(file))),
+                [],
+                |r| r.get::<_, i64>(0),
+            )
+        };
+        // The crate's directory (cargo runs unit tests there), not its parent.
+        assert!(read("Cargo.toml").unwrap() > 0);
+        assert!(read("../../Cargo.toml").is_err());
+    }
 }

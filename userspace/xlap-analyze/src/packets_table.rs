@@ -4,7 +4,7 @@
 //! from the point columns (the send time, X-LAP's totals, the stages) is
 //! derived here, once; each writer gives the rest (run, flow, flags).
 
-use crate::{AnalyzeError, Result};
+use crate::{sql, AnalyzeError, Result};
 use arrow_schema::DataType;
 use duckdb::Connection;
 use std::path::Path;
@@ -37,7 +37,7 @@ pub struct Derived {
 
 impl PointColumns<'_> {
     fn col(&self, c: &str) -> String {
-        format!("{}.\"{c}\"", self.alias)
+        format!("{}.{}", self.alias, sql::ident(c))
     }
 
     fn side(&self, side: &str) -> Vec<&String> {
@@ -89,7 +89,7 @@ impl PointColumns<'_> {
                     .map(|w| {
                         let (a, b) = (w[0], w[1]);
                         (
-                            format!("{}__{b}", a.trim_end_matches("_ns")),
+                            stage_name(a, b),
                             format!("{} - {}", self.col(b), self.col(a)),
                         )
                     })
@@ -118,7 +118,7 @@ impl PointColumns<'_> {
     pub fn select_list(&self, given: impl Fn(&str, &Derived) -> String) -> String {
         let d = self.derived();
         let cast = |name: &str, ty: &DataType, expr: String| {
-            format!("({expr})::{} AS \"{name}\"", sql_type(ty))
+            format!("({expr})::{} AS {}", sql_type(ty), sql::ident(name))
         };
         let mut out = Vec::new();
         for f in schema::packets_head() {
@@ -129,7 +129,7 @@ impl PointColumns<'_> {
             out.push(cast(f.name(), f.data_type(), expr));
         }
         for (c, _) in self.cols {
-            out.push(format!("{} AS \"{c}\"", self.col(c)));
+            out.push(format!("{} AS {}", self.col(c), sql::ident(c)));
         }
         for f in schema::packets_totals() {
             let expr = match f.name().as_str() {
@@ -154,6 +154,52 @@ impl PointColumns<'_> {
         }
         out.join(",\n  ")
     }
+}
+
+/// The first point column the table cannot have, with the reason: a name
+/// that cannot enter SQL ([`sql::check_name`]), or a column name the table
+/// already has (DuckDB's names ignore case): a fixed column of the schema,
+/// another point's, or a stage derived from two points.
+pub fn check_columns(cols: &[(String, String)]) -> std::result::Result<(), (String, String)> {
+    for (c, _) in cols {
+        sql::check_name(c).map_err(|why| (c.clone(), why))?;
+    }
+    let mut taken: std::collections::HashMap<String, &str> = schema::packets_head()
+        .into_iter()
+        .chain(schema::packets_totals())
+        .chain(schema::packets_flags())
+        .map(|f| (f.name().to_lowercase(), "a column of the packets schema"))
+        .collect();
+    let mut claim =
+        |name: String, point: &String, what: &'static str| match taken.get(&name.to_lowercase()) {
+            Some(other) => Err((
+                point.clone(),
+                format!("it makes the column {name:?}, which is also {other}"),
+            )),
+            None => {
+                taken.insert(name.to_lowercase(), what);
+                Ok(())
+            }
+        };
+    for (c, _) in cols {
+        claim(c.clone(), c, "another point's column")?;
+    }
+    let view = PointColumns { cols, alias: "p" };
+    for side in ["tx", "rx"] {
+        for w in view.side(side).windows(2) {
+            claim(
+                stage_name(w[0], w[1]),
+                w[0],
+                "the stage between two other points",
+            )?;
+        }
+    }
+    Ok(())
+}
+
+/// The stage column between point columns `a` and `b`: `<a>__<b>_ns`.
+fn stage_name(a: &str, b: &str) -> String {
+    format!("{}__{b}", a.trim_end_matches("_ns"))
 }
 
 /// DuckDB's name of an Arrow type of the packets schema.
@@ -184,12 +230,53 @@ pub fn sides_json(cols: &[(String, String)]) -> String {
 pub fn write(conn: &Connection, query: &str, out: &Path, cols: &[(String, String)]) -> Result<()> {
     let tmp = out.with_extension("parquet.tmp");
     conn.execute_batch(&format!(
-        "COPY {query} TO '{}' (FORMAT PARQUET, COMPRESSION ZSTD, KV_METADATA {{{PACKETS_VERSION_KEY}: '{PACKETS_SCHEMA_VERSION}', {PACKETS_SIDES_KEY}: '{}'}});",
-        tmp.display().to_string().replace('\'', "''"),
-        sides_json(cols).replace('\'', "''"),
+        "COPY {query} TO {} (FORMAT PARQUET, COMPRESSION ZSTD, KV_METADATA {{{PACKETS_VERSION_KEY}: '{PACKETS_SCHEMA_VERSION}', {PACKETS_SIDES_KEY}: {}}});",
+        sql::path(&tmp),
+        sql::literal(&sides_json(cols)),
     ))?;
     std::fs::rename(&tmp, out).map_err(|e| AnalyzeError::Input {
         path: out.display().to_string(),
         what: e.to_string(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cols(names: &[(&str, &str)]) -> Vec<(String, String)> {
+        names
+            .iter()
+            .map(|(c, s)| (c.to_string(), s.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn odd_names_pass_and_columns_the_table_has_are_refused() {
+        let odd = cols(&[
+            ("app_a'b_ns", "tx"),
+            ("app_\"; --_ns", "tx"),
+            ("dev_netif_rx_ns", "rx"),
+        ]);
+        assert_eq!(check_columns(&odd), Ok(()));
+        let refused = |c: &[(&str, &str)]| check_columns(&cols(c)).unwrap_err();
+        let (col, why) = refused(&[("app_x_ns", "tx"), ("app_a\0_ns", "tx")]);
+        assert_eq!(col, "app_a\0_ns");
+        assert!(why.contains("U+0000"), "{why}");
+        let (col, why) = refused(&[("E2E_NS", "tx")]);
+        assert_eq!(col, "E2E_NS");
+        assert!(why.contains("packets schema"), "{why}");
+        let (col, why) = refused(&[("app_x_ns", "tx"), ("APP_X_ns", "rx")]);
+        assert_eq!(col, "APP_X_ns");
+        assert!(why.contains("another point"), "{why}");
+        // app.a then app.b make the stage app_a__app_b_ns: a point of that
+        // name would be a second column of it.
+        let (col, why) = refused(&[
+            ("app_a_ns", "tx"),
+            ("app_b_ns", "tx"),
+            ("app_a__app_b_ns", "rx"),
+        ]);
+        assert_eq!(col, "app_a_ns");
+        assert!(why.contains("\"app_a__app_b_ns\""), "{why}");
+    }
 }

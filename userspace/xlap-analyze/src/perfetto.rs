@@ -52,7 +52,7 @@ pub fn export(conn: &Connection, out: &Path, opts: &ExportOptions) -> Result<Exp
     };
     let cols = points
         .iter()
-        .map(|(c, _)| format!("\"{c}\""))
+        .map(|(c, _)| crate::sql::ident(c))
         .collect::<Vec<_>>()
         .join(", ");
     let mut stmt = conn.prepare(&format!(

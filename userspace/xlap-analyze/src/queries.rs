@@ -2,7 +2,7 @@
 //! (DuckDB variables read with `getvariable`), and running them into a
 //! [`Table`].
 
-use crate::{AnalyzeError, Result};
+use crate::{sql, AnalyzeError, Result};
 use duckdb::types::Value;
 use duckdb::Connection;
 use serde::Serialize;
@@ -186,7 +186,7 @@ fn literal(v: &str) -> String {
     if v.parse::<i64>().is_ok() {
         v.to_string()
     } else {
-        format!("'{}'", v.replace('\'', "''"))
+        sql::literal(v)
     }
 }
 

@@ -235,11 +235,8 @@ fn write_run_json(
 ) -> Result<()> {
     let delivered: i64 = conn.query_row(
         &format!(
-            "SELECT count(*) FILTER (WHERE NOT lost) FROM '{}'",
-            dir.join("packets.parquet")
-                .display()
-                .to_string()
-                .replace('\'', "''")
+            "SELECT count(*) FILTER (WHERE NOT lost) FROM {}",
+            crate::sql::path(&dir.join("packets.parquet"))
         ),
         [],
         |r| r.get(0),

@@ -479,9 +479,38 @@ pub struct RunMeta {
     /// leaves out: `xlap-trace` says it at start).
     #[serde(default)]
     pub capabilities_missing: Vec<String>,
+    /// The in-process marker rings and what their records came to: a
+    /// traced process can write anything into its ring, and what it
+    /// corrupts is counted here (and lost as `parse` at the app points).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub marker_rings: Vec<MarkerRing>,
     /// Set by `xlap-trace recover`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub recovery: Option<RecoveryNote>,
+}
+
+/// One marker ring of a run (a process and the binary whose markers wrote
+/// it).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct MarkerRing {
+    pub pid: u32,
+    pub binary: String,
+    /// Records taken as stamps.
+    pub records: u64,
+    /// Stamps the markers say they dropped on a full ring (counted as
+    /// `ringbuf_full` losses only for a ring that showed no corruption).
+    #[serde(default)]
+    pub full: u64,
+    /// Records refused: an unknown site, a pid not of that process, a kind
+    /// beyond 32 bits, or a slot reserved and never written.
+    pub corrupt: u64,
+    /// Times the ring's header held a head the ring cannot have (behind
+    /// the reader, or more than the capacity ahead).
+    pub header_faults: u64,
+    /// Why the ring was switched off before the end, if it was (its
+    /// markers' later stamps are missing).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub switched_off: Option<String>,
 }
 
 /// Why a run.json cannot be read.

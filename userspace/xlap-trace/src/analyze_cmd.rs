@@ -51,16 +51,43 @@ pub fn open(
     open_view(run, shared, progress, dataset::View::default())
 }
 
-/// [`open`], the packets seen through `view` (`--e2e`, `--inliers`).
+/// [`open`], the packets seen through `view` (`--e2e`, `--inliers`). The
+/// engine reads nothing outside the run ([`run_root`]): the run may come
+/// from elsewhere, and its names with it.
 pub fn open_view(
     run: &Path,
     shared: dataset::Shared,
     progress: bool,
     view: dataset::View,
 ) -> Result<(Connection, dataset::Dataset)> {
+    open_engine(run, shared, progress, view, true)
+}
+
+/// Where `dataset::open` looks for a run's files: the directory given, or
+/// the directory of the packets file given (its runs are beside it).
+pub fn run_root(run: &Path) -> &Path {
+    if run.is_file() {
+        run.parent()
+            .filter(|p| !p.as_os_str().is_empty())
+            .unwrap_or(Path::new("."))
+    } else {
+        run
+    }
+}
+
+fn open_engine(
+    run: &Path,
+    shared: dataset::Shared,
+    progress: bool,
+    view: dataset::View,
+    confined: bool,
+) -> Result<(Connection, dataset::Dataset)> {
     let conn = xlap_analyze::engine().map_err(classify)?;
     // The analyses order what they print themselves.
     conn.execute_batch("SET preserve_insertion_order = false;")?;
+    if confined {
+        xlap_analyze::confine(&conn, &[run_root(run)]).map_err(classify)?;
+    }
     let ds = dataset::open_view(&conn, run, shared, progress, view).map_err(classify)?;
     Ok((conn, ds))
 }
@@ -257,7 +284,8 @@ fn user_sql(conn: &Connection, sql: &str) -> Result<Table> {
 }
 
 pub fn sql(a: &SqlArgs) -> Result<()> {
-    let (conn, ds) = open_view(&a.run, dataset::Shared::Lazy, false, a.view.view())?;
+    // The user's own SQL may read (and write) files of the user's choice.
+    let (conn, ds) = open_engine(&a.run, dataset::Shared::Lazy, false, a.view.view(), false)?;
     let format = format_of(a.format);
     if let Some(sql) = &a.sql {
         let t = user_sql(&conn, sql)?;
@@ -310,7 +338,8 @@ pub fn sql(a: &SqlArgs) -> Result<()> {
 }
 
 pub fn synth(a: &SynthArgs) -> Result<()> {
-    let conn = Connection::open_in_memory()?;
+    let conn = xlap_analyze::engine().map_err(classify)?;
+    xlap_analyze::confine(&conn, &[&a.output]).map_err(classify)?;
     let t0 = Instant::now();
     eprintln!(
         "xlap-trace: generating {} packets (seed {}) into {}",

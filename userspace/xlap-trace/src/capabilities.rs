@@ -5,9 +5,10 @@
 //! The table is what was measured under `capsh` on Linux 6.18 with root
 //! targets (the `least_privilege` test runs with exactly the required set,
 //! and, past the check with `--skip-capability-check`, without each of
-//! them: the kernel refuses). Targets of another user may need more for
-//! the marker ring (CAP_CHOWN; without it their markers fall back to
-//! uprobes, said at start): not measured.
+//! them: the kernel refuses). The marker ring of a target of another user
+//! is created with that user's credentials (CAP_SETUID and CAP_SETGID for
+//! the creating thread; without them its markers fall back to uprobes,
+//! said at start).
 
 use crate::exit::{failure, Code};
 use anyhow::Result;
@@ -61,6 +62,20 @@ pub const NEEDS: &[Need] = &[
         bit: 21,
         name: "CAP_SYS_ADMIN",
         for_what: "the kernel's BPF run-time statistics (--bpf-stats), the timestamping survey of the targets' devices, --iface",
+        required: false,
+        or_instead: None,
+    },
+    Need {
+        bit: 7,
+        name: "CAP_SETUID",
+        for_what: "the in-process marker ring of a target of another user, created as that user (else its markers are stamped by uprobes)",
+        required: false,
+        or_instead: None,
+    },
+    Need {
+        bit: 6,
+        name: "CAP_SETGID",
+        for_what: "the same ring, with that user's groups",
         required: false,
         or_instead: None,
     },

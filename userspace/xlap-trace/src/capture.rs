@@ -388,7 +388,7 @@ impl Capture {
                         location: UProbeAttachLocation::AbsoluteOffset(site.probe.file_offset),
                         cookie: Some(site.spec_id as u64),
                     },
-                    &site.path,
+                    crate::usdt::fd_path(&site.file),
                     UProbeScope::OneProcess(pid),
                 )
                 .map_err(|e| {

@@ -21,6 +21,16 @@ pub fn correlate(dirs: &[&Path], out: &Path, deadline_ms: Option<f64>) -> Result
         .collect::<Result<Vec<_>, _>>()
         .map_err(classify)?;
     let conn = xlap_analyze::engine().map_err(classify)?;
+    // Root runs this at the end of `record`, on point names the traced
+    // programs chose: the engine reads the runs and writes beside `out`,
+    // nothing else.
+    let out_dir = out
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let mut allowed = dirs.to_vec();
+    allowed.push(out_dir);
+    xlap_analyze::confine(&conn, &allowed).map_err(classify)?;
     let opts = CorrelateOptions {
         deadline_ns: deadline_ms.map(|ms| (ms * 1e6) as i64),
     };

@@ -17,6 +17,7 @@ pub mod kfunc;
 pub mod point_sets;
 pub mod preflight;
 pub mod probe;
+pub mod proc_root;
 pub mod proto;
 pub mod reader_priority;
 pub mod record;

@@ -111,6 +111,9 @@ pub fn recover(dir: &Path) -> Result<Option<Recovery>> {
             meta.clock_end = Some(meta.clock_start.advanced_to(last));
         }
     }
+    // A killed recorder left its marker rings in the targets' /dev/shm.
+    let targets: Vec<u32> = meta.targets.iter().map(|t| t.pid).collect();
+    crate::record::shm_file::sweep_after_crash(&targets);
     meta.state = RunState::Recovered;
     meta.stop_reason = "recorder died".into();
     meta.recovery = Some(RecoveryNote {
@@ -141,10 +144,13 @@ struct Counts {
 /// Stamps per point, packets (distinct flow, kind, seq of stamps that know
 /// their flow, as the recorder counts them) and the last stamp's time.
 fn count(parquet: &Path) -> Result<Counts> {
-    let conn = duckdb::Connection::open_in_memory()?;
-    let file = parquet.display().to_string().replace('\'', "''");
+    let conn = xlap_analyze::engine()?;
+    if let Some(dir) = parquet.parent() {
+        xlap_analyze::confine(&conn, &[dir])?;
+    }
+    let file = xlap_analyze::sql::path(parquet);
     let mut stmt = conn.prepare(&format!(
-        "SELECT point, count(*) FROM read_parquet('{file}') GROUP BY point ORDER BY point"
+        "SELECT point, count(*) FROM read_parquet({file}) GROUP BY point ORDER BY point"
     ))?;
     let per_point = stmt
         .query_map([], |r| {
@@ -153,7 +159,7 @@ fn count(parquet: &Path) -> Result<Counts> {
         .collect::<duckdb::Result<Vec<_>>>()?;
     let (packets, last_ts_ns): (i64, Option<i64>) = conn.query_row(
         &format!(
-            "SELECT (SELECT count(*) FROM (SELECT DISTINCT flow, coalesce(kind, 0), seq FROM read_parquet('{file}') WHERE seq IS NOT NULL AND flow <> 0)), (SELECT max(ts_ns) FROM read_parquet('{file}'))"
+            "SELECT (SELECT count(*) FROM (SELECT DISTINCT flow, coalesce(kind, 0), seq FROM read_parquet({file}) WHERE seq IS NOT NULL AND flow <> 0)), (SELECT max(ts_ns) FROM read_parquet({file}))"
         ),
         [],
         |r| Ok((r.get(0)?, r.get(1)?)),

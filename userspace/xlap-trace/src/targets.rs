@@ -60,9 +60,41 @@ pub fn alive(pid: u32) -> bool {
     }
 }
 
+/// Whether `pid` is a child of `ancestor`, or a child's child (up to a few
+/// generations), by the parent pids in /proc.
+pub fn descends_from(pid: u32, ancestor: u32) -> bool {
+    let mut p = pid;
+    for _ in 0..8 {
+        match parent(p) {
+            Some(q) if q == ancestor => return true,
+            Some(q) if q > 1 => p = q,
+            _ => return false,
+        }
+    }
+    false
+}
+
+fn parent(pid: u32) -> Option<u32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // After the command's closing parenthesis: state, then the parent.
+    stat.rsplit(')')
+        .next()?
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
+}
+
+/// The process's name, as it set it (untrusted: control characters, such
+/// as a terminal's escape sequences, become `?`).
 pub fn comm(pid: u32) -> String {
     std::fs::read_to_string(format!("/proc/{pid}/comm"))
-        .map(|s| s.trim().to_string())
+        .map(|s| {
+            s.trim()
+                .chars()
+                .map(|c| if c.is_control() { '?' } else { c })
+                .collect()
+        })
         .unwrap_or_default()
 }
 

@@ -10,11 +10,25 @@
 use crate::exit::{failure, Code};
 use anyhow::{Context, Result};
 use std::collections::BTreeMap;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use xlap_abi::{
     xlap_arg_kind, xlap_point, xlap_usdt_arg, xlap_usdt_spec, XLAP_USDT_MAX_SPECS, XLAP_USDT_NO_REG,
 };
 use xlap_usdt::{Arg, ArgLocation, Probe};
+
+/// The longest app point name (without `app.`).
+pub const MAX_POINT_NAME: usize = 64;
+
+/// Whether `name` can be an app point: names come from the traced
+/// binaries' notes (untrusted) and end up as column names, so only
+/// `[A-Za-z0-9_]`, 1 to [`MAX_POINT_NAME`] bytes (a `--usdt` point, the
+/// user's, may also have dots).
+pub fn valid_point_name(name: &str) -> bool {
+    (1..=MAX_POINT_NAME).contains(&name.len())
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
+}
 
 /// A `--usdt` selection.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -36,6 +50,11 @@ impl std::str::FromStr for Selection {
         let (provider, name) = probe.split_once(':').ok_or_else(usage)?;
         let mut parts = rest.split(',');
         let point = parts.next().filter(|p| !p.is_empty()).ok_or_else(usage)?;
+        if !valid_point_name(&point.replace('.', "_")) {
+            return Err(format!(
+                "--usdt point {point:?}: a point name is 1 to {MAX_POINT_NAME} letters, digits, underscores and dots"
+            ));
+        }
         let mut sel = Selection {
             provider: provider.to_string(),
             name: name.to_string(),
@@ -63,8 +82,13 @@ impl std::str::FromStr for Selection {
 #[derive(Clone, Debug)]
 pub struct Site {
     pub pid: u32,
-    /// Path through /proc/PID/root, valid in the process's mount namespace.
+    /// Path through /proc/PID/root, valid in the process's mount namespace
+    /// (how run.json names the binary; attached through `file`).
     pub path: PathBuf,
+    /// The binary the process maps, opened and checked against its
+    /// mapping: the probe is attached to this file, whatever the path
+    /// names by then.
+    pub file: Arc<OwnedFd>,
     pub probe: Probe,
     pub spec_id: u32,
     pub spec: xlap_usdt_spec,
@@ -83,6 +107,9 @@ pub struct Plan {
     pub app_names: Vec<String>,
     /// Processes whose binaries have no selected marker.
     pub without_markers: Vec<(u32, String)>,
+    /// Markers not attached because their name cannot be a point name
+    /// (pid, binary, the name as the note has it, escaped).
+    pub refused_names: Vec<(u32, String, String)>,
     /// Run-time address of the in-process ring switch (the `xlap_ring:control`
     /// note the marker crate and header write) per process and binary: each
     /// binary (executable or shared object) has its own switch.
@@ -93,8 +120,18 @@ pub struct Plan {
 /// (examples/markers/rust/src/ring.rs).
 pub const RING_CONTROL: (&str, &str) = ("xlap_ring", "control");
 
-/// An executable file mapping of a process: (path, start, file offset).
-fn exec_mappings(pid: u32) -> Vec<(String, u64, u64)> {
+/// A file mapping of a process, as /proc/PID/maps has it.
+struct Mapping {
+    path: String,
+    start: u64,
+    offset: u64,
+    /// The file's device (major, minor) and inode.
+    dev: (u32, u32),
+    inode: u64,
+}
+
+/// The readable file mappings of a process.
+fn exec_mappings(pid: u32) -> Vec<Mapping> {
     let Ok(maps) = std::fs::read_to_string(format!("/proc/{pid}/maps")) else {
         return Vec::new();
     };
@@ -104,14 +141,44 @@ fn exec_mappings(pid: u32) -> Vec<(String, u64, u64)> {
             let range = cols.next()?;
             let perms = cols.next()?;
             let offset = u64::from_str_radix(cols.next()?, 16).ok()?;
-            let _dev = cols.next()?;
-            let _inode = cols.next()?;
+            let (major, minor) = cols.next()?.split_once(':')?;
+            let dev = (
+                u32::from_str_radix(major, 16).ok()?,
+                u32::from_str_radix(minor, 16).ok()?,
+            );
+            let inode = cols.next()?.parse().ok()?;
             let path = cols.next()?;
             let start = u64::from_str_radix(range.split('-').next()?, 16).ok()?;
-            (path.starts_with('/') && perms.contains('r'))
-                .then(|| (path.to_string(), start, offset))
+            (path.starts_with('/') && perms.contains('r')).then(|| Mapping {
+                path: path.to_string(),
+                start,
+                offset,
+                dev,
+                inode,
+            })
         })
         .collect()
+}
+
+/// The file a process maps at `m`, opened inside the process's root
+/// (`RESOLVE_IN_ROOT`: its symlinks, absolute ones included, resolve as the
+/// process sees them) and refused unless it is the very file mapped (same
+/// device and inode): a process cannot point the recorder at another file
+/// by renaming or linking after it mapped one.
+fn open_mapped(pid: u32, m: &Mapping) -> Option<OwnedFd> {
+    use std::os::unix::fs::MetadataExt;
+    let root = crate::proc_root::open_root(pid).ok()?;
+    let fd = crate::proc_root::open_in_root(&root, &m.path, libc::O_RDONLY).ok()?;
+    let file = std::fs::File::from(fd);
+    let meta = file.metadata().ok()?;
+    let dev = (libc::major(meta.dev()), libc::minor(meta.dev()));
+    (meta.file_type().is_file() && meta.ino() == m.inode && dev == m.dev).then(|| file.into())
+}
+
+/// A path that names an open file of ours (for readers and the kernel's
+/// uprobe attach, which take paths).
+pub fn fd_path(fd: &OwnedFd) -> PathBuf {
+    PathBuf::from(format!("/proc/self/fd/{}", fd.as_raw_fd()))
 }
 
 /// Load bias of `path` in `pid`: run-time address minus link-time address,
@@ -121,8 +188,8 @@ fn exec_mappings(pid: u32) -> Vec<(String, u64, u64)> {
 fn load_bias(pid: u32, path: &str, first_vaddr: u64) -> Option<u64> {
     exec_mappings(pid)
         .into_iter()
-        .find(|(p, _, off)| p == path && *off == 0)
-        .map(|(_, start, _)| start.wrapping_sub(first_vaddr & !0xfff))
+        .find(|m| m.path == path && m.offset == 0)
+        .map(|m| m.start.wrapping_sub(first_vaddr & !0xfff))
 }
 
 fn first_load_vaddr(path: &Path) -> u64 {
@@ -188,17 +255,22 @@ pub fn plan(pids: &[u32], selections: &[Selection]) -> Result<Plan> {
     let mut point_ids: BTreeMap<String, u16> = BTreeMap::new();
     let mut matched = vec![false; selections.len()];
     for &pid in pids {
-        let mut files: Vec<String> = exec_mappings(pid).into_iter().map(|(p, _, _)| p).collect();
-        files.sort();
-        files.dedup();
+        let mut mappings = exec_mappings(pid);
+        mappings.sort_by(|a, b| a.path.cmp(&b.path));
+        mappings.dedup_by(|a, b| a.path == b.path);
         let mut found = 0;
-        for file in files {
+        for mapping in mappings {
+            let file = mapping.path.clone();
             let path = PathBuf::from(format!("/proc/{pid}/root{file}"));
-            // Files that are not ELF (or vanished) simply have no probes.
-            let Ok(probes) = xlap_usdt::read_probes(&path) else {
+            // Files that are not ELF, vanished or were replaced since they
+            // were mapped simply have no probes.
+            let Some(opened) = open_mapped(pid, &mapping).map(Arc::new) else {
                 continue;
             };
-            let bias = load_bias(pid, &file, first_load_vaddr(&path));
+            let Ok(probes) = xlap_usdt::read_probes(&fd_path(&opened)) else {
+                continue;
+            };
+            let bias = load_bias(pid, &file, first_load_vaddr(&fd_path(&opened)));
             for probe in probes {
                 if (probe.provider.as_str(), probe.name.as_str()) == RING_CONTROL {
                     if let (Some(bias), true) = (bias, probe.semaphore != 0) {
@@ -222,6 +294,13 @@ pub fn plan(pids: &[u32], selections: &[Selection]) -> Result<Plan> {
                 let Some((point, seq_arg, kind_arg)) = chosen else {
                     continue;
                 };
+                // A --usdt point was checked as it was parsed; a note's
+                // name is the binary's.
+                if selections.is_empty() && !valid_point_name(&point) {
+                    plan.refused_names
+                        .push((pid, file.clone(), format!("{:?}", probe.name)));
+                    continue;
+                }
                 let Some(seq) = probe.args.get(seq_arg) else {
                     return Err(failure(
                         Code::Usage,
@@ -268,6 +347,7 @@ pub fn plan(pids: &[u32], selections: &[Selection]) -> Result<Plan> {
                 plan.sites.push(Site {
                     pid,
                     path: path.clone(),
+                    file: opened.clone(),
                     spec_id,
                     spec,
                     semaphore_addr,
@@ -333,7 +413,15 @@ mod tests {
         );
         let s: Selection = "p:n=x".parse().unwrap();
         assert_eq!((s.seq_arg, s.kind_arg), (0, None));
-        for bad in ["p:n", "pn=x", "p:n=", "p:n=x,seq=2", "p:n=x,len=arg1"] {
+        for bad in [
+            "p:n",
+            "pn=x",
+            "p:n=",
+            "p:n=x,seq=2",
+            "p:n=x,len=arg1",
+            "p:n=x'y",
+            "p:n=x;y",
+        ] {
             assert!(bad.parse::<Selection>().is_err(), "{bad}");
         }
     }
@@ -353,6 +441,24 @@ mod tests {
     fn this_test_binary_maps_executable_files() {
         let maps = exec_mappings(std::process::id());
         let exe = std::fs::read_link("/proc/self/exe").unwrap();
-        assert!(maps.iter().any(|(p, _, _)| Path::new(p) == exe), "{maps:?}");
+        let own = maps
+            .iter()
+            .find(|m| Path::new(&m.path) == exe)
+            .expect("the test binary's own mapping");
+        assert!(open_mapped(std::process::id(), own).is_some());
+    }
+
+    /// A path that names another file than the one mapped (replaced after
+    /// mapping, as a process can do with its own files) is not opened.
+    #[test]
+    fn a_mapping_whose_path_now_names_another_file_is_refused() {
+        let maps = exec_mappings(std::process::id());
+        let exe = std::fs::read_link("/proc/self/exe").unwrap();
+        let mut own = maps
+            .into_iter()
+            .find(|m| Path::new(&m.path) == exe)
+            .expect("the test binary's own mapping");
+        own.inode += 1;
+        assert!(open_mapped(std::process::id(), &own).is_none());
     }
 }

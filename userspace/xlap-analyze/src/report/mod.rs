@@ -207,12 +207,12 @@ fn bars(items: &[(String, f64, String)], x_title: &str, color: &str, aria: &str)
 fn scatter(conn: &Connection, stages: &[String], kind: u64) -> Result<String> {
     let mut panels = String::new();
     for (i, stage) in stages.iter().enumerate() {
-        let col = format!("{stage}_ns").replace('"', "");
+        let col = crate::sql::ident(&format!("{stage}_ns"));
         let t = queries::run_sql(
             conn,
             &format!(
-                "SELECT \"{col}\"::DOUBLE AS x, e2e_ns::DOUBLE AS y FROM packets
-                 WHERE kind = {kind} AND e2e_ns IS NOT NULL AND \"{col}\" IS NOT NULL
+                "SELECT {col}::DOUBLE AS x, e2e_ns::DOUBLE AS y FROM packets
+                 WHERE kind = {kind} AND e2e_ns IS NOT NULL AND {col} IS NOT NULL
                  USING SAMPLE reservoir(2000 ROWS) REPEATABLE (42)"
             ),
         )?;
@@ -438,10 +438,13 @@ fn waterfall(t: &Table) -> String {
                     PALETTE[0]
                 };
                 f.push(&format!(
-                    r#"<rect class="mark" x="{:.1}" y="{:.1}" width="{:.1}" height="16" fill="{color}" fill-opacity="0.7" stroke="white" stroke-width="0.5"><title>{p_point} → {point}: {:.1} µs</title></rect>"#,
+                    r#"<rect class="mark" x="{:.1}" y="{:.1}" width="{:.1}" height="16" fill="{color}" fill-opacity="0.7" stroke="white" stroke-width="0.5"><title>{} → {}: {:.1} µs</title></rect>"#,
                     f.px(us(*p_at)),
                     y - 8.0,
                     (f.px(us(at)) - f.px(us(*p_at))).max(1.0),
+                    // point names come from the traced programs
+                    esc(p_point),
+                    esc(&point),
                     us(at - p_at)
                 ));
             }

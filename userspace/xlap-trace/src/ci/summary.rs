@@ -10,6 +10,7 @@ use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 use std::path::Path;
 use xlap_analyze::dataset::Shared;
+use xlap_analyze::sql::ident;
 
 /// Version of the summary format (bumped on incompatible change).
 pub const SUMMARY_VERSION: u32 = 1;
@@ -188,9 +189,11 @@ impl Summary {
             if !columns.contains(&a) || !columns.contains(&b) {
                 continue;
             }
+            // The stage names come from a baseline's summary: data.
+            let (a, b) = (ident(&a), ident(&b));
             let mut stmt = conn.prepare(&format!(
-                "SELECT kind::UBIGINT, count(*)::UBIGINT, quantile_cont(d, [{list}])::DOUBLE[] FROM                  (SELECT kind, (\"{b}\" - \"{a}\")::DOUBLE AS d FROM packets \
-                  WHERE e2e_ns IS NOT NULL AND \"{a}\" IS NOT NULL AND \"{b}\" IS NOT NULL) \
+                "SELECT kind::UBIGINT, count(*)::UBIGINT, quantile_cont(d, [{list}])::DOUBLE[] FROM                  (SELECT kind, ({b} - {a})::DOUBLE AS d FROM packets \
+                  WHERE e2e_ns IS NOT NULL AND {a} IS NOT NULL AND {b} IS NOT NULL) \
                  GROUP BY kind ORDER BY kind"
             ))?;
             let rows = stmt.query_map([], |r| {

@@ -4,25 +4,34 @@
 //! per marker hit. The layout is the marker crate's (`xlap_marker::ring`).
 //!
 //! Switching on: the ring file is created in the process's own view of
-//! `/dev/shm` (through `/proc/PID/root`), owned by the process's user, mode
-//! 0600; then the path, a new generation and finally `state = 1` are written
-//! into the process's control block through `/proc/PID/mem` (the same way
-//! USDT semaphores are raised). Switching off at the end: `state = 0`, a last
+//! `/dev/shm` with the process's own credentials ([`shm_file`]), mode 0600;
+//! then the path, a new generation and finally `state = 1` are written into
+//! the process's control block through `/proc/PID/mem` (the same way USDT
+//! semaphores are raised). Switching off at the end: `state = 0`, a last
 //! drain, and the file is removed (the process keeps its mapping until it
 //! exits, unused).
+//!
+//! The ring is the traced process's to write, so nothing in it is trusted
+//! (README: Threat model): the capacity is ours, the reader's position is
+//! ours (the shared `tail` only tells the markers), a head the ring cannot
+//! have is a header fault, a record that cannot be the process's is
+//! counted corrupt, the file shrunk under us is survived ([`shm_guard`]),
+//! and a ring that stays corrupt is switched off, said once.
 //!
 //! A record becomes a stamp with the same columns a uprobe stamp has: the
 //! clock (CLOCK_MONOTONIC), pid, tid, CPU, seq, kind and flags.
 
+use super::{shm_file, shm_guard};
 use crate::usdt::{Plan, Site};
 use anyhow::{Context, Result};
 use std::collections::{BTreeMap, HashMap};
-use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 use xlap_abi::{xlap_stamp, XLAP_FLAG_FROM_USER, XLAP_FLAG_KIND, XLAP_FLAG_SEQ_VALID};
 use xlap_marker::ring::{self, Control, Header, Record};
+use xlap_records::run_meta::MarkerRing;
 
 /// Slots per ring: 4 MiB, room for what the markers write between two
 /// drains (every 20 ms) at millions of stamps per second.
@@ -30,6 +39,13 @@ const CAPACITY: u64 = 1 << 16;
 /// A slot reserved but not written for this long belongs to a thread that
 /// died between the two steps: it is skipped and counted lost.
 const STUCK_AFTER: Duration = Duration::from_millis(200);
+/// A ring whose header was found impossible this often is switched off.
+const HEADER_FAULTS_TOLERATED: u64 = 8;
+/// A ring with this many corrupt records, and more of them than good
+/// ones, is switched off.
+const CORRUPT_TOLERATED: u64 = 1024;
+/// Distinct pids a ring's records are checked against /proc for.
+const PIDS_CACHED: usize = 1024;
 
 /// What one site's records become.
 #[derive(Clone, Copy)]
@@ -49,10 +65,15 @@ struct AppRing {
     leaf: std::ffi::CString,
     map: *mut u8,
     len: usize,
+    /// The mapping survives the file being shrunk (then it reads zeros).
+    guard: shm_guard::Guarded,
     sites: HashMap<u64, SiteInfo>,
+    /// The next slot to read: ours, whatever the shared header says.
+    tail: u64,
     stuck_since: Option<Instant>,
-    /// Records skipped: from an unknown site, or a slot never written.
-    skipped: u64,
+    /// Whether a record's pid is the process or one it forked (cached).
+    pids: HashMap<u32, bool>,
+    report: MarkerRing,
 }
 
 /// The rings of a run.
@@ -62,12 +83,14 @@ pub struct AppRings {
 }
 
 /// Counts at the end of a run.
-#[derive(Default, Debug, Clone, Copy)]
+#[derive(Default, Debug, Clone)]
 pub struct RingLosses {
     /// Stamps the markers could not write (the ring was full).
     pub full: u64,
-    /// Records of unknown sites or never completed.
+    /// Records refused (corrupt, or never completed).
     pub skipped: u64,
+    /// Per ring, for run.json.
+    pub rings: Vec<MarkerRing>,
 }
 
 impl AppRings {
@@ -94,9 +117,9 @@ impl AppRings {
                 _ => uprobe_sites.push(site.clone()),
             }
         }
-        for (index, ((pid, path), sites)) in by_switch.into_iter().enumerate() {
+        for ((pid, path), sites) in by_switch {
             let control = plan.ring_controls[&(pid, path.clone())];
-            match AppRing::create(pid, &path, index, control, sites) {
+            match AppRing::create(pid, &path, control, sites) {
                 Ok(ring) => rings.rings.push(ring),
                 Err(e) => {
                     note(format!(
@@ -139,13 +162,19 @@ impl AppRings {
             r.drain(&mut take);
             r.stuck_since = Some(Instant::now() - STUCK_AFTER);
             r.drain(&mut take); // skips a slot a dead thread left reserved
-            losses.full += r.header().dropped.load(Ordering::Relaxed);
-            losses.skipped += r.skipped;
+                                // The markers' own count of what a full ring made them drop:
+                                // taken only from a ring that never showed corruption (the
+                                // process could say anything), and said per ring.
+            r.report.full = r.header().dropped.load(Ordering::Relaxed);
+            if r.report.corrupt == 0 && r.report.header_faults == 0 && !r.guard.faulted() {
+                losses.full = losses.full.saturating_add(r.report.full);
+            }
+            losses.skipped += r.report.corrupt;
+            losses.rings.push(r.report.clone());
         }
         losses
     }
 }
-
 fn state_offset() -> u64 {
     std::mem::offset_of!(Control, state) as u64
 }
@@ -166,58 +195,26 @@ fn read_mem(pid: u32, addr: u64, bytes: &mut [u8]) -> Result<()> {
         .with_context(|| format!("cannot read the memory of pid {pid} at {addr:#x}"))
 }
 
-/// The effective uid and gid of a process (its ring file is theirs).
-fn owner(pid: u32) -> Option<(u32, u32)> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let field = |name: &str| -> Option<u32> {
-        let line = status.lines().find(|l| l.starts_with(name))?;
-        line.split_whitespace().nth(2)?.parse().ok()
-    };
-    Some((field("Uid:")?, field("Gid:")?))
-}
-
 impl AppRing {
     fn create(
         pid: u32,
         binary: &std::path::Path,
-        index: usize,
         control: u64,
         sites: HashMap<u64, SiteInfo>,
     ) -> Result<AppRing> {
-        let name = format!("/dev/shm/xlap-trace.{}.{pid}.{index}", std::process::id());
+        let leaf = shm_file::ring_name()?;
+        let name = format!("/dev/shm/{leaf}");
         if name.len() >= ring::PATH_BYTES {
             anyhow::bail!("ring path {name} too long");
         }
-        let host_path = PathBuf::from(format!("/proc/{pid}/root{name}"));
-        let dir_path = std::ffi::CString::new(format!("/proc/{pid}/root/dev/shm"))?;
-        // SAFETY: open of a NUL-terminated path; the fd is owned below.
-        let dir = unsafe {
-            libc::open(
-                dir_path.as_ptr(),
-                libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC,
-            )
-        };
-        if dir < 0 {
-            return Err(std::io::Error::last_os_error())
-                .with_context(|| format!("cannot open /dev/shm of pid {pid}"));
-        }
-        // SAFETY: a fresh fd of ours.
-        let dir = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(dir) };
-        let leaf = std::ffi::CString::new(name.trim_start_matches("/dev/shm/"))?;
+        let leaf = std::ffi::CString::new(leaf)?;
+        let dir = shm_file::open_shm_dir(pid)?;
+        let creds = shm_file::creds_of(pid)?;
         let len = ring::file_bytes(CAPACITY);
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(&host_path)
-            .with_context(|| format!("cannot create {}", host_path.display()))?;
-        file.set_len(len as u64)?;
-        if let Some((uid, gid)) = owner(pid) {
-            std::os::unix::fs::fchown(&file, Some(uid), Some(gid))
-                .with_context(|| format!("cannot give {} to uid {uid}", host_path.display()))?;
-        }
+        let file = shm_file::as_creds(&creds, || {
+            shm_file::sweep_dead_rings(&dir);
+            shm_file::create_exclusive(&dir, &leaf, len as u64)
+        })?;
         // SAFETY: a shared mapping of a file we sized; unmapped on drop.
         let map = unsafe {
             libc::mmap(
@@ -230,8 +227,15 @@ impl AppRing {
             )
         };
         if map == libc::MAP_FAILED {
+            shm_file::remove(&dir, &leaf);
             return Err(std::io::Error::last_os_error()).context("cannot map the marker ring");
         }
+        let Some(guard) = shm_guard::register(map as *mut u8, len) else {
+            // SAFETY: the mapping just made.
+            unsafe { libc::munmap(map, len) };
+            shm_file::remove(&dir, &leaf);
+            anyhow::bail!("too many marker rings in one recording");
+        };
         let r = AppRing {
             pid,
             path: binary.to_path_buf(),
@@ -240,11 +244,19 @@ impl AppRing {
             leaf,
             map: map as *mut u8,
             len,
+            guard,
             sites,
+            tail: 0,
             stuck_since: None,
-            skipped: 0,
+            pids: HashMap::new(),
+            report: MarkerRing {
+                pid,
+                binary: binary.display().to_string(),
+                ..MarkerRing::default()
+            },
         };
-        // SAFETY: the mapping is large enough and page aligned.
+        // SAFETY: the mapping is large enough and page aligned (nobody
+        // else has the file yet).
         unsafe { std::ptr::write(r.map as *mut Header, Header::new(CAPACITY)) };
         // Path and generation first, the switch last: a marker that sees
         // state = 1 finds the path of this ring.
@@ -271,64 +283,156 @@ impl AppRing {
         }
     }
 
+    /// Stops reading a ring the process keeps corrupting (said once).
+    fn give_up(&mut self, why: &str) {
+        if self.report.switched_off.is_some() {
+            return;
+        }
+        self.switch_off();
+        eprintln!(
+            "xlap-trace: warning: pid {}: the marker ring of {} is switched off: {why}; its later app stamps are missing (run.json: marker_rings)",
+            self.pid,
+            self.path.display()
+        );
+        self.report.switched_off = Some(why.to_string());
+    }
+
     fn header(&self) -> &Header {
-        // SAFETY: written in create, lives as long as the mapping.
+        // SAFETY: written in create, lives as long as the mapping (which
+        // the guard keeps readable even if the file shrinks).
         unsafe { &*(self.map as *const Header) }
     }
 
     fn drain(&mut self, take: &mut impl FnMut(&xlap_stamp)) {
-        // SAFETY: written in create, lives as long as the mapping (not
-        // borrowed from self: the loop updates self's counters).
+        if self.report.switched_off.is_some() {
+            return;
+        }
+        // SAFETY: as in header() (not borrowed from self: the loop updates
+        // self's counters).
         let h: &Header = unsafe { &*(self.map as *const Header) };
-        let cap = h.capacity;
-        let mut tail = h.tail.load(Ordering::Relaxed);
-        let mut skipped = 0;
         loop {
+            if self.guard.faulted() {
+                self.give_up("its file was shrunk under the reader");
+                return;
+            }
             let head = h.head.load(Ordering::Acquire);
-            if tail == head {
+            let pending = head.wrapping_sub(self.tail);
+            if pending == 0 {
                 self.stuck_since = None;
                 break;
             }
-            // SAFETY: slot index masked into the mapped records.
-            let rec = unsafe {
-                &*((self.map.add(ring::RECORDS_OFFSET) as *const Record)
-                    .add((tail & (cap - 1)) as usize))
-            };
-            if rec.commit.load(Ordering::Acquire) != tail + 1 {
+            if pending > CAPACITY {
+                // Behind the reader, or more than a ring ahead: not a head
+                // the markers can have written. Nothing between is read.
+                self.report.header_faults += 1;
+                self.tail = head;
+                h.tail.store(self.tail, Ordering::Release);
+                if self.report.header_faults >= HEADER_FAULTS_TOLERATED {
+                    self.give_up("its header keeps being overwritten");
+                }
+                return;
+            }
+            // The slot index from our capacity: always inside the mapping.
+            let slot = (self.tail & (CAPACITY - 1)) as usize;
+            // SAFETY: slot < CAPACITY records after RECORDS_OFFSET, all
+            // inside the mapping of file_bytes(CAPACITY).
+            let rec =
+                unsafe { &*((self.map.add(ring::RECORDS_OFFSET) as *const Record).add(slot)) };
+            if rec.commit.load(Ordering::Acquire) != self.tail.wrapping_add(1) {
                 // Reserved, not written yet: wait, unless for too long.
                 let since = *self.stuck_since.get_or_insert_with(Instant::now);
                 if since.elapsed() < STUCK_AFTER {
                     break;
                 }
-                skipped += 1;
+                self.report.corrupt += 1;
             } else {
                 self.stuck_since = None;
-                match self.sites.get(&rec.site) {
-                    Some(site) => take(&stamp_of(rec, site)),
-                    None => skipped += 1,
+                match self.stamp_of(rec) {
+                    Some(stamp) => {
+                        self.report.records += 1;
+                        take(&stamp);
+                    }
+                    None => self.report.corrupt += 1,
                 }
             }
-            tail += 1;
-            h.tail.store(tail, Ordering::Release);
+            self.tail = self.tail.wrapping_add(1);
+            h.tail.store(self.tail, Ordering::Release);
         }
-        self.skipped += skipped;
+        if self.report.corrupt >= CORRUPT_TOLERATED && self.report.corrupt > self.report.records {
+            self.give_up("most of its records are corrupt");
+        }
+    }
+
+    /// Whether `pid` is a process this one forked (cached; forged pids
+    /// cannot grow the cache, or the /proc reads, without bound).
+    fn is_child(&mut self, pid: u32) -> bool {
+        if let Some(&known) = self.pids.get(&pid) {
+            return known;
+        }
+        if self.pids.len() >= PIDS_CACHED {
+            return false;
+        }
+        let child = crate::targets::descends_from(pid, self.pid);
+        self.pids.insert(pid, child);
+        child
+    }
+
+    /// The stamp of a complete record, if it can be one of this process's.
+    fn stamp_of(&mut self, rec: &Record) -> Option<xlap_stamp> {
+        // Copied once: the process may change the slot while we look.
+        // SAFETY: plain reads of fields inside the mapping.
+        let (ts_ns, site, seq, kind, pid, tid, cpu) = unsafe {
+            (
+                std::ptr::read_volatile(&rec.ts_ns),
+                std::ptr::read_volatile(&rec.site),
+                std::ptr::read_volatile(&rec.seq),
+                std::ptr::read_volatile(&rec.kind),
+                std::ptr::read_volatile(&rec.pid),
+                std::ptr::read_volatile(&rec.tid),
+                std::ptr::read_volatile(&rec.cpu),
+            )
+        };
+        let info = *self.sites.get(&site)?;
+        if info.has_kind && u32::try_from(kind).is_err() {
+            return None;
+        }
+        if pid != self.pid && !self.is_child(pid) {
+            return None;
+        }
+        Some(stamp(
+            ts_ns,
+            seq,
+            kind,
+            pid,
+            tid,
+            u16::try_from(cpu).ok()?,
+            &info,
+        ))
     }
 }
 
-fn stamp_of(rec: &Record, site: &SiteInfo) -> xlap_stamp {
+fn stamp(
+    ts_ns: u64,
+    seq: i64,
+    kind: i64,
+    pid: u32,
+    tid: u32,
+    cpu: u16,
+    site: &SiteInfo,
+) -> xlap_stamp {
     let mut flags = (XLAP_FLAG_SEQ_VALID | XLAP_FLAG_FROM_USER) as u8;
     if site.has_kind {
         flags |= XLAP_FLAG_KIND as u8;
     }
     xlap_stamp {
-        ts_ns: rec.ts_ns,
-        seq: rec.seq as u64,
-        pid: rec.pid,
-        tid: rec.tid,
+        ts_ns,
+        seq: seq as u64,
+        pid,
+        tid,
         point: site.point,
-        cpu: rec.cpu as u16,
+        cpu,
         flags,
-        kind: rec.kind as u32,
+        kind: kind as u32,
         ..Default::default()
     }
 }
@@ -336,15 +440,8 @@ fn stamp_of(rec: &Record, site: &SiteInfo) -> xlap_stamp {
 impl Drop for AppRing {
     fn drop(&mut self) {
         self.switch_off();
-        // SAFETY: our own mapping.
+        // SAFETY: our own mapping (its guard slot is released after).
         unsafe { libc::munmap(self.map as *mut libc::c_void, self.len) };
-        // SAFETY: unlinkat on our directory fd and a NUL-terminated name.
-        unsafe {
-            libc::unlinkat(
-                std::os::fd::AsRawFd::as_raw_fd(&self.dir),
-                self.leaf.as_ptr(),
-                0,
-            )
-        };
+        shm_file::remove(&self.dir, &self.leaf);
     }
 }

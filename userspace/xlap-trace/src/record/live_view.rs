@@ -522,7 +522,17 @@ fn serve(addr: SocketAddr) -> anyhow::Result<Arc<Mutex<String>>> {
         )
     })?;
     let text = Arc::new(Mutex::new("# EOF\n".to_string()));
-    let shared = text.clone();
+    spawn_server(listener, text.clone())?;
+    Ok(text)
+}
+
+/// How long one client may take to send its request, and to take the
+/// answer: the network is not trusted (README: Threat model), and a client
+/// that sends nothing or reads nothing must not hold the others for long.
+const CLIENT_READ_TIMEOUT: Duration = Duration::from_millis(500);
+const CLIENT_WRITE_TIMEOUT: Duration = Duration::from_secs(2);
+
+fn spawn_server(listener: TcpListener, shared: Arc<Mutex<String>>) -> std::io::Result<()> {
     std::thread::Builder::new()
         .name("xlap-metrics".into())
         .spawn(move || {
@@ -530,8 +540,11 @@ fn serve(addr: SocketAddr) -> anyhow::Result<Arc<Mutex<String>>> {
             let _ = crate::capabilities::keep_only(&[]);
             for conn in listener.incoming() {
                 let Ok(mut conn) = conn else { continue };
-                let _ = conn.set_read_timeout(Some(Duration::from_secs(2)));
-                // The request is not looked at beyond its first read.
+                let _ = conn.set_read_timeout(Some(CLIENT_READ_TIMEOUT));
+                let _ = conn.set_write_timeout(Some(CLIENT_WRITE_TIMEOUT));
+                // The request is not looked at beyond its first read, of
+                // a bounded size: any request, malformed or huge, gets the
+                // same answer.
                 let mut buf = [0u8; 2048];
                 let _ = conn.read(&mut buf);
                 let body = shared.lock().map(|t| t.clone()).unwrap_or_default();
@@ -542,12 +555,46 @@ fn serve(addr: SocketAddr) -> anyhow::Result<Arc<Mutex<String>>> {
                 );
             }
         })?;
-    Ok(text)
+    Ok(())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Clients that send nothing, garbage, or far too much, and one that
+    /// never reads: the server still answers a plain request after them.
+    #[test]
+    fn hostile_clients_do_not_stop_the_metrics_server() {
+        use std::io::Write as _;
+        use std::net::TcpStream;
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let body = "x".repeat(8 << 20) + "\n# EOF\n";
+        spawn_server(listener, Arc::new(Mutex::new(body.clone()))).unwrap();
+        let silent = TcpStream::connect(addr).unwrap();
+        let mut garbage = TcpStream::connect(addr).unwrap();
+        garbage.write_all(&[0xff; 300]).unwrap();
+        let mut huge = TcpStream::connect(addr).unwrap();
+        let _ = huge.write_all(&vec![b'G'; 1 << 20]);
+        // Asks, then never reads an 8 MiB answer.
+        let mut stalled = TcpStream::connect(addr).unwrap();
+        stalled.write_all(b"GET / HTTP/1.1\r\n\r\n").unwrap();
+        let mut ok = TcpStream::connect(addr).unwrap();
+        // Only a guard against hanging the suite, not a timing claim.
+        ok.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+        ok.write_all(b"GET /metrics HTTP/1.1\r\n\r\n").unwrap();
+        let mut answer = Vec::new();
+        ok.read_to_end(&mut answer).unwrap();
+        let answer = String::from_utf8_lossy(&answer);
+        assert!(
+            answer.starts_with("HTTP/1.1 200 OK"),
+            "{}",
+            &answer[..answer.len().min(200)]
+        );
+        assert!(answer.ends_with("# EOF\n"), "the whole body");
+        drop((silent, garbage, huge, stalled));
+    }
 
     #[test]
     fn histogram_quantiles_are_within_a_bucket() {

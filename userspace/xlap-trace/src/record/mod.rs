@@ -11,6 +11,8 @@ mod live_view;
 mod protocols;
 pub mod segments;
 mod session;
+pub(crate) mod shm_file;
+mod shm_guard;
 mod tally;
 
 pub use bpf_stats::StatsMode;

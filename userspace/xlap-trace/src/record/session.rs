@@ -189,6 +189,12 @@ impl Session {
         } else {
             crate::usdt::plan(&args.pids, &args.usdt)?
         };
+        for (pid, binary, name) in &usdt.refused_names {
+            plan.note(format!(
+                "pid {pid}: marker {name} in {binary} is not traced: a point name is 1 to {} letters, digits and underscores",
+                crate::usdt::MAX_POINT_NAME
+            ));
+        }
         for (pid, comm) in &usdt.without_markers {
             plan.note(format!(
                 "pid {pid} ({comm}) has no {} USDT markers; tracing its kernel points only",
@@ -303,6 +309,7 @@ impl Session {
             segment,
             device_timestamping: timestamping,
             capabilities_missing: plan.caps_missing.iter().map(|n| n.name.into()).collect(),
+            marker_rings: Vec::new(),
             recovery: None,
         };
         let mut live = Live {
@@ -844,6 +851,7 @@ impl Live {
             app[xlap_loss::XLAP_LOSS_RINGBUF_FULL as usize] += ring_losses.full;
             app[xlap_loss::XLAP_LOSS_PARSE as usize] += ring_losses.skipped;
         }
+        let marker_rings = ring_losses.rings;
         if let Some(v) = sink.view.as_mut() {
             v.finish(&losses_by_reason(&losses));
         }
@@ -857,6 +865,7 @@ impl Live {
             losses,
             flows,
             program_stats,
+            marker_rings,
         })
     }
 }
@@ -897,6 +906,7 @@ pub struct Detached {
     losses: Vec<[u64; xlap_loss::XLAP_LOSS_COUNT as usize]>,
     flows: capture::Flows,
     program_stats: Vec<(String, ProgramStats)>,
+    marker_rings: Vec<xlap_records::run_meta::MarkerRing>,
 }
 
 impl Detached {
@@ -912,6 +922,7 @@ impl Detached {
             losses,
             flows,
             program_stats,
+            marker_rings,
         } = self;
         let args = plan.args;
         if !sink.batcher.is_empty() {
@@ -974,6 +985,7 @@ impl Detached {
             unavailable: sink.stats.unavailable,
         });
         meta.bpf_programs = bpf_programs;
+        meta.marker_rings = marker_rings;
         meta.reader_cpu_s = Some(reader_cpu_s);
         meta.stop_reason = stop_reason;
         meta.write(&files.meta)?;
