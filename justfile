@@ -28,6 +28,14 @@ test: lint build
         --test event_loops --test io_uring --test iperf3 --test path_matrix --test capture --test least_privilege || status=$?; \
     {{xlap}} stage sweep --check; exit $status
 
+# The conformance matrix: programs we did not write (iperf3, sockperf, Go,
+# tokio, C sendmmsg/recvmmsg, Python asyncio, ...) traced and checked
+# against their own accounts; prints program x check as Markdown (also in
+# target/debug/conformance.md). XLAP_CONFORMANCE=go,iperf3 picks rows.
+conformance:
+    cargo build --workspace --all-targets
+    cargo test --workspace --test conformance -- --nocapture
+
 # The fuzz targets run long: CASES per property, a fresh seed (printed).
 fuzz CASES="200000":
     @# The proptest targets tests/fuzz_*.rs (USDT notes and argument specs,
@@ -65,6 +73,13 @@ bench *ARGS: build
 # 30; --quick: 2; --period-us, --pairs, --rotate, --max-size).
 bench-long *ARGS: build
     {{target}}/debug/xlap-bench-long {{ARGS}}
+
+# How often compare is right on short single runs of the CI job
+# (examples/ci/xlap-ci.sh): N unchanged and N injected pairs (--pairs N,
+# default 10; --count PACKETS, default 3000; --inject STAGE=US, default
+# decode=50); regressions and false alarms to bench-results/compare.json.
+bench-compare *ARGS: build
+    PATH="{{target}}/debug:$PATH" {{python}} bench/compare_verdicts.py {{ARGS}}
 
 # The analysis benchmark: every bundled query (DuckDB) against a pandas
 # re-implementation of X-LAP's notebook on the same 10 M synthetic packets

@@ -35,10 +35,11 @@ command -v cargo >/dev/null || die "cargo not found: install Rust (rustup, stabl
 # chromium renders the HTML report in its test; python3-venv hosts the
 # pandas baseline of bench-analysis; bpftrace is the perturbation bench's
 # anchor (a hand-written script); capsh (libcap2-bin) runs the least-privilege
-# test, python3 its third-party-style senders; ping the stage tests.
+# test, python3 its third-party-style senders; ping the stage tests;
+# golang-go builds the conformance matrix's Go program (tests/go).
 PACKAGES=(clang llvm libbpf-dev bpftool libclang-dev clang-format systemtap-sdt-dev
 	build-essential pkg-config iproute2 iperf3 sockperf ethtool chromium python3-venv bpftrace
-	libcap2-bin python3 iputils-ping)
+	libcap2-bin python3 iputils-ping golang-go)
 missing=()
 for p in "${PACKAGES[@]}"; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

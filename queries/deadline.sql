@@ -20,6 +20,8 @@ WITH d AS (
     ) s
     JOIN stage_columns c USING (col)
     JOIN fences f ON f.stage = c.stage AND f.kind = s.kind
+    -- the path's stages only, as late_stages (views.sql)
+    WHERE c.side IN ('tx', 'channel', 'rx')
 ), causes AS (
     SELECT kind, stage, side, position, count(*) AS packets
     FROM miss_stages WHERE above GROUP BY ALL

@@ -1,5 +1,5 @@
 -- name: loss
--- description: Losses of the protocol per packet kind (sent, lost, recovered without crossing the wire, duplicates, reordering, retransmissions, gaps of consecutive lost packets) and of the tracer itself (stamps it could not record, per run, point and reason).
+-- description: Losses of the protocol per packet kind (sent, lost, untraced: sent on a flow no traced socket received, so not known to be lost, recovered without crossing the wire, duplicates, reordering, retransmissions, gaps of consecutive lost packets) and of the tracer itself (stamps it could not record, per run, point and reason).
 -- reads: packets, tracer_points
 -- params: kind = packet kind to keep (default: every kind)
 WITH p AS (
@@ -14,6 +14,7 @@ WITH p AS (
     SELECT kind,
            count(*) AS sent,
            count(*) FILTER (WHERE lost) AS lost,
+           count(*) FILTER (WHERE untraced) AS untraced,
            count(*) FILTER (WHERE recovered) AS recovered,
            count(*) FILTER (WHERE duplicate) AS duplicated,
            count(*) FILTER (WHERE reordered) AS reordered,
@@ -22,12 +23,12 @@ WITH p AS (
 ), gaps AS (
     SELECT kind, count(*) AS gaps, max(len) AS longest_gap FROM runs_of_loss GROUP BY kind
 )
-SELECT 'protocol' AS scope, kind::VARCHAR AS what, measure, value,
+SELECT 'protocol' AS scope, CASE WHEN kind = 4294967296 THEN 'all' ELSE kind::VARCHAR END AS what, measure, value,
        round(100.0 * value / sent, 3) AS percent
 FROM (
     UNPIVOT (SELECT k.*, coalesce(g.gaps, 0) AS gaps, coalesce(g.longest_gap, 0) AS longest_gap
              FROM per_kind k LEFT JOIN gaps g USING (kind))
-    ON lost, recovered, duplicated, reordered, retransmitted, gaps, longest_gap INTO NAME measure VALUE value
+    ON lost, untraced, recovered, duplicated, reordered, retransmitted, gaps, longest_gap INTO NAME measure VALUE value
 )
 UNION ALL
 SELECT 'tracer', host || ' ' || point, replace(reason, 'lost_', ''), value, round(100.0 * value / nullif(stamps + value, 0), 3)

@@ -8,6 +8,7 @@ WITH k AS (
     SELECT * FROM packets WHERE kind = (SELECT kind FROM k)
 ), head AS (
     SELECT count(*) AS packets, count(*) FILTER (WHERE lost) AS lost,
+           count(*) FILTER (WHERE untraced) AS untraced,
            (max(sent_ns) - min(sent_ns)) / 1e9 AS seconds
     FROM p
 ), l AS (
@@ -27,11 +28,13 @@ WITH k AS (
 )
 SELECT * EXCLUDE (position) FROM (
     SELECT 'run' AS section,
-           'kind ' || (SELECT kind FROM k) || coalesce(' (' || (SELECT name FROM kinds WHERE kind = (SELECT kind FROM k)) || ')', '') AS name,
+           kind_label((SELECT kind FROM k)) AS name,
            packets::BIGINT AS packets,
            NULL::DOUBLE AS p50_us, NULL::DOUBLE AS p99_us, NULL::DOUBLE AS max_us,
-           format('lost {} ({:.2f} %), {:.0f} packets/s over {:.1f} s, {} end-to-end outliers',
-                  lost, 100.0 * lost / packets, packets / nullif(seconds, 0), seconds, (SELECT count(*) FROM l)) AS note,
+           format('lost {} ({:.2f} %), {}{:.0f} packets/s over {:.1f} s, {} end-to-end outliers',
+                  lost, 100.0 * lost / nullif(packets - untraced, 0),
+                  CASE WHEN untraced > 0 THEN format('{} untraced (no traced socket received their flow), ', untraced) ELSE '' END,
+                  packets / nullif(seconds, 0), seconds, (SELECT count(*) FROM l)) AS note,
            -1 AS position
     FROM head
     UNION ALL

@@ -6,7 +6,8 @@
 --
 -- Before this file runs, xlap-trace provides `packets` and the table
 -- `stage_columns` (col, stage, side, position: every stage column and the
--- totals in path order; side tx, channel, rx or total), `point_columns`
+-- totals in path order; side tx, channel, rx or total, or tx_after_wire /
+-- rx_before_wire for a stage off the path that the totals partition), `point_columns`
 -- (col, point, side, position), `runs`, `tracer_points` and `kinds` (kind,
 -- name: the protocol's names of its kinds) from run.json.
 -- In the DuckDB CLI, without xlap-trace:
@@ -18,6 +19,11 @@
 --   .read queries/views.sql
 --   SET VARIABLE kind = 1;   -- parameters: see each query's header
 --   .read queries/jitter.sql
+
+-- How output names a kind: `kind 1 (data)` with the protocol's name, or
+-- `kind all` for the packets of a layout without a kind field (kind
+-- 4294967296, above every 32-bit kind: xlap_analyze::KIND_ALL).
+CREATE OR REPLACE TEMP MACRO kind_label(k) AS CASE WHEN k = 4294967296 THEN 'kind all' ELSE 'kind ' || k || coalesce(' (' || (SELECT any_value(name) FROM kinds WHERE kind = k) || ')', '') END;
 
 -- Delivered packets of the selected kind (variable `kind`, default all).
 CREATE OR REPLACE TEMP VIEW delivered AS
@@ -83,7 +89,10 @@ FROM (
 -- send time (trend), the mean of the first and last tenth of the run.
 -- Plain sums in one scan (the regression aggregates cost three times as
 -- much); sums over y, s and t are masked to the rows where the stage has
--- a value, so every statistic pairs complete rows.
+-- a value, so every statistic pairs complete rows. The variance share is
+-- the exception: over every delivered packet, a stage the packet does not
+-- have counting 0 (its points were absent, the time is in the stage that
+-- spans them), so that the shares of stages partitioning the path sum to 1.
 CREATE OR REPLACE TEMP TABLE stage_moments AS
 WITH b AS (
     SELECT kind, min(seq) AS s0, min(sent_ns) AS t0, max(sent_ns) - min(sent_ns) AS span
@@ -102,7 +111,10 @@ WITH b AS (
         'sx': sum(COLUMNS('__.+_ns$|^(sender_total|channel|receiver_total|e2e)_ns$')), 'sxx': sum(COLUMNS('__.+_ns$|^(sender_total|channel|receiver_total|e2e)_ns$') * COLUMNS('__.+_ns$|^(sender_total|channel|receiver_total|e2e)_ns$')),
         'sy': sum(y + 0 * COLUMNS('__.+_ns$|^(sender_total|channel|receiver_total|e2e)_ns$')), 'syy': sum(y * y + 0 * COLUMNS('__.+_ns$|^(sender_total|channel|receiver_total|e2e)_ns$')), 'sxy': sum(COLUMNS('__.+_ns$|^(sender_total|channel|receiver_total|e2e)_ns$') * y),
         'ss': sum(s + 0 * COLUMNS('__.+_ns$|^(sender_total|channel|receiver_total|e2e)_ns$')), 'sss': sum(s * s + 0 * COLUMNS('__.+_ns$|^(sender_total|channel|receiver_total|e2e)_ns$')), 'sxs': sum(COLUMNS('__.+_ns$|^(sender_total|channel|receiver_total|e2e)_ns$') * s),
-        'st': sum(t + 0 * COLUMNS('__.+_ns$|^(sender_total|channel|receiver_total|e2e)_ns$')), 'stt': sum(t * t + 0 * COLUMNS('__.+_ns$|^(sender_total|channel|receiver_total|e2e)_ns$')), 'sxt': sum(COLUMNS('__.+_ns$|^(sender_total|channel|receiver_total|e2e)_ns$') * t)
+        'st': sum(t + 0 * COLUMNS('__.+_ns$|^(sender_total|channel|receiver_total|e2e)_ns$')), 'stt': sum(t * t + 0 * COLUMNS('__.+_ns$|^(sender_total|channel|receiver_total|e2e)_ns$')), 'sxt': sum(COLUMNS('__.+_ns$|^(sender_total|channel|receiver_total|e2e)_ns$') * t),
+        'n0': count(y + 0 * coalesce(COLUMNS('__.+_ns$|^(sender_total|channel|receiver_total|e2e)_ns$'), 0)), 'sx0': sum(coalesce(COLUMNS('__.+_ns$|^(sender_total|channel|receiver_total|e2e)_ns$'), 0)),
+        'sy0': sum(y + 0 * coalesce(COLUMNS('__.+_ns$|^(sender_total|channel|receiver_total|e2e)_ns$'), 0)), 'syy0': sum(y * y + 0 * coalesce(COLUMNS('__.+_ns$|^(sender_total|channel|receiver_total|e2e)_ns$'), 0)),
+        'sx0y': sum(coalesce(COLUMNS('__.+_ns$|^(sender_total|channel|receiver_total|e2e)_ns$'), 0) * y)
     }
     FROM c GROUP BY ALL
 ), u AS (
@@ -110,7 +122,8 @@ WITH b AS (
            sum(m.n) AS n, sum(m.sx) AS sx, sum(m.sxx) AS sxx, sum(m.sy) AS sy, sum(m.syy) AS syy, sum(m.sxy) AS sxy,
            sum(m.ss) AS ss, sum(m.sss) AS sss, sum(m.sxs) AS sxs, sum(m.st) AS st, sum(m.stt) AS stt, sum(m.sxt) AS sxt,
            sum(m.n) FILTER (WHERE part = 1) AS n1, sum(m.sx) FILTER (WHERE part = 1) AS sx1,
-           sum(m.n) FILTER (WHERE part = 9) AS n9, sum(m.sx) FILTER (WHERE part = 9) AS sx9
+           sum(m.n) FILTER (WHERE part = 9) AS n9, sum(m.sx) FILTER (WHERE part = 9) AS sx9,
+           sum(m.n0) AS n0, sum(m.sx0) AS sx0, sum(m.sy0) AS sy0, sum(m.syy0) AS syy0, sum(m.sx0y) AS sx0y
     FROM (UNPIVOT w ON COLUMNS(* EXCLUDE (kind, part)) INTO NAME col VALUE m)
     GROUP BY col, kind
 ), d AS (
@@ -125,6 +138,7 @@ SELECT c.stage, c.side, c.position, d.kind, d.n,
        cxy / nullif(sqrt(cxx * cyy), 0) AS r,
        cxy / nullif(cxx, 0) AS slope_e2e,
        cxy AS sxy, cyy AS syy,
+       (sx0y - sx0 * sy0 / n0) / nullif(syy0 - sy0 * sy0 / n0, 0) AS variance_share,
        cxs / nullif(css, 0) AS slope_seq,
        cxt / nullif(ctt, 0) AS slope_time,
        cxt * cxt / nullif(cxx * ctt, 0) AS r2_time,
@@ -133,7 +147,9 @@ SELECT c.stage, c.side, c.position, d.kind, d.n,
 FROM d JOIN stage_columns c USING (col);
 
 -- End-to-end outliers (above the e2e fence of their kind), and each of
--- their stages beside that stage's own fence.
+-- their stages on the path beside that stage's own fence (a sender's
+-- stages after its wire point run alongside the channel and the receiver:
+-- their time is already in those, so they are no cause).
 CREATE OR REPLACE TEMP TABLE late AS
 SELECT p.flow, p.kind, p.seq, p.e2e_ns, f.fence
 FROM packets p JOIN fences f ON f.stage = 'e2e' AND f.kind = p.kind
@@ -147,4 +163,5 @@ FROM (
     ON COLUMNS(* EXCLUDE (flow, kind, seq)) INTO NAME col VALUE ns
 ) s
 JOIN stage_columns c USING (col)
-JOIN fences f ON f.stage = c.stage AND f.kind = s.kind;
+JOIN fences f ON f.stage = c.stage AND f.kind = s.kind
+WHERE c.side IN ('tx', 'channel', 'rx');

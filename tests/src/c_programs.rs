@@ -18,6 +18,13 @@ pub fn hostile_target(exe: &Path) -> PathBuf {
     build(&dir.join("hostile_target.c"), exe)
 }
 
+/// Builds `tests/c/mmsg_peer.c` (a sender and receiver on `sendmmsg` /
+/// `recvmmsg`) to `exe`.
+pub fn mmsg_peer(exe: &Path) -> PathBuf {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("c");
+    build(&dir.join("mmsg_peer.c"), exe)
+}
+
 fn build(source: &Path, exe: &Path) -> PathBuf {
     let markers = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/markers/c");
     let status = Command::new("cc")

@@ -8,6 +8,7 @@ use std::sync::{Mutex, MutexGuard};
 pub mod bench_args;
 pub mod c_programs;
 pub mod example;
+pub mod go_programs;
 pub mod multiset;
 pub mod packets_file;
 pub mod trace;

@@ -301,9 +301,15 @@ fn outlier_causes_match_an_independent_computation_and_name_the_planted_stage() 
         let (q1, q3) = (quantile(v, 0.25), quantile(v, 0.75));
         q3 + 1.5 * (q3 - q1)
     };
+    // The path's stages: the sender's after its wire point (the driver's
+    // and the send call's return) run alongside the channel, and cause
+    // nothing (xlap_records::stages).
     let stages: Vec<(String, &Vec<Option<f64>>)> = stage_values(&cols)
         .into_iter()
         .filter(|(s, _)| !["sender_total", "receiver_total", "e2e"].contains(&s.as_str()))
+        .filter(|(s, _)| {
+            !["dev_start_xmit__dev_xmit", "dev_xmit__sock_send_exit"].contains(&s.as_str())
+        })
         .collect();
     let rows = query("outlier_causes", &[]);
     for k in [0u64, 1] {

@@ -51,10 +51,12 @@ async fn server(a: &[String]) -> Result<()> {
     let mut log = std::fs::File::create(&a[2])?;
     std::fs::write(&a[3], format!("{}\n", std::process::id()))?;
     let mut buf = [0u8; 2048];
-    for _ in 0..count {
-        let Ok(got) =
-            tokio::time::timeout(Duration::from_secs(3), socket.recv_from(&mut buf)).await
-        else {
+    for i in 0..count {
+        // The first datagram may be a while coming (the client waits for a
+        // tracer to attach, seconds on a loaded machine); then 3 s of
+        // silence mean the client is done.
+        let wait = Duration::from_secs(if i == 0 { 60 } else { 3 });
+        let Ok(got) = tokio::time::timeout(wait, socket.recv_from(&mut buf)).await else {
             break;
         };
         let (n, from) = got?;

@@ -18,9 +18,15 @@
 //!    or tunnel device above the one on the wire: `<point>_upper_ns`), X-LAP's durations, a column
 //!    (`sender_total_ns`, `channel_ns`, `receiver_total_ns`, `e2e_ns`, and
 //!    X-LAP's own end-to-end `xlap_e2e_ns` = sender + receiver total), a column
-//!    per stage between points of one side consecutive in their typical
-//!    order (`<a>__<b>_ns`; the crossing is `channel_ns`), flags:
-//!    `lost` (sent, nothing received), `recovered` (delivered by the receiver
+//!    per stage between points of one side consecutive in the packet along
+//!    its kind's path order, an absent point spanned over
+//!    (`<a>__<b>_ns`, [`xlap_records::stages`]; the crossing is
+//!    `channel_ns`), flags:
+//!    `lost` (sent, nothing received on a flow a traced socket received),
+//!    `untraced` (sent on a flow no traced socket received: the receiver
+//!    was not recorded, an SO_REUSEPORT sibling took it), `partial` (the
+//!    end of the recording cut it off on the receiver: no end-to-end
+//!    latency), `recovered` (delivered by the receiver
 //!    without crossing the wire), `duplicate` (received more than once, with
 //!    the skew of the copies), `reordered` (a later seq arrived before it),
 //!    `retransmitted` (sent more than once), `deadline_missed`.
@@ -32,7 +38,7 @@
 //!    a layout without a kind field.
 
 use crate::clock::{self, Mapping};
-use crate::packets_table::{self, PointColumns};
+use crate::packets_table::{self, PointColumns, StageColumn};
 use crate::runs::Run;
 use crate::sql;
 use crate::{AnalyzeError, Result};
@@ -51,6 +57,8 @@ pub struct CorrelateOptions {
 pub struct Correlation {
     pub packets: u64,
     pub lost: u64,
+    /// Sent on flows no traced socket received (the receiver not recorded).
+    pub untraced: u64,
     pub recovered: u64,
     pub duplicates: u64,
     pub reordered: u64,
@@ -60,6 +68,9 @@ pub struct Correlation {
     pub points: Vec<String>,
     /// The side ("tx" or "rx") of each point column.
     pub point_sides: Vec<String>,
+    /// Where the path order of a kind's side does not fit every packet
+    /// (those packets have a negative stage): empty when it fits all.
+    pub order_conflicts: Vec<String>,
     pub clocks: Vec<Mapping>,
 }
 
@@ -117,8 +128,13 @@ fn load_clocks(conn: &Connection, clocks: &[Mapping]) -> Result<()> {
 
 /// Refuses a point column the packets table cannot have, naming its point
 /// and the stamps file it came from; every other name is carried quoted.
-fn check_point_columns(conn: &Connection, runs: &[Run], cols: &[(String, String)]) -> Result<()> {
-    let Err((col, why)) = packets_table::check_columns(cols) else {
+fn check_point_columns(
+    conn: &Connection,
+    runs: &[Run],
+    cols: &[(String, String)],
+    stage_cols: &[StageColumn],
+) -> Result<()> {
+    let Err((col, why)) = packets_table::check_columns(cols, stage_cols) else {
         return Ok(());
     };
     let (point, run_id): (String, String) = conn.query_row(
@@ -291,10 +307,10 @@ pub fn correlate(
         |r| r.get(0),
     )?;
 
-    // 5. the table. Point columns in typical order: the median offset from
-    // an anchor, the most common point, measured within each packet that has
-    // both (offsets from a packet's first stamp would mix populations: a
-    // point present only for some packets would sort by their other timing).
+    // 5. the table. Point columns by their median offset from an anchor,
+    // the most common point, within each packet that has both: only a hint
+    // for points that never meet in a packet; the path order comes from
+    // pairwise precedence (`path_orders`).
     let cols: Vec<(String, String)> = {
         let mut stmt = conn.prepare(
             "WITH a AS (SELECT col FROM s5 GROUP BY col ORDER BY count(*) DESC, col LIMIT 1),
@@ -311,7 +327,7 @@ pub fn correlate(
             "no stamp carries a sequence number: nothing to correlate".into(),
         ));
     }
-    check_point_columns(conn, runs, &cols)?;
+    check_point_columns(conn, runs, &cols, &[])?;
     let deadline = opts
         .deadline_ns
         .map_or("NULL::BOOLEAN".to_string(), |d| format!("e2e_ns > {d}"));
@@ -358,11 +374,35 @@ pub fn correlate(
     } else {
         "NULL".to_string()
     };
+    conn.execute_batch(&format!(
+        "CREATE OR REPLACE TEMP TABLE pk AS
+         SELECT flow, kind, useq, {priority}::UINTEGER AS __priority, {pivot_cols}
+         FROM s5 GROUP BY flow, kind, useq;"
+    ))?;
+    let paths = path_orders(conn, &cols)?;
+    let cols = paths.layout;
+    let stage_cols = paths.stages;
+    check_point_columns(conn, runs, &cols, &stage_cols)?;
+    // The flows some traced socket received: a packet of another flow that
+    // nothing received is `untraced` (its receiver was not recorded), not
+    // lost.
+    let rx_seen = {
+        let rx: Vec<String> = cols
+            .iter()
+            .filter(|(_, side)| side == "rx")
+            .map(|(c, _)| format!("p.{} IS NOT NULL", sql::ident(c)))
+            .collect();
+        if rx.is_empty() {
+            "false".to_string()
+        } else {
+            rx.join(" OR ")
+        }
+    };
     let columns = PointColumns {
         cols: &cols,
         alias: "p",
     }
-    .select_list(|column, d| match column {
+    .select_list_stages(&stage_cols, |column, d| match column {
         "run_id" => "e.tx_run".into(),
         "flow" => "p.flow".into(),
         "kind" => "nullif(p.kind, -1)".into(),
@@ -372,7 +412,9 @@ pub fn correlate(
         "dst_port" => "nullif(p.flow & 65535, 0)".into(),
         "tx_host" | "rx_host" | "tx_pid" | "rx_pid" => format!("e.{column}"),
         "priority" => "p.__priority".into(),
-        "lost" => format!("NOT ({})", d.rx_any),
+        "lost" => format!("NOT ({}) AND rs.flow IS NOT NULL", d.rx_any),
+        "untraced" => format!("NOT ({}) AND rs.flow IS NULL", d.rx_any),
+        "partial" => "false".into(),
         "recovered" => format!("({}) AND NOT ({})", d.rx_any, d.rx_any_kernel),
         "duplicate" => "coalesce(d.copies, 0) > 1".into(),
         "duplicate_skew_ns" => "CASE WHEN d.copies > 1 THEN d.skew END".into(),
@@ -385,37 +427,301 @@ pub fn correlate(
         other => unreachable!("packets column {other} has no expression"),
     });
     conn.execute_batch(&format!(
-        "CREATE OR REPLACE TEMP TABLE pk AS
-         SELECT flow, kind, useq, {priority}::UINTEGER AS __priority, {pivot_cols}
-         FROM s5 GROUP BY flow, kind, useq;
-         CREATE OR REPLACE TABLE packets AS
+        "CREATE OR REPLACE TABLE packets AS
          SELECT {columns}
          FROM pk p JOIN ends e USING (flow)
          LEFT JOIN ({dup_source}) d USING (flow, kind, useq)
          LEFT JOIN ({sends_source}) sn USING (flow, kind, useq)
          LEFT JOIN ({addr_source}) fa USING (flow)
+         LEFT JOIN (SELECT DISTINCT flow FROM pk p WHERE {rx_seen}) rs ON rs.flow = p.flow
          ORDER BY p.flow, p.kind, p.useq;"
     ))?;
+    mark_untraced(conn, &cols)?;
+    mark_partial(conn, &cols)?;
     if let Some(out) = out {
         packets_table::write(conn, "packets", out, &cols)?;
     }
-    let (packets, lost, recovered, duplicates, reordered): (i64, i64, i64, i64, i64) = conn
-        .query_row(
-            "SELECT count(*), count(*) FILTER (WHERE lost), count(*) FILTER (WHERE recovered),
+    let (packets, lost, untraced, recovered, duplicates, reordered): (
+        i64,
+        i64,
+        i64,
+        i64,
+        i64,
+        i64,
+    ) = conn.query_row(
+        "SELECT count(*), count(*) FILTER (WHERE lost), count(*) FILTER (WHERE untraced),
+                count(*) FILTER (WHERE recovered),
                 count(*) FILTER (WHERE duplicate), count(*) FILTER (WHERE reordered) FROM packets",
-            [],
-            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?)),
-        )?;
+        [],
+        |r| {
+            Ok((
+                r.get(0)?,
+                r.get(1)?,
+                r.get(2)?,
+                r.get(3)?,
+                r.get(4)?,
+                r.get(5)?,
+            ))
+        },
+    )?;
     Ok(Correlation {
         packets: packets as u64,
         lost: lost as u64,
+        untraced: untraced as u64,
         recovered: recovered as u64,
         duplicates: duplicates as u64,
         reordered: reordered as u64,
         unplaced_stamps: unplaced.max(0) as u64,
         point_sides: cols.iter().map(|(_, s)| s.clone()).collect(),
+        order_conflicts: paths.conflicts,
         points: cols.into_iter().map(|(c, _)| c).collect(),
         clocks,
+    })
+}
+
+/// Flows no traced socket received, though the receiving host's device
+/// points stamped them: where the socket hook that tells a traced socket's
+/// datagrams from an untraced one's is missing (a kernel before 6.12
+/// keeps them, said in run.json), the datagrams an untraced SO_REUSEPORT
+/// sibling read have device stamps only. They are `untraced` like those
+/// with no receiving stamp at all, with no end-to-end latency: counted
+/// delivered, their e2e ended at a device point.
+fn mark_untraced(conn: &Connection, cols: &[(String, String)]) -> Result<()> {
+    let at_socket: Vec<String> = cols
+        .iter()
+        .filter(|(c, side)| side == "rx" && !c.starts_with("dev_"))
+        .map(|(c, _)| format!("{} IS NOT NULL", sql::ident(c)))
+        .collect();
+    let at_device = cols
+        .iter()
+        .any(|(c, side)| side == "rx" && c.starts_with("dev_"));
+    if at_socket.is_empty() || !at_device {
+        return Ok(());
+    }
+    conn.execute_batch(&format!(
+        "UPDATE packets SET untraced = true, lost = false, recovered = false,
+                e2e_ns = NULL, receiver_total_ns = NULL, xlap_e2e_ns = NULL
+         WHERE NOT untraced AND flow NOT IN (SELECT DISTINCT flow FROM packets WHERE {});",
+        at_socket.join(" OR ")
+    ))?;
+    Ok(())
+}
+
+/// Packets the end of the recording cut off on the receiver: a kind's
+/// final receiving point (the latest one nine in ten of its delivered
+/// packets reach) missing, and no later packet of the flow reached it
+/// either. They are `partial`, with no end-to-end or receiver total: one
+/// cut off after the device points by a `kill -9` was counted delivered
+/// with a 0.8 µs end-to-end latency.
+fn mark_partial(conn: &Connection, cols: &[(String, String)]) -> Result<()> {
+    let rx: Vec<&String> = cols
+        .iter()
+        .filter(|(c, side)| side == "rx" && !c.starts_with("app_"))
+        .map(|(c, _)| c)
+        .collect();
+    if rx.is_empty() {
+        return Ok(());
+    }
+    // Per kind: each receiving column's reach and mean time after sending.
+    let stats: Vec<String> = rx
+        .iter()
+        .map(|c| format!("count({c}), avg({c} - sent_ns)", c = sql::ident(c)))
+        .collect();
+    let mut stmt = conn.prepare(&format!(
+        "SELECT coalesce(kind::BIGINT, -1), count(*), {} FROM packets WHERE e2e_ns IS NOT NULL GROUP BY ALL",
+        stats.join(", ")
+    ))?;
+    let finals: Vec<(i64, String)> = stmt
+        .query_map([], |r| {
+            let kind: i64 = r.get(0)?;
+            let n: i64 = r.get(1)?;
+            let mut best: Option<(f64, &String)> = None;
+            for (i, c) in rx.iter().enumerate() {
+                let reached: i64 = r.get(2 + 2 * i)?;
+                let mean: Option<f64> = r.get(3 + 2 * i)?;
+                if let Some(m) = mean.filter(|_| reached * 10 >= n * 9) {
+                    if best.is_none_or(|(b, _)| m > b) {
+                        best = Some((m, c));
+                    }
+                }
+            }
+            Ok(best.map(|(_, c)| (kind, c.clone())))
+        })?
+        .filter_map(|r| r.transpose())
+        .collect::<duckdb::Result<_>>()?;
+    let any_rx = rx
+        .iter()
+        .map(|c| format!("p.{}", sql::ident(c)))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let latest_rx = if rx.len() == 1 {
+        any_rx.clone()
+    } else {
+        format!("greatest({any_rx})")
+    };
+    for (kind, last) in finals {
+        let last = sql::ident(&last);
+        conn.execute(
+            &format!(
+                "UPDATE packets p SET partial = true, e2e_ns = NULL, receiver_total_ns = NULL, xlap_e2e_ns = NULL
+                 WHERE coalesce(p.kind::BIGINT, -1) = ? AND p.e2e_ns IS NOT NULL AND p.{last} IS NULL
+                   AND {latest_rx} > coalesce((SELECT max(q.{last}) FROM packets q
+                                               WHERE q.flow = p.flow AND q.kind IS NOT DISTINCT FROM p.kind), -1)"
+            ),
+            [kind],
+        )?;
+    }
+    Ok(())
+}
+
+/// The path as the packets show it ([`xlap_records::stages`]).
+struct Paths {
+    /// The point columns in the order of the table: the order over every
+    /// kind and both sides (each side's points keep their path order).
+    layout: Vec<(String, String)>,
+    /// Every stage some packet has, per kind along that kind's order.
+    stages: Vec<StageColumn>,
+    conflicts: Vec<String>,
+}
+
+/// Path orders from pairwise precedence counts over the packets having
+/// both points (`pk`, one row per packet), and the stages the packets'
+/// sets of points present make along them. `hint` (the point columns with
+/// their sides, by median offset) orders only points that never met.
+fn path_orders(conn: &Connection, hint: &[(String, String)]) -> Result<Paths> {
+    use xlap_records::stages::{self, Precedence};
+    let n = hint.len();
+    let col = |i: usize| format!("p.{}", sql::ident(&hint[i].0));
+    let pairs: Vec<(usize, usize)> = (0..n)
+        .flat_map(|i| (i + 1..n).map(move |j| (i, j)))
+        .collect();
+    let mut counts = vec!["p.kind::BIGINT".to_string()];
+    for &(i, j) in &pairs {
+        counts.push(format!("count(*) FILTER (WHERE {} < {})", col(i), col(j)));
+        counts.push(format!("count(*) FILTER (WHERE {} < {})", col(j), col(i)));
+    }
+    let mask = (0..n)
+        .map(|i| format!("CASE WHEN {} IS NULL THEN '0' ELSE '1' END", col(i)))
+        .collect::<Vec<_>>()
+        .join(" || ");
+    let hint_pos = |c: &String| hint.iter().position(|(h, _)| h == c);
+    let by_hint = |a: &String, b: &String| hint_pos(a).cmp(&hint_pos(b));
+    // Per kind: (kind, counts over both sides, point sets present).
+    type KindCounts = (Option<i64>, Precedence<String>, Vec<Vec<bool>>);
+    let mut kinds: Vec<KindCounts> = Vec::new();
+    {
+        let mut stmt = conn.prepare(&format!(
+            "SELECT {} FROM pk p GROUP BY ALL ORDER BY 1",
+            counts.join(", ")
+        ))?;
+        let mut rows = stmt.query([])?;
+        while let Some(r) = rows.next()? {
+            let kind: Option<i64> = r.get(0)?;
+            let mut prec = Precedence::default();
+            for (x, &(i, j)) in pairs.iter().enumerate() {
+                let ij: i64 = r.get(1 + 2 * x)?;
+                let ji: i64 = r.get(2 + 2 * x)?;
+                prec.count(&hint[i].0, &hint[j].0, ij as u64);
+                prec.count(&hint[j].0, &hint[i].0, ji as u64);
+            }
+            kinds.push((kind, prec, Vec::new()));
+        }
+    }
+    {
+        let mut stmt = conn.prepare(&format!(
+            "SELECT p.kind::BIGINT, {mask} FROM pk p GROUP BY ALL ORDER BY 1, 2"
+        ))?;
+        let mut rows = stmt.query([])?;
+        while let Some(r) = rows.next()? {
+            let kind: Option<i64> = r.get(0)?;
+            let m: String = r.get(1)?;
+            if let Some(k) = kinds.iter_mut().find(|k| k.0 == kind) {
+                k.2.push(m.bytes().map(|b| b == b'1').collect());
+            }
+        }
+    }
+    // The table's layout: one order over every kind and both sides.
+    let mut all = Precedence::default();
+    for (c, _) in hint {
+        all.point(c);
+    }
+    for (_, prec, _) in &kinds {
+        for a in prec.points() {
+            for b in prec.points() {
+                all.count(a, b, prec.before(a, b));
+            }
+        }
+    }
+    let layout_order = all.order(by_hint).order;
+    let side_of = |c: &String| hint.iter().find(|(h, _)| h == c).map(|(_, s)| s.clone());
+    let layout: Vec<(String, String)> = layout_order
+        .iter()
+        .map(|c| (c.clone(), side_of(c).unwrap_or_default()))
+        .collect();
+    let layout_pos = |c: &String| layout_order.iter().position(|l| l == c);
+    let mut stage_cols: Vec<StageColumn> = Vec::new();
+    let mut conflicts = Vec::new();
+    for (kind, prec, masks) in &kinds {
+        let literal = kind.map_or("NULL".to_string(), |k| k.to_string());
+        for side in ["tx", "rx"] {
+            // This kind's points of this side: those some packet has.
+            let mut own = Precedence::default();
+            for (i, (c, s)) in hint.iter().enumerate() {
+                if s == side && masks.iter().any(|m| m[i]) {
+                    own.point(c);
+                }
+            }
+            let points = own.points().to_vec();
+            for a in &points {
+                for b in &points {
+                    own.count(a, b, prec.before(a, b));
+                }
+            }
+            let order = own.order(|a, b| layout_pos(a).cmp(&layout_pos(b)));
+            for c in &order.conflicts {
+                conflicts.push(format!(
+                    "kind {literal} {side}: {} before {} in {} packets, after it in {}",
+                    c.first, c.then, c.agreeing, c.against
+                ));
+            }
+            for m in masks {
+                let present = |c: &String| hint_pos(c).is_some_and(|i| m[i]);
+                for (a, b) in stages::stages(&order.order, present) {
+                    let (ia, ib) = (
+                        order.order.iter().position(|x| x == a).unwrap_or(0),
+                        order.order.iter().position(|x| x == b).unwrap_or(0),
+                    );
+                    let between = order.order[ia + 1..ib].to_vec();
+                    let s = match stage_cols.iter_mut().find(|s| &s.a == a && &s.b == b) {
+                        Some(s) => s,
+                        None => {
+                            stage_cols.push(StageColumn {
+                                a: a.clone(),
+                                b: b.clone(),
+                                cases: Vec::new(),
+                            });
+                            stage_cols.last_mut().expect("pushed")
+                        }
+                    };
+                    if !s.cases.iter().any(|(k, _)| k.as_deref() == Some(&literal)) {
+                        s.cases.push((Some(literal.clone()), between));
+                    }
+                }
+            }
+        }
+    }
+    // Sender stages first, then the receiver's, each along the layout.
+    stage_cols.sort_by_key(|s| {
+        (
+            side_of(&s.a).as_deref() != Some("tx"),
+            layout_pos(&s.a),
+            layout_pos(&s.b),
+        )
+    });
+    Ok(Paths {
+        layout,
+        stages: stage_cols,
+        conflicts,
     })
 }
 

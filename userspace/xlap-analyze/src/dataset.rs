@@ -22,6 +22,33 @@ use xlap_records::schema::{
     PACKETS_SCHEMA_VERSION, PACKETS_SIDES_KEY as SIDES_KEY, PACKETS_VERSION_KEY as VERSION_KEY,
 };
 
+/// The `packets` view over `source` (the file, or the table correlated
+/// here), the same for every reader:
+/// - the packets of a layout without a kind field (`kind` null in the
+///   file) are one kind, [`crate::KIND_ALL`]: joins and groups on a null
+///   kind match nothing, which left such runs with empty tables;
+/// - files written before the `untraced` and `partial` flags get them, false.
+fn packets_view(conn: &Connection, source: &str) -> Result<()> {
+    let mut added = String::new();
+    for flag in ["untraced", "partial"] {
+        let has: bool = conn.query_row(
+            &format!(
+                "SELECT count(*) > 0 FROM (DESCRIBE SELECT * FROM {source}) WHERE column_name = ?"
+            ),
+            [flag],
+            |r| r.get(0),
+        )?;
+        if !has {
+            added += &format!(", false AS {flag}");
+        }
+    }
+    conn.execute_batch(&format!(
+        "CREATE OR REPLACE TEMP VIEW packets AS SELECT * REPLACE (coalesce(kind::UBIGINT, {}) AS kind){added} FROM {source};",
+        crate::KIND_ALL,
+    ))?;
+    Ok(())
+}
+
 const TOTALS: &[&str] = &["sender_total_ns", "receiver_total_ns", "e2e_ns"];
 
 /// Columns of the packets schema (`xlap_records::schema::packets`) the
@@ -134,6 +161,30 @@ pub fn open_view(
     progress: bool,
     view: View,
 ) -> Result<Dataset> {
+    open_checked(conn, arg, shared, progress, view, true)
+}
+
+/// [`open_view`] for the user's own SQL (`xlap-trace sql`): a run with one
+/// end only (the sender's, every packet untraced) opens too, for the
+/// questions it can answer; the bundled analyses refuse it.
+pub fn open_one_end_ok(
+    conn: &Connection,
+    arg: &Path,
+    shared: Shared,
+    progress: bool,
+    view: View,
+) -> Result<Dataset> {
+    open_checked(conn, arg, shared, progress, view, false)
+}
+
+fn open_checked(
+    conn: &Connection,
+    arg: &Path,
+    shared: Shared,
+    progress: bool,
+    view: View,
+    both_ends: bool,
+) -> Result<Dataset> {
     if !arg.exists() {
         return Err(input(
             arg,
@@ -171,10 +222,7 @@ pub fn open_view(
     let sides: Vec<(String, String)> = match &packets_file {
         Some(file) => {
             let sides = check_packets_file(conn, file)?;
-            conn.execute_batch(&format!(
-                "CREATE OR REPLACE TEMP VIEW packets AS SELECT * FROM read_parquet({});",
-                sql::path(file)
-            ))?;
+            packets_view(conn, &format!("read_parquet({})", sql::path(file)))?;
             sides
         }
         None => {
@@ -183,11 +231,20 @@ pub fn open_view(
                 .map(|d| Run::open(d))
                 .collect::<Result<Vec<_>>>()?;
             let c = correlate(conn, &runs, &CorrelateOptions::default(), None)?;
+            conn.execute_batch("ALTER TABLE packets RENAME TO packets_correlated;")?;
+            packets_view(conn, "packets_correlated")?;
             c.points.into_iter().zip(c.point_sides).collect()
         }
     };
-    apply_view(conn, view, packets_file.is_none())?;
+    name_kinds(conn)?;
+    apply_view(conn, view)?;
     describe_columns(conn, &sides)?;
+    for d in run_dirs
+        .iter()
+        .filter(|d| d.join("stamps.parquet").is_file())
+    {
+        crate::runs::stamps_whole(d).map_err(|why| input(d, why))?;
+    }
     let stamp_files: Vec<String> = run_dirs
         .iter()
         .map(|d| d.join("stamps.parquet"))
@@ -243,7 +300,7 @@ pub fn open_view(
             "the run has no packets (no stamp carried a sequence number: check --proto or --seq-offset, and that the pids sent traffic while recording)",
         ));
     }
-    if delivered == 0 {
+    if delivered == 0 && both_ends {
         return Err(input(
             arg,
             format!(
@@ -259,17 +316,13 @@ pub fn open_view(
     })
 }
 
-/// Puts `view` between the packets (a table when correlated here, else a
-/// view of the file) and everything that reads `packets`.
-fn apply_view(conn: &Connection, view: View, is_table: bool) -> Result<()> {
+/// Puts `view` between the packets (a view of the file or of the table
+/// correlated here) and everything that reads `packets`.
+fn apply_view(conn: &Connection, view: View) -> Result<()> {
     if view == View::default() {
         return Ok(());
     }
-    conn.execute_batch(if is_table {
-        "ALTER TABLE packets RENAME TO packets_all;"
-    } else {
-        "ALTER VIEW packets RENAME TO packets_all;"
-    })?;
+    conn.execute_batch("ALTER VIEW packets RENAME TO packets_all;")?;
     let e2e = match view.e2e {
         E2e::Wire => "",
         E2e::Xlap => "REPLACE (sender_total_ns + receiver_total_ns AS e2e_ns)",
@@ -323,7 +376,30 @@ fn describe_columns(conn: &Connection, sides: &[(String, String)]) -> Result<()>
         {
             let first = format!("{}_ns", col.split("__").next().unwrap_or_default());
             if side_of(&first).as_deref().unwrap_or("tx") == side {
-                stages.push((col.clone(), side.into()));
+                // Off the path (a sender's stage after its wire point): its
+                // own side, so that the path's stages sum to the totals.
+                let second = col
+                    .split_once("__")
+                    .map_or(String::new(), |(_, b)| b.to_string());
+                let s = if side == "tx" {
+                    xlap_records::Side::Tx
+                } else {
+                    xlap_records::Side::Rx
+                };
+                // The table's column order is the path order (the sides
+                // map of a packets file is not: a JSON object, sorted).
+                let order: Vec<&String> = cols
+                    .iter()
+                    .filter(|c| side_of(c).as_deref() == Some(side))
+                    .collect();
+                let part = xlap_records::stages::part(
+                    s,
+                    &order,
+                    |c| xlap_records::stages::wire_rank(s, c),
+                    &&first,
+                    &&second,
+                );
+                stages.push((col.clone(), part.label(s).into()));
             }
         }
     }
@@ -440,7 +516,8 @@ fn load_runs(conn: &Connection, files: &[PathBuf]) -> Result<()> {
         "CREATE OR REPLACE TEMP TABLE runs (run_id VARCHAR, host VARCHAR, kernel VARCHAR, boot_id VARCHAR,
            start_realtime_ns BIGINT, duration_s DOUBLE, packets UBIGINT, stamps UBIGINT,
            bpf_ns_per_stamp DOUBLE, stop_reason VARCHAR, file VARCHAR);
-         CREATE OR REPLACE TEMP TABLE kinds (kind UBIGINT, name VARCHAR);",
+         CREATE OR REPLACE TEMP TABLE kinds (kind UBIGINT, name VARCHAR);
+         CREATE OR REPLACE TEMP TABLE run_kinds (run_id VARCHAR, kind UBIGINT, name VARCHAR);",
     )?;
     // One loss column per reason the capture counts (xlap_abi::LOSS_REASONS).
     let loss_columns: Vec<String> = xlap_abi::LOSS_REASONS
@@ -477,12 +554,13 @@ fn load_runs(conn: &Connection, files: &[PathBuf]) -> Result<()> {
                 file.display().to_string(),
             ],
         )?;
-        // The protocol's names of its kinds (from the --proto preset).
+        // The protocol's names of its kinds (from the --proto preset);
+        // which runs name the packets' kinds is settled by `name_kinds`.
         for (_, layout) in m.layouts() {
             for (kind, name) in &layout.kind_names {
                 conn.execute(
-                    "INSERT INTO kinds SELECT ?, ? WHERE NOT EXISTS (SELECT 1 FROM kinds WHERE kind = ?)",
-                    duckdb::params![kind, name, kind],
+                    "INSERT INTO run_kinds VALUES (?, ?, ?)",
+                    duckdb::params![m.run_id, kind, name],
                 )?;
             }
         }
@@ -505,6 +583,52 @@ fn load_runs(conn: &Connection, files: &[PathBuf]) -> Result<()> {
     Ok(())
 }
 
+/// `kinds`: the names the packets' own runs give their kinds. A packets
+/// file is read with the run.json files beside it, which may be other
+/// runs' (a packets file written into a directory of runs): their names
+/// would label another protocol's kinds. Then [`crate::KIND_ALL`], if any
+/// packet is of a layout without a kind.
+fn name_kinds(conn: &Connection) -> Result<()> {
+    let has_run_id: bool = conn.query_row(
+        "SELECT count(*) > 0 FROM (DESCRIBE SELECT * FROM packets) WHERE column_name = 'run_id'",
+        [],
+        |r| r.get(0),
+    )?;
+    // The earliest packets files have no run_id: every run beside them.
+    conn.execute_batch(if has_run_id {
+        "INSERT INTO kinds
+         SELECT kind, any_value(name) FROM run_kinds
+         WHERE run_id IN (SELECT DISTINCT run_id FROM packets) GROUP BY kind;"
+    } else {
+        "INSERT INTO kinds SELECT kind, any_value(name) FROM run_kinds GROUP BY kind;"
+    })?;
+    conn.execute(
+        "INSERT INTO kinds SELECT ?, ? WHERE EXISTS (SELECT 1 FROM packets WHERE kind = ?)",
+        duckdb::params![crate::KIND_ALL, crate::KIND_ALL_NAME, crate::KIND_ALL],
+    )?;
+    Ok(())
+}
+
+/// The main kind of each direction the delivered packets go (sender and
+/// receiver process), most packets first: a two-way protocol (sockperf's
+/// ping and pong) has two, each worth its own summary. A direction with
+/// under a tenth of the packets (the example's feedback) is left out.
+pub fn direction_kinds(conn: &Connection) -> Result<Vec<u64>> {
+    let mut stmt = conn.prepare(
+        "WITH d AS (SELECT tx_host, tx_pid, rx_host, rx_pid, kind, count(*) AS n
+                    FROM packets WHERE e2e_ns IS NOT NULL GROUP BY ALL),
+              dir AS (SELECT arg_max(kind, n) AS kind, sum(n) AS n FROM d
+                      GROUP BY tx_host, tx_pid, rx_host, rx_pid)
+         SELECT kind::UBIGINT, max(n) AS n FROM dir
+         WHERE n >= 0.1 * (SELECT sum(n) FROM dir)
+         GROUP BY kind ORDER BY n DESC, kind",
+    )?;
+    let kinds = stmt
+        .query_map([], |r| r.get::<_, u64>(0))?
+        .collect::<duckdb::Result<Vec<_>>>()?;
+    Ok(kinds)
+}
+
 /// The most common kind among delivered packets: what a one-kind view
 /// (the demo, the report) shows by default, like the `summary` query.
 pub fn main_kind(conn: &Connection) -> Result<u64> {
@@ -518,6 +642,20 @@ pub fn main_kind(conn: &Connection) -> Result<u64> {
 #[cfg(test)]
 mod tests {
     /// What a packets file is checked for is what the schema declares.
+    /// The label macro of queries/views.sql knows the kind-less kind.
+    #[test]
+    fn views_name_the_kind_of_kindless_layouts() {
+        let line = super::VIEWS_SQL
+            .lines()
+            .find(|l| l.contains("MACRO kind_label"))
+            .expect("kind_label in views.sql");
+        assert!(line.contains(&crate::KIND_ALL.to_string()), "{line}");
+        assert!(
+            line.contains(&format!("'kind {}'", crate::KIND_ALL_NAME)),
+            "{line}"
+        );
+    }
+
     #[test]
     fn required_columns_are_the_schemas() {
         let schema = xlap_records::schema::packets(&[], &[]);

@@ -23,6 +23,15 @@ pub fn cell(v: &Value) -> String {
     s
 }
 
+/// A cell of column `column` for people: the kind of kind-less layouts is
+/// named, not shown as its number (machines get the number).
+fn people_cell(column: &str, v: &Value) -> String {
+    if column == "kind" && v.as_u64() == Some(crate::KIND_ALL) {
+        return crate::KIND_ALL_NAME.to_string();
+    }
+    cell(v)
+}
+
 fn raw_cell(v: &Value) -> String {
     match v {
         Value::Null => String::new(),
@@ -61,7 +70,12 @@ fn aligned(t: &Table) -> String {
     let cells: Vec<Vec<String>> = t
         .rows
         .iter()
-        .map(|r| r.iter().map(cell).collect())
+        .map(|r| {
+            r.iter()
+                .zip(&t.columns)
+                .map(|(v, c)| people_cell(c, v))
+                .collect()
+        })
         .collect();
     let widths: Vec<usize> = (0..t.columns.len())
         .map(|i| {
@@ -117,7 +131,8 @@ fn markdown(t: &Table) -> String {
         out.push_str(&format!(
             "| {} |\n",
             r.iter()
-                .map(|v| esc(cell(v)))
+                .zip(&t.columns)
+                .map(|(v, c)| esc(people_cell(c, v)))
                 .collect::<Vec<_>>()
                 .join(" | ")
         ));

@@ -18,6 +18,47 @@ pub struct PointColumns<'a> {
     pub alias: &'a str,
 }
 
+/// A stage column, `<a>__<b>_ns` = `b - a`, where the packet has both
+/// points and none of those its kind's path order puts between them
+/// ([`xlap_records::stages`]: a stage spans to the next point present).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StageColumn {
+    pub a: String,
+    pub b: String,
+    /// Per kind (a SQL literal; `None`: every kind), the point columns
+    /// between `a` and `b` in that kind's order.
+    pub cases: Vec<(Option<String>, Vec<String>)>,
+}
+
+impl StageColumn {
+    pub fn name(&self) -> String {
+        stage_name(&self.a, &self.b)
+    }
+}
+
+/// Stages between columns consecutive in `cols` per side, for every kind
+/// (a table whose packets have every point, as `synth` plants them).
+pub fn chain_stages(cols: &[(String, String)]) -> Vec<StageColumn> {
+    ["tx", "rx"]
+        .iter()
+        .flat_map(|side| {
+            let of_side: Vec<&String> = cols
+                .iter()
+                .filter(|(_, s)| s == side)
+                .map(|(c, _)| c)
+                .collect();
+            of_side
+                .windows(2)
+                .map(|w| StageColumn {
+                    a: w[0].clone(),
+                    b: w[1].clone(),
+                    cases: vec![(None, Vec::new())],
+                })
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
 /// SQL expressions over the point columns.
 pub struct Derived {
     /// The sender's first point: when the packet was sent.
@@ -48,7 +89,7 @@ impl PointColumns<'_> {
             .collect()
     }
 
-    pub fn derived(&self) -> Derived {
+    pub fn derived(&self, stage_cols: &[StageColumn]) -> Derived {
         let present = |names: &[&str]| -> Vec<String> {
             names
                 .iter()
@@ -81,19 +122,32 @@ impl PointColumns<'_> {
         // crossing between them is `channel_ns`. A chain across sides would
         // pair unrelated work that merely overlaps in time (on veth the
         // receiver's softirq runs inside the sender's transmit call).
-        let stages = ["tx", "rx"]
+        let stages = stage_cols
             .iter()
-            .flat_map(|side| {
-                self.side(side)
-                    .windows(2)
-                    .map(|w| {
-                        let (a, b) = (w[0], w[1]);
-                        (
-                            stage_name(a, b),
-                            format!("{} - {}", self.col(b), self.col(a)),
-                        )
+            .map(|s| {
+                let diff = format!("{} - {}", self.col(&s.b), self.col(&s.a));
+                let conds: Vec<String> = s
+                    .cases
+                    .iter()
+                    .map(|(kind, between)| {
+                        let mut c: Vec<String> = kind
+                            .iter()
+                            .map(|k| format!("{}.kind IS NOT DISTINCT FROM {k}", self.alias))
+                            .collect();
+                        c.extend(between.iter().map(|x| format!("{} IS NULL", self.col(x))));
+                        if c.is_empty() {
+                            "true".to_string()
+                        } else {
+                            c.join(" AND ")
+                        }
                     })
-                    .collect::<Vec<_>>()
+                    .collect();
+                let expr = if conds.iter().any(|c| c == "true") {
+                    diff
+                } else {
+                    format!("CASE WHEN ({}) THEN {diff} END", conds.join(") OR ("))
+                };
+                (s.name(), expr)
             })
             .collect();
         Derived {
@@ -116,7 +170,16 @@ impl PointColumns<'_> {
     /// order and type. `given(column, derived)` is the writer's expression
     /// for the head and flag columns other than `sent_ns`.
     pub fn select_list(&self, given: impl Fn(&str, &Derived) -> String) -> String {
-        let d = self.derived();
+        self.select_list_stages(&chain_stages(self.cols), given)
+    }
+
+    /// [`PointColumns::select_list`] with the stage columns given.
+    pub fn select_list_stages(
+        &self,
+        stage_cols: &[StageColumn],
+        given: impl Fn(&str, &Derived) -> String,
+    ) -> String {
+        let d = self.derived(stage_cols);
         let cast = |name: &str, ty: &DataType, expr: String| {
             format!("({expr})::{} AS {}", sql_type(ty), sql::ident(name))
         };
@@ -160,7 +223,10 @@ impl PointColumns<'_> {
 /// that cannot enter SQL ([`sql::check_name`]), or a column name the table
 /// already has (DuckDB's names ignore case): a fixed column of the schema,
 /// another point's, or a stage derived from two points.
-pub fn check_columns(cols: &[(String, String)]) -> std::result::Result<(), (String, String)> {
+pub fn check_columns(
+    cols: &[(String, String)],
+    stage_cols: &[StageColumn],
+) -> std::result::Result<(), (String, String)> {
     for (c, _) in cols {
         sql::check_name(c).map_err(|why| (c.clone(), why))?;
     }
@@ -184,22 +250,15 @@ pub fn check_columns(cols: &[(String, String)]) -> std::result::Result<(), (Stri
     for (c, _) in cols {
         claim(c.clone(), c, "another point's column")?;
     }
-    let view = PointColumns { cols, alias: "p" };
-    for side in ["tx", "rx"] {
-        for w in view.side(side).windows(2) {
-            claim(
-                stage_name(w[0], w[1]),
-                w[0],
-                "the stage between two other points",
-            )?;
-        }
+    for s in stage_cols {
+        claim(s.name(), &s.a, "the stage between two other points")?;
     }
     Ok(())
 }
 
 /// The stage column between point columns `a` and `b`: `<a>__<b>_ns`.
 fn stage_name(a: &str, b: &str) -> String {
-    format!("{}__{b}", a.trim_end_matches("_ns"))
+    xlap_records::stages::stage_name(a, b) + "_ns"
 }
 
 /// DuckDB's name of an Arrow type of the packets schema.
@@ -258,8 +317,11 @@ mod tests {
             ("app_\"; --_ns", "tx"),
             ("dev_netif_rx_ns", "rx"),
         ]);
-        assert_eq!(check_columns(&odd), Ok(()));
-        let refused = |c: &[(&str, &str)]| check_columns(&cols(c)).unwrap_err();
+        assert_eq!(check_columns(&odd, &chain_stages(&odd)), Ok(()));
+        let refused = |c: &[(&str, &str)]| {
+            let c = cols(c);
+            check_columns(&c, &chain_stages(&c)).unwrap_err()
+        };
         let (col, why) = refused(&[("app_x_ns", "tx"), ("app_a\0_ns", "tx")]);
         assert_eq!(col, "app_a\0_ns");
         assert!(why.contains("U+0000"), "{why}");

@@ -42,11 +42,13 @@ impl Run {
                 "the run has not ended (run.json says running): it is still being recorded, or its recorder died; `xlap-trace recover {shown}` makes it whole once the recorder is gone"
             )));
         }
-        if !dir.join("stamps.parquet").exists() {
+        let stamps = dir.join("stamps.parquet");
+        if !stamps.exists() {
             return Err(err(
                 "stamps.parquet is missing (the run did not end cleanly: stamps.arrows holds what was recorded)".into(),
             ));
         }
+        stamps_whole(dir).map_err(err)?;
         Ok(Run {
             dir: dir.to_path_buf(),
             run_id: meta.run_id.clone(),
@@ -89,4 +91,42 @@ pub fn read_meta(path: &Path) -> Result<RunMeta> {
         }
     })?;
     RunMeta::from_json(&text).map_err(|e| err(e.to_string()))
+}
+
+/// Refuses a run whose stamps.parquet is cut short, saying how to get it
+/// back.
+pub(crate) fn stamps_whole(dir: &Path) -> std::result::Result<(), String> {
+    whole_parquet(&dir.join("stamps.parquet")).map_err(|why| {
+        let way_out = if dir.join("stamps.arrows").is_file() {
+            format!(
+                "stamps.arrows remains: move stamps.parquet aside and `xlap-trace recover {}` rebuilds it",
+                dir.display()
+            )
+        } else {
+            "record the run again (no stamps.arrows remains to rebuild it from)".to_string()
+        };
+        format!("stamps.parquet is not a whole Parquet file ({why}); {way_out}")
+    })
+}
+
+/// Whether `path` starts and ends with Parquet's magic: a file cut short
+/// (a full disk, a copy interrupted) has lost its footer, and DuckDB's
+/// error on it names neither the file's state nor a way out.
+fn whole_parquet(path: &Path) -> std::result::Result<(), String> {
+    use std::io::{Read, Seek, SeekFrom};
+    let mut f = std::fs::File::open(path).map_err(|e| e.to_string())?;
+    let len = f.metadata().map_err(|e| e.to_string())?.len();
+    if len < 12 {
+        return Err(format!("{len} bytes"));
+    }
+    let mut head = [0u8; 4];
+    let mut tail = [0u8; 4];
+    f.read_exact(&mut head).map_err(|e| e.to_string())?;
+    f.seek(SeekFrom::End(-4)).map_err(|e| e.to_string())?;
+    f.read_exact(&mut tail).map_err(|e| e.to_string())?;
+    match (&head, &tail) {
+        (b"PAR1", b"PAR1") => Ok(()),
+        (b"PAR1", _) => Err(format!("its end is missing: cut short at {len} bytes")),
+        _ => Err("it does not start as Parquet does".to_string()),
+    }
 }

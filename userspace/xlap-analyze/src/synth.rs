@@ -194,6 +194,7 @@ pub fn generate(conn: &Connection, dir: &Path, packets: u64, seed: u32) -> Resul
         // the htb classes 1:10 (kind 0) and 1:20 (kind 1) by SO_PRIORITY
         "priority" => "CASE WHEN p.kind = 1 THEN 65568 ELSE 65552 END".into(),
         "lost" => "p.lost".into(),
+        "untraced" | "partial" => "false".into(),
         "recovered" | "duplicate" | "reordered" | "retransmitted" => "false".into(),
         "deadline_missed" => format!("coalesce({} - {} > 1000000, false)", d.rx_last, d.tx_first),
         other => unreachable!("packets column {other} has no expression"),

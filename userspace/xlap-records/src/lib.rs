@@ -5,6 +5,7 @@
 pub mod points;
 pub mod run_meta;
 pub mod schema;
+pub mod stages;
 pub mod stamp;
 pub mod writer;
 

@@ -110,6 +110,13 @@ pub fn packets_totals() -> Vec<Field> {
 pub fn packets_flags() -> Vec<Field> {
     vec![
         Field::new("lost", DataType::Boolean, true),
+        // Sent, and no datagram of its flow reached a traced socket: the
+        // receiver was not recorded (the other end, an SO_REUSEPORT
+        // sibling), so whether it arrived is unknown: never counted lost.
+        Field::new("untraced", DataType::Boolean, true),
+        // Received in part: the recording ended before it reached its
+        // kind's final receiving point, so it has no end-to-end latency.
+        Field::new("partial", DataType::Boolean, true),
         Field::new("recovered", DataType::Boolean, true),
         Field::new("duplicate", DataType::Boolean, true),
         Field::new("duplicate_skew_ns", DataType::Int64, true),

@@ -88,7 +88,13 @@ fn open_engine(
     if confined {
         xlap_analyze::confine(&conn, &[run_root(run)]).map_err(classify)?;
     }
-    let ds = dataset::open_view(&conn, run, shared, progress, view).map_err(classify)?;
+    // Unconfined is the user's own SQL, which may ask a one-ended run too.
+    let ds = if confined {
+        dataset::open_view(&conn, run, shared, progress, view)
+    } else {
+        dataset::open_one_end_ok(&conn, run, shared, progress, view)
+    }
+    .map_err(classify)?;
     Ok((conn, ds))
 }
 

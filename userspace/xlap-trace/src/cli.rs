@@ -363,6 +363,10 @@ pub struct RecordArgs {
     /// Process to trace (repeatable): its UDP sockets, send and receive paths.
     #[arg(short, long = "pid", value_name = "PID")]
     pub pids: Vec<u32>,
+    /// Set by `run`: the pid is the command it started, which holds no
+    /// socket before its exec (not a target to warn about).
+    #[arg(skip)]
+    pub started_here: bool,
     /// Output directory: stamps.arrows (live), stamps.parquet, run.json.
     #[arg(short, long, default_value = "xlap-run")]
     pub output: PathBuf,

@@ -47,6 +47,12 @@ pub fn print(c: &Correlation, out: &Path) {
         "packets: {}  lost: {}  recovered: {}  duplicates: {}  reordered: {}  unplaced stamps: {}",
         c.packets, c.lost, c.recovered, c.duplicates, c.reordered, c.unplaced_stamps
     );
+    if c.untraced > 0 {
+        println!(
+            "untraced: {} packets were sent on flows no traced socket received (the receiving process was not recorded, or an untraced socket on the port took them): not counted lost",
+            c.untraced
+        );
+    }
     for m in &c.clocks {
         let u = m
             .uncertainty_ns
@@ -60,6 +66,10 @@ pub fn print(c: &Correlation, out: &Path) {
         );
     }
     println!("points in path order: {}", c.points.join(", "));
+    // No order fits every packet: those packets have a negative stage.
+    for conflict in &c.order_conflicts {
+        println!("path order does not fit every packet: {conflict}");
+    }
     println!(
         "wrote {} and {}",
         out.display(),

@@ -4,12 +4,12 @@
 //! |---|---|
 //! | 0 | success |
 //! | 1 | runtime failure (I/O, BPF load/attach error, ...) |
-//! | 2 | bad command line (unknown option, bad value, unknown query/parameter/kind, SQL error) |
+//! | 2 | bad command line (unknown option, bad value, unknown query/parameter/kind, SQL error, a layout that keyed none of the datagrams a run traced) |
 //! | 3 | missing privileges: a capability `record` needs (each one named; README: Privileges and privacy) |
 //! | 4 | the kernel lacks something needed (BTF, a tracepoint) |
 //! | 5 | a target process does not exist |
 //! | 6 | a bad input file or run directory (not a run or packets table, wrong schema version, no packets, one end only, a run still being recorded, a live stream that cannot be recovered); for `estimate`, not an RTT file of `probe rtt`, a pair without samples, or pairs that do not determine every host (the message names the pairs to add) |
-//! | 7 | nothing to key: the targets held only TCP sockets and never opened a UDP socket during the run (its files are still written) |
+//! | 7 | nothing to key: the targets held only TCP sockets (or none) and never opened a UDP socket during the run (its files are still written) |
 //!
 //! `xlap-trace run -- CMD` exits with the command's status instead (128 +
 //! the signal that ended it) once tracing worked; with the codes above when

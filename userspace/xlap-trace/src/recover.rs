@@ -93,7 +93,9 @@ pub fn recover(dir: &Path) -> Result<Option<Recovery>> {
         after_checkpoint_s: checkpoint
             .as_ref()
             .zip(counts.last_ts_ns)
-            .map(|(c, l)| (l - c.clock.monotonic_ns as i64) as f64 / 1e9),
+            // The checkpoint is taken after the stamps it counts: a last
+            // stamp before it means none came after (not a negative time).
+            .map(|(c, l)| ((l - c.clock.monotonic_ns as i64) as f64 / 1e9).max(0.0)),
     };
     // Stamps per point as recovered; the losses stay those of the last
     // checkpoint (the kernel's counters died with the recorder).
@@ -179,7 +181,13 @@ pub fn report(r: &Recovery) {
         r.recorder_pid,
         r.stamps,
         r.after_checkpoint_s
-            .map(|s| format!(", the last {s:.1} s after the last checkpoint"))
+            .map(|s| {
+                if s < 0.05 {
+                    ", none of them after the last checkpoint".to_string()
+                } else {
+                    format!(", the last {s:.1} s after the last checkpoint")
+                }
+            })
             .unwrap_or_default(),
         if r.bytes_cut > 0 {
             format!(", a batch cut short ({} bytes) left out", r.bytes_cut)

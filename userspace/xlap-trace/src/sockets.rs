@@ -68,17 +68,81 @@ fn inodes_of(pid: u32, tables: &[&str]) -> Vec<(u16, u64)> {
         .collect()
 }
 
-/// The UDP sockets `pid` holds.
+/// The UDP sockets `pid` holds, whatever their state. A bound or connected
+/// one is in /proc/PID/net/udp; one not bound yet (created at start-up, bound
+/// by its first send) is in no table, so every socket fd in none of the
+/// tables below is asked directly (a duplicate, SO_PROTOCOL): missing it
+/// lost a client's first thousand datagrams until its port showed up.
 pub fn udp_sockets(pid: u32) -> Vec<SocketRef> {
     let udp: HashSet<u64> = inodes_of(pid, &["udp", "udp6"])
         .into_iter()
         .map(|(_, inode)| inode)
         .collect();
-    socket_fds(pid)
+    let fds = socket_fds(pid);
+    if fds.iter().all(|(_, inode)| udp.contains(inode)) {
+        return fds
+            .into_iter()
+            .map(|(fd, inode)| SocketRef { pid, fd, inode })
+            .collect();
+    }
+    // Sockets another table names are not UDP: no syscall for them.
+    let mut other: HashSet<u64> = inodes_of(pid, &["tcp", "tcp6", "raw", "raw6"])
         .into_iter()
-        .filter(|(_, inode)| udp.contains(inode))
+        .map(|(_, inode)| inode)
+        .collect();
+    other.extend(unix_inodes(pid));
+    fds.into_iter()
+        .filter(|(fd, inode)| {
+            udp.contains(inode) || (!other.contains(inode) && is_udp(pid, *fd, *inode))
+        })
         .map(|(fd, inode)| SocketRef { pid, fd, inode })
         .collect()
+}
+
+/// The inodes of the Unix sockets in `pid`'s network namespace.
+fn unix_inodes(pid: u32) -> Vec<u64> {
+    let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/net/unix")) else {
+        return Vec::new();
+    };
+    text.lines()
+        .skip(1)
+        .filter_map(|line| line.split_whitespace().nth(6)?.parse().ok())
+        .collect()
+}
+
+/// Whether `fd` of `pid` is an IPv4/IPv6 UDP socket, asked of a duplicate
+/// (checked to be the same inode: the fd may have been reused meanwhile).
+fn is_udp(pid: u32, fd: i32, inode: u64) -> bool {
+    let Ok(dup) = duplicate(pid, fd) else {
+        return false;
+    };
+    let same = {
+        // SAFETY: fstat fills the zeroed struct.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        let rc = unsafe { libc::fstat(std::os::fd::AsRawFd::as_raw_fd(&dup), &mut st) };
+        rc == 0 && st.st_ino == inode
+    };
+    same && int_opt(&dup, libc::SO_PROTOCOL) == Some(libc::IPPROTO_UDP)
+        && matches!(
+            int_opt(&dup, libc::SO_DOMAIN),
+            Some(libc::AF_INET | libc::AF_INET6)
+        )
+}
+
+fn int_opt(fd: &OwnedFd, name: libc::c_int) -> Option<libc::c_int> {
+    let mut value: libc::c_int = 0;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: getsockopt writes at most `len` bytes into `value`.
+    let rc = unsafe {
+        libc::getsockopt(
+            std::os::fd::AsRawFd::as_raw_fd(fd),
+            libc::SOL_SOCKET,
+            name,
+            (&mut value as *mut libc::c_int).cast(),
+            &mut len,
+        )
+    };
+    (rc == 0).then_some(value)
 }
 
 /// The TCP sockets `pid` holds (xlap-trace keys datagrams, not streams).
@@ -160,6 +224,20 @@ mod tests {
         // The duplicate is the same socket: same local address.
         let same = std::net::UdpSocket::from(dup);
         assert_eq!(same.local_addr().unwrap(), sock.local_addr().unwrap());
+    }
+
+    /// A socket created but not bound is in no /proc table yet: it is
+    /// found all the same (its first send binds it while traced).
+    #[test]
+    fn finds_an_unbound_udp_socket() {
+        // SAFETY: a plain socket(2); the fd is owned below.
+        let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM, 0) };
+        assert!(fd >= 0);
+        let sock = unsafe { OwnedFd::from_raw_fd(fd) };
+        let found = udp_sockets(std::process::id());
+        assert!(found.iter().any(|s| s.fd == sock.as_raw_fd()), "{found:?}");
+        let unix = std::os::unix::net::UnixDatagram::unbound().unwrap();
+        assert!(found.iter().all(|s| s.fd != unix.as_raw_fd()));
     }
 
     #[test]

@@ -3,8 +3,8 @@
 //! against the baseline with a bootstrap interval, and a verdict.
 
 use super::stats::{
-    block_noise, quantile_change, verdict, widen_by_blocks, widen_by_runs, Change, Dist, Rng,
-    Verdict,
+    block_noise, quantile_change, relative_means_something, separation, verdict, widen_by_blocks,
+    widen_by_runs, Change, Dist, Rng, Verdict,
 };
 use super::summary::at_level;
 use super::summary::{StageSummary, Summary};
@@ -117,13 +117,31 @@ pub struct Row {
     pub candidate_us: f64,
     /// (candidate − baseline) / baseline.
     pub change: f64,
+    /// The interval of the difference over the baseline (a base under
+    /// 1 ns taken as 1 ns): `relative` says whether it means anything.
     pub ci_low: f64,
     pub ci_high: f64,
-    /// The interval of candidate − baseline, µs (what --min-change is
-    /// tested on).
+    /// Whether the relative figures mean something: a baseline quantile
+    /// of at least 1 µs (below, read the µs).
+    pub relative: bool,
+    /// The interval of candidate − baseline, µs: what the verdict tests
+    /// against the allowed regression (the larger of --min-change and
+    /// --max-regression of the baseline).
     pub ci_low_us: f64,
     pub ci_high_us: f64,
+    /// How far the change stands out of the packets around the quantile
+    /// (stats::separation): at 1 or more the two runs' packets there no
+    /// longer overlap. A single-run baseline needs [`MIN_EFFECT`] for a
+    /// verdict.
+    pub effect: f64,
+    /// Whether the metric can decide the verdict: enough packets beyond
+    /// its quantile in both runs (and, for a single-run baseline, the
+    /// blocks that measure the machine's noise).
+    pub decides: bool,
     pub verdict: Verdict,
+    /// Why the interval alone would have said regression (or improvement)
+    /// but the verdict does not; null otherwise.
+    pub limit: Option<Limit>,
     pub baseline: BoxStats,
     pub candidate: BoxStats,
 }
@@ -141,9 +159,11 @@ pub struct Comparison {
     /// regression verdict on any metric.
     pub confidence: f64,
     /// The confidence of each metric's interval: `confidence` shared out
-    /// over the metrics compared (Bonferroni), so that a hundred metrics do
-    /// not make a false alarm likely.
+    /// over the metrics that can decide (Bonferroni), so that a hundred
+    /// metrics do not make a false alarm likely.
     pub metric_confidence: f64,
+    /// The metrics that can decide the verdict (`Row::decides`).
+    pub deciding: usize,
     pub baseline_runs: Vec<String>,
     pub candidate_runs: Vec<String>,
     /// Runs pooled in the baseline; with two or more, their spread widens
@@ -162,6 +182,40 @@ pub struct Comparison {
     /// each, by the interval's lower end, highest first.
     pub rows: Vec<Row>,
 }
+
+/// Why a metric whose interval clears the allowed regression is not
+/// called one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Limit {
+    /// Fewer than [`MIN_TAIL_PACKETS`] packets beyond the quantile in a
+    /// run: one stall of the machine delays that many consecutive packets.
+    Packets,
+    /// A single-run comparison where a side has no blocks for the stage
+    /// (under 500 packets): the machine's noise is not measured.
+    Blocks,
+    /// A single-run baseline, and the two runs' packets around the
+    /// quantile are not far apart (effect under [`MIN_EFFECT`]): a change
+    /// of the machine's state for a whole run looks the same, and one
+    /// baseline run cannot tell.
+    Overlap,
+}
+
+/// Fewest packets beyond a quantile (on its nearer side) in each run for
+/// the metric to decide: five per block. The bootstrap takes packets as
+/// independent, but a stall delays consecutive packets together (3 ms at
+/// 10 k packets/s: 30 of them, a whole p99 of a 3 000-packet run), and
+/// blocks with fewer tell nothing of how the tail varies.
+pub const MIN_TAIL_PACKETS: f64 = 50.0;
+
+/// The separation a single-run comparison needs for a verdict (see
+/// `Row::effect`): three times the room of the packets around the
+/// quantile. At 1 they merely stop overlapping, and a queue that grows
+/// through a whole run (the receiver falling behind on a loaded machine)
+/// does that to every stage that queues: 1 to 2.2 measured on the
+/// example's e2e and receiver totals, with and without a change. A delay
+/// added to a stage moves its tight packets by 150 to 700 times their room.
+pub const MIN_EFFECT: f64 = 3.0;
 
 /// Where a comparison's intervals take the machine's noise from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -236,67 +290,109 @@ pub fn compare(
     // One generator per comparison, seeded by what is compared: the same
     // inputs give the same intervals.
     let mut rng = Rng::new(0x5EED_C0DE);
-    let compared = metrics
+    let pooled = base.stages.iter().any(|s| s.runs_ns.len() >= 2);
+    let blocked = base.stages.iter().any(|s| !s.blocks_ns.is_empty())
+        && cand.stages.iter().any(|s| !s.blocks_ns.is_empty());
+    let noise = if pooled {
+        Noise::Runs
+    } else if blocked {
+        Noise::Blocks
+    } else {
+        Noise::Packets
+    };
+    // Whether a metric can decide, from the data alone (never from its
+    // change): enough packets beyond the quantile in both runs, and for a
+    // single-run comparison with blocks, blocks on both sides.
+    let can_decide = |b: &StageSummary, c: &StageSummary, p: f64| -> Option<Limit> {
+        let beyond = |n: u64| n as f64 * p.min(1.0 - p);
+        if beyond(b.packets) < MIN_TAIL_PACKETS || beyond(c.packets) < MIN_TAIL_PACKETS {
+            Some(Limit::Packets)
+        } else if noise == Noise::Blocks && (b.blocks_ns.is_empty() || c.blocks_ns.is_empty()) {
+            Some(Limit::Blocks)
+        } else {
+            None
+        }
+    };
+    let pairs: Vec<(&Metric, &StageSummary, &StageSummary)> = metrics
         .iter()
         .flat_map(|m| {
             base.stages
                 .iter()
-                .filter(move |b| b.stage == m.stage && cand.stage(b.kind, &b.stage).is_some())
+                .filter(move |b| b.stage == m.stage)
+                .filter_map(move |b| cand.stage(b.kind, &b.stage).map(|c| (m, b, c)))
         })
-        .count()
-        .max(1);
+        .collect();
+    // Bonferroni over the metrics that can decide: only they can make a
+    // false alarm.
+    let deciding = pairs
+        .iter()
+        .filter(|(m, b, c)| can_decide(b, c, m.p).is_none())
+        .count();
     let family_confidence = confidence;
-    let confidence = 1.0 - (1.0 - family_confidence) / compared as f64;
+    let confidence = 1.0 - (1.0 - family_confidence) / deciding.max(1) as f64;
+    for &(m, b, c) in &pairs {
+        let ch: Change =
+            quantile_change(dist(levels, b), dist(levels, c), m.p, confidence, &mut rng);
+        let ch = if b.runs_ns.len() >= 2 {
+            let per_run: Vec<f64> = b.runs_ns.iter().map(|g| at_level(levels, g, m.p)).collect();
+            widen_by_runs(ch, &per_run, confidence)
+        } else {
+            let noise = |s: &Summary, st: &StageSummary| {
+                block_noise(
+                    levels,
+                    &st.quantiles_ns,
+                    &s.block_levels,
+                    &st.blocks_ns,
+                    m.p,
+                )
+            };
+            widen_by_blocks(ch, noise(base, b), noise(cand, c), confidence)
+        };
+        let effect = separation(levels, &b.quantiles_ns, &c.quantiles_ns, m.p);
+        let unfit = can_decide(b, c, m.p);
+        // A pooled baseline measures the spread between runs; a single
+        // run does not, so its change must also stand out of the packets.
+        let limit = unfit.or((!pooled && effect.abs() < MIN_EFFECT).then_some(Limit::Overlap));
+        let (verdict, limit) = match (verdict(&ch, max_regression, min_change_ns), limit) {
+            (Verdict::Regression, Some(l)) => (Verdict::Inconclusive, Some(l)),
+            // Not worse by more than allowed: a pass, if no improvement.
+            (Verdict::Improvement, Some(l)) => (Verdict::Pass, Some(l)),
+            (v, _) => (v, None),
+        };
+        let rel_of = |ns: f64| frac(ns / ch.base.max(1.0));
+        rows.push(Row {
+            metric: m.label(),
+            kind: b.kind,
+            stage: b.stage.clone(),
+            side: b.side.clone(),
+            quantile: m.p,
+            baseline_us: us(ch.base),
+            candidate_us: us(ch.cand),
+            change: frac(ch.rel),
+            ci_low: rel_of(ch.abs_low),
+            ci_high: rel_of(ch.abs_high),
+            relative: relative_means_something(ch.base),
+            ci_low_us: us(ch.abs_low),
+            ci_high_us: us(ch.abs_high),
+            effect: frac(effect),
+            decides: unfit.is_none(),
+            verdict,
+            limit,
+            baseline: box_of(levels, b),
+            candidate: box_of(levels, c),
+        });
+    }
     for m in &metrics {
-        let mut found = false;
-        for b in base.stages.iter().filter(|s| s.stage == m.stage) {
-            let Some(c) = cand.stage(b.kind, &b.stage) else {
-                continue;
-            };
-            found = true;
-            let ch: Change =
-                quantile_change(dist(levels, b), dist(levels, c), m.p, confidence, &mut rng);
-            let ch = if b.runs_ns.len() >= 2 {
-                let per_run: Vec<f64> =
-                    b.runs_ns.iter().map(|g| at_level(levels, g, m.p)).collect();
-                widen_by_runs(ch, &per_run, confidence)
-            } else {
-                let noise = |s: &Summary, st: &StageSummary| {
-                    block_noise(
-                        levels,
-                        &st.quantiles_ns,
-                        &s.block_levels,
-                        &st.blocks_ns,
-                        m.p,
-                    )
-                };
-                widen_by_blocks(ch, noise(base, b), noise(cand, c), confidence)
-            };
-            rows.push(Row {
-                metric: m.label(),
-                kind: b.kind,
-                stage: b.stage.clone(),
-                side: b.side.clone(),
-                quantile: m.p,
-                baseline_us: us(ch.base),
-                candidate_us: us(ch.cand),
-                change: frac(ch.rel),
-                ci_low: frac(ch.low),
-                ci_high: frac(ch.high),
-                ci_low_us: us(ch.abs_low),
-                ci_high_us: us(ch.abs_high),
-                verdict: verdict(&ch, max_regression, min_change_ns),
-                baseline: box_of(levels, b),
-                candidate: box_of(levels, c),
-            });
+        if pairs.iter().any(|(pm, _, _)| pm.stage == m.stage) {
+            continue;
         }
-        if !found && !named {
+        if !named {
             // A stage of the baseline the candidate lacks (its points
             // differ: a marker that moved, a point set): said, not compared.
             if !not_compared.contains(&m.stage) {
                 not_compared.push(m.stage.clone());
             }
-        } else if !found {
+        } else {
             let mut stages: Vec<&str> = base.stages.iter().map(|s| s.stage.as_str()).collect();
             stages.sort_unstable();
             stages.dedup();
@@ -316,10 +412,14 @@ pub fn compare(
         Verdict::Pass => 2,
         Verdict::Improvement => 3,
     };
+    // Within a verdict, the change that stands out most first: a delay
+    // added to one stage moves its tight packets far past the baseline's,
+    // while the stages that queue behind it (e2e, the receiver's total)
+    // are spread out; the origin is named first.
     rows.sort_by(|a, b| {
         rank(a.verdict)
             .cmp(&rank(b.verdict))
-            .then(b.ci_low.total_cmp(&a.ci_low))
+            .then(b.effect.total_cmp(&a.effect))
     });
     let overall = rows
         .iter()
@@ -329,16 +429,6 @@ pub fn compare(
             Verdict::Improvement => Verdict::Pass,
             v => v,
         });
-    let pooled = base.stages.iter().any(|s| s.runs_ns.len() >= 2);
-    let blocked = base.stages.iter().any(|s| !s.blocks_ns.is_empty())
-        && cand.stages.iter().any(|s| !s.blocks_ns.is_empty());
-    let noise = if pooled {
-        Noise::Runs
-    } else if blocked {
-        Noise::Blocks
-    } else {
-        Noise::Packets
-    };
     let mut notes = Vec::new();
     match noise {
         Noise::Runs => {}
@@ -349,7 +439,7 @@ pub fn compare(
                 .fold(f64::INFINITY, f64::min);
             if short < SHORT_RUN_S {
                 notes.push(format!(
-                    "a run lasts only {short:.1} s: noise that lasts longer than its blocks ({:.0} ms) is not measured; record runs of several seconds or pool baseline runs (xlap-trace summary RUN... -o FILE)",
+                    "a run lasts only {short:.1} s: noise that lasts longer than its blocks ({:.0} ms) is not measured, so a change counts only where the runs' packets no longer overlap; record runs of several seconds or pool baseline runs (xlap-trace summary RUN... -o FILE) to find smaller ones",
                     short * 1e3 / super::summary::BLOCKS as f64
                 ));
             }
@@ -365,6 +455,7 @@ pub fn compare(
         min_change_us: min_change_ns / 1e3,
         confidence: family_confidence,
         metric_confidence: confidence,
+        deciding,
         baseline_runs: base.runs.clone(),
         candidate_runs: cand.runs.clone(),
         baseline_run_count: base

@@ -199,7 +199,7 @@ pub fn svg(series: &[Series], runs: usize, top: usize) -> String {
             w - right + 32.0,
             ly + 4.0,
             s.metric.replace('&', "&amp;").replace('<', "&lt;"),
-            s.kind,
+            super::render::kind_text(s.kind),
             drift(s.drift)
         );
     }

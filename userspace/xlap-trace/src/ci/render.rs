@@ -2,8 +2,8 @@
 //! summary (worst first, with both sides' box statistics), JUnit XML for CI
 //! test reports. The JSON is the `Comparison` itself.
 
-use super::compare::{Comparison, Noise, Row};
-use super::stats::Verdict;
+use super::compare::{Comparison, Limit, Noise, Row};
+use super::stats::{change_text, interval_text, Verdict};
 use std::fmt::Write;
 
 fn verdict_text(v: Verdict) -> &'static str {
@@ -19,8 +19,31 @@ fn pct(x: f64) -> String {
     format!("{:+.1}%", x * 100.0)
 }
 
+/// The change, in µs (and relative where the baseline means something).
+fn change(r: &Row) -> String {
+    change_text(r.baseline_us * 1e3, (r.candidate_us - r.baseline_us) * 1e3)
+}
+
+/// The interval, bounded: in µs, relative only beside it and only where
+/// that means something (the ratio of a stage near zero does not).
 fn interval(r: &Row) -> String {
-    format!("[{}, {}]", pct(r.ci_low), pct(r.ci_high))
+    interval_text(r.baseline_us * 1e3, r.ci_low_us * 1e3, r.ci_high_us * 1e3)
+}
+
+/// The verdict, and why a change past the threshold is not called one.
+fn verdict_cell(r: &Row) -> String {
+    match r.limit {
+        None => verdict_text(r.verdict).to_string(),
+        Some(l) => format!("{} ({})", verdict_text(r.verdict), limit_text(l)),
+    }
+}
+
+fn limit_text(l: Limit) -> &'static str {
+    match l {
+        Limit::Packets => "few packets",
+        Limit::Blocks => "noise unmeasured",
+        Limit::Overlap => "packets overlap",
+    }
 }
 
 pub fn table(c: &Comparison) -> String {
@@ -32,20 +55,22 @@ pub fn table(c: &Comparison) -> String {
         "candidate µs",
         "change",
         "interval",
+        "effect",
         "verdict",
     ];
-    let rows: Vec<[String; 7]> = c
+    let rows: Vec<[String; 8]> = c
         .rows
         .iter()
         .map(|r| {
             [
                 r.metric.clone(),
-                r.kind.to_string(),
+                kind_text(r.kind),
                 format!("{:.1}", r.baseline_us),
                 format!("{:.1}", r.candidate_us),
-                pct(r.change),
+                change(r),
                 interval(r),
-                verdict_text(r.verdict).to_string(),
+                format!("{:.1}", r.effect),
+                verdict_cell(r),
             ]
         })
         .collect();
@@ -71,11 +96,13 @@ pub fn table(c: &Comparison) -> String {
     }
     let _ = writeln!(
         out,
-        "\nverdict: {} (allowed regression {} and {} µs, confidence {}, baseline of {} run{}, intervals {})",
+        "\nverdict: {} (allowed regression {} and {} µs, confidence {}, {} of {} metrics can decide, baseline of {} run{}, intervals {})",
         verdict_text(c.verdict),
         pct(c.max_regression),
         c.min_change_us,
         c.confidence,
+        c.deciding,
+        c.rows.len(),
         c.baseline_run_count,
         if c.baseline_run_count == 1 { "" } else { "s" },
         noise_text(c.noise)
@@ -112,19 +139,20 @@ pub fn markdown(c: &Comparison) -> String {
         .count();
     let _ = writeln!(
         out,
-        "### {icon} xlap-trace: {} ({} of {} metrics regressed; allowed {} and {} µs, confidence {})\n",
+        "### {icon} xlap-trace: {} ({} of {} metrics regressed, {} can decide; allowed {} and {} µs, confidence {})\n",
         verdict_text(c.verdict),
         regressions,
         c.rows.len(),
+        c.deciding,
         pct(c.max_regression),
         c.min_change_us,
         c.confidence
     );
     let _ = writeln!(
         out,
-        "| metric | kind | verdict | change | interval | baseline p25 / p50 / p75 / p99 µs (packets) | candidate p25 / p50 / p75 / p99 µs (packets) |"
+        "| metric | kind | verdict | change | interval | effect | baseline p25 / p50 / p75 / p99 µs (packets) | candidate p25 / p50 / p75 / p99 µs (packets) |"
     );
-    let _ = writeln!(out, "|---|---|---|---|---|---|---|");
+    let _ = writeln!(out, "|---|---|---|---|---|---|---|---|");
     let boxes = |b: &super::compare::BoxStats| {
         format!(
             "{:.1} / {:.1} / {:.1} / {:.1} ({})",
@@ -134,12 +162,13 @@ pub fn markdown(c: &Comparison) -> String {
     for r in &c.rows {
         let _ = writeln!(
             out,
-            "| `{}` | {} | {} | {} | {} | {} | {} |",
+            "| `{}` | {} | {} | {} | {} | {:.1} | {} | {} |",
             r.metric,
-            r.kind,
-            verdict_text(r.verdict),
-            pct(r.change),
+            kind_text(r.kind),
+            verdict_cell(r),
+            change(r),
             interval(r),
+            r.effect,
             boxes(&r.baseline),
             boxes(&r.candidate)
         );
@@ -186,14 +215,15 @@ pub fn junit(c: &Comparison) -> String {
         c.rows.len()
     );
     for r in &c.rows {
-        let name = xml_escape(&format!("{} kind {}", r.metric, r.kind));
+        let name = xml_escape(&format!("{} kind {}", r.metric, kind_text(r.kind)));
         let _ = write!(out, "  <testcase classname=\"xlap-trace\" name=\"{name}\"");
         let detail = xml_escape(&format!(
-            "{:.1} µs -> {:.1} µs ({}, interval {})",
+            "{:.1} µs -> {:.1} µs ({}, interval {}, effect {:.1})",
             r.baseline_us,
             r.candidate_us,
-            pct(r.change),
-            interval(r)
+            change(r),
+            interval(r),
+            r.effect
         ));
         match r.verdict {
             Verdict::Regression => {
@@ -213,4 +243,13 @@ pub fn junit(c: &Comparison) -> String {
     }
     out.push_str("</testsuite>\n");
     out
+}
+/// A kind for people: its number, or `all` for the packets of a layout
+/// without a kind field (the JSON keeps the number).
+pub fn kind_text(kind: u64) -> String {
+    if kind == xlap_analyze::KIND_ALL {
+        xlap_analyze::KIND_ALL_NAME.to_string()
+    } else {
+        kind.to_string()
+    }
 }

@@ -165,10 +165,13 @@ impl Summary {
     /// stage that grows lets a point of another thread fall inside it):
     /// the candidate is then measured on the baseline's stages.
     pub fn add_stages_of(&mut self, dir: &Path, names: &[String]) -> Result<()> {
-        let missing: Vec<&String> = names
+        let mut missing: Vec<&String> = names
             .iter()
             .filter(|n| !self.stages.iter().any(|s| &s.stage == *n))
             .collect();
+        // A baseline names a stage once per kind: derived once.
+        missing.sort_unstable();
+        missing.dedup();
         if missing.is_empty() {
             return Ok(());
         }
@@ -221,6 +224,43 @@ impl Summary {
                     runs_ns: Vec::new(),
                     blocks_ns: Vec::new(),
                 });
+            }
+            // Its blocks too, as the run's own stages have them: a stage
+            // derived because the regression reordered the run's points is
+            // the very one that must be able to decide (compare takes a
+            // stage without blocks as one whose noise is unmeasured).
+            if self.block_levels.is_empty() {
+                continue;
+            }
+            let blist = sql_list(&self.block_levels);
+            let mut stmt = conn.prepare(&format!(
+                "SELECT kind::UBIGINT, quantile_cont(d, [{blist}])::DOUBLE[] FROM \
+                 (SELECT kind, ({b} - {a})::DOUBLE AS d, \
+                         ntile({BLOCKS}) OVER (PARTITION BY kind ORDER BY sent_ns, seq) AS block \
+                  FROM packets WHERE e2e_ns IS NOT NULL AND {a} IS NOT NULL AND {b} IS NOT NULL) \
+                 GROUP BY kind, block ORDER BY kind, block"
+            ))?;
+            let rows = stmt.query_map([], |r| {
+                Ok((r.get::<_, u64>(0)?, r.get::<_, duckdb::types::Value>(1)?))
+            })?;
+            for row in rows {
+                let (kind, values) = row?;
+                let Some(s) = self
+                    .stages
+                    .iter_mut()
+                    .find(|s| s.kind == kind && &s.stage == name && s.side == "derived")
+                else {
+                    continue;
+                };
+                if s.packets < BLOCKS * MIN_BLOCK_PACKETS {
+                    continue;
+                }
+                s.blocks_ns.push(whole_ns(values).unwrap_or_default());
+            }
+            for s in self.stages.iter_mut().filter(|s| &s.stage == name) {
+                if s.blocks_ns.len() as u64 != BLOCKS || s.blocks_ns.iter().any(Vec::is_empty) {
+                    s.blocks_ns.clear();
+                }
             }
         }
         Ok(())

@@ -143,6 +143,7 @@ pub fn run(args: &RecordArgs, command: &[String]) -> Result<(RunMeta, ExitStatus
     let stopped = Stopped::start(command)?;
     let mut args = args.clone();
     args.pids = vec![stopped.pid];
+    args.started_here = true;
     let attached = Plan::new(&args).and_then(|plan| {
         let live = Session::load(&plan)?.attach(&plan)?;
         Ok((plan, live))

@@ -5,9 +5,13 @@
 //! view is a streaming approximation of it, cheap enough for the poll loop:
 //! stamps are grouped per packet by (kind, seq) on the one clock of this
 //! host, a packet is complete when none of its stamps came for
-//! [`QUIET_NS`], its stages are its consecutive points in time order
-//! (`a__b`, as the packets table names them) and its end-to-end is first
-//! to last. Durations go into log-bucketed histograms (~4 % resolution):
+//! [`QUIET_NS`]. Its stages are those of the packets table, by the same
+//! definition ([`xlap_records::stages`]): per side, consecutive points
+//! present along the kind's path order, inferred from the pairwise
+//! precedence of the points in the packets so far (`a__b`, never a stage
+//! between the two ends' points), and the `channel` from the sender's wire
+//! point to the receiver's. Its end-to-end is the sender's first point to
+//! the receiver's last (first to last when one end is not traced here). Durations go into log-bucketed histograms (~4 % resolution):
 //! the terminal shows the last 10–20 s, the metrics count since the start
 //! (Prometheus computes rates and windows from cumulative histograms).
 
@@ -19,7 +23,8 @@ use std::io::{IsTerminal, Read, Write};
 use std::net::{SocketAddr, TcpListener};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use xlap_records::points::{column_stem, point_info};
+use xlap_records::points::{column_stem, point_info, Side};
+use xlap_records::stages::{self, Part, Precedence};
 
 /// Maps on the per-stamp path hash with [`FastHasher`] (SipHash would be
 /// most of a stamp's cost here).
@@ -126,9 +131,26 @@ struct KindStats {
     outliers: u64,
 }
 
-/// A stage by its two points' ids (named only when shown: a packet of 28
-/// stamps would otherwise format 27 names).
-type StageKey = (u16, u16);
+/// A stage by its side and its two points' ids (named only when shown: a
+/// packet of 28 stamps would otherwise format 27 names). The channel is
+/// [`CHANNEL`].
+type StageKey = (StageSide, u16, u16);
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+enum StageSide {
+    Tx,
+    Channel,
+    Rx,
+}
+
+const CHANNEL: StageKey = (StageSide::Channel, 0, 0);
+
+fn side_index(side: Side) -> usize {
+    match side {
+        Side::Tx => 0,
+        Side::Rx => 1,
+    }
+}
 
 impl KindStats {
     fn e2e(&mut self) -> &mut Hist {
@@ -152,16 +174,23 @@ impl KindStats {
     }
 }
 
-type Stats = BTreeMap<u32, KindStats>;
+type Stats = BTreeMap<u64, KindStats>;
 
 struct Pending {
     newest_ns: u64,
-    stamps: Vec<(u64, u16)>,
+    /// (time, point, pid): the pid gives an app point its side.
+    stamps: Vec<(u64, u16, u32)>,
+}
+
+/// A complete packet's first pass of each point, by side, in time order.
+struct Complete {
+    kind: u64,
+    sides: [Vec<(u16, i64)>; 2],
 }
 
 pub struct LiveView {
     app_names: Vec<String>,
-    pending: FastMap<(u32, u64), Pending>,
+    pending: FastMap<(u64, u64), Pending>,
     newest_ns: u64,
     total: Stats,
     current: Stats,
@@ -177,6 +206,14 @@ pub struct LiveView {
     /// Print the view (else only serve the metrics).
     print: bool,
     metrics: Option<Arc<Mutex<String>>>,
+    /// Pairwise precedence of the points per (kind, side) since the start,
+    /// and the path order inferred from it.
+    precedence: FastMap<(u64, usize), Precedence<u16>>,
+    orders: FastMap<(u64, usize), Vec<u16>>,
+    /// App points seen on both sides: named `<point>_tx` / `_rx`, as the
+    /// packets table names them.
+    app_both: Vec<u16>,
+    app_side: FastMap<u16, usize>,
 }
 
 impl LiveView {
@@ -209,6 +246,10 @@ impl LiveView {
             terminal: std::io::stdout().is_terminal(),
             print,
             metrics,
+            precedence: FastMap::default(),
+            orders: FastMap::default(),
+            app_both: Vec::new(),
+            app_side: FastMap::default(),
         })
     }
 
@@ -217,15 +258,15 @@ impl LiveView {
         let Some(seq) = stamp.seq.filter(|_| !stamp.fragment) else {
             return;
         };
-        // A layout without a kind field: one kind, 0.
-        let kind = stamp.kind.unwrap_or(0);
+        // A layout without a kind field: one kind, `all`, as in the analyses.
+        let kind = stamp.kind.map_or(xlap_analyze::KIND_ALL, u64::from);
         self.newest_ns = self.newest_ns.max(stamp.ts_ns);
         let p = self.pending.entry((kind, seq)).or_insert(Pending {
             newest_ns: 0,
             stamps: Vec::new(),
         });
         p.newest_ns = p.newest_ns.max(stamp.ts_ns);
-        p.stamps.push((stamp.ts_ns, stamp.point));
+        p.stamps.push((stamp.ts_ns, stamp.point, stamp.pid));
     }
 
     /// A second has passed since the last render.
@@ -252,14 +293,14 @@ impl LiveView {
 
     fn complete(&mut self, all: bool) {
         let cutoff = self.newest_ns.saturating_sub(QUIET_NS);
-        let mut done: Vec<(u32, u64)> = self
+        let mut done: Vec<(u64, u64)> = self
             .pending
             .iter()
             .filter(|(_, p)| all || p.newest_ns < cutoff)
             .map(|(k, _)| *k)
             .collect();
         if !all && self.pending.len() - done.len() > MAX_PENDING {
-            let mut rest: Vec<(u64, (u32, u64))> = self
+            let mut rest: Vec<(u64, (u64, u64))> = self
                 .pending
                 .iter()
                 .filter(|(_, p)| p.newest_ns >= cutoff)
@@ -269,47 +310,160 @@ impl LiveView {
             let over = self.pending.len() - done.len() - MAX_PENDING;
             done.extend(rest.into_iter().take(over).map(|(_, k)| k));
         }
-        for key in done {
-            if let Some(p) = self.pending.remove(&key) {
-                self.account(key.0, p);
+        // The batch's packets join the precedence counts first, so the
+        // order they are staged by has seen them (the first packets too).
+        let batch: Vec<Complete> = done
+            .into_iter()
+            .filter_map(|key| self.pending.remove(&key).map(|p| self.prepare(key.0, p)))
+            .collect();
+        let mut touched = Vec::new();
+        for c in &batch {
+            for (i, side) in c.sides.iter().enumerate() {
+                if side.len() > 1 {
+                    self.precedence
+                        .entry((c.kind, i))
+                        .or_default()
+                        .add_packet(side);
+                } else if let Some((p, _)) = side.first() {
+                    self.precedence.entry((c.kind, i)).or_default().point(p);
+                }
+                if !side.is_empty() && !touched.contains(&(c.kind, i)) {
+                    touched.push((c.kind, i));
+                }
             }
         }
+        for key in touched {
+            let order = self.precedence[&key].order(|a, b| a.cmp(b)).order;
+            self.orders.insert(key, order);
+        }
+        for c in batch {
+            self.account(c);
+        }
+    }
+
+    /// A packet's points by side, first pass of each, in time order. An
+    /// app point takes the side of the kernel points of its process.
+    fn prepare(&mut self, kind: u64, mut p: Pending) -> Complete {
+        p.stamps.sort_unstable();
+        let mut pids: [Vec<u32>; 2] = [Vec::new(), Vec::new()];
+        for (_, pt, pid) in &p.stamps {
+            if let Some((_, _, Some(side))) = point_info(*pt, &self.app_names) {
+                pids[side_index(side)].push(*pid);
+            }
+        }
+        let mut sides: [Vec<(u16, i64)>; 2] = [Vec::new(), Vec::new()];
+        for (ts, pt, pid) in &p.stamps {
+            let side = match point_info(*pt, &self.app_names) {
+                Some((_, _, Some(side))) => side_index(side),
+                // The sender's process, else the receiver's; an app point
+                // of a packet no kernel point saw: one side, the sender's.
+                _ if pids[1].contains(pid) && !pids[0].contains(pid) => 1,
+                _ => 0,
+            };
+            if point_info(*pt, &self.app_names).is_some_and(|i| i.2.is_none()) {
+                match self.app_side.get(pt) {
+                    Some(s) if *s != side && !self.app_both.contains(pt) => self.app_both.push(*pt),
+                    Some(_) => {}
+                    None => {
+                        self.app_side.insert(*pt, side);
+                    }
+                }
+            }
+            // A point passed twice (a retransmission, a copy): its first pass.
+            if !sides[side].iter().any(|(q, _)| q == pt) {
+                sides[side].push((*pt, *ts as i64));
+            }
+        }
+        Complete { kind, sides }
     }
 
     fn point_name(&self, id: u16) -> String {
         point_info(id, &self.app_names).map_or(format!("unknown.{id}"), |p| p.0)
     }
 
-    /// `a__b`, as the packets table names stages.
-    fn stage_name(&self, (a, b): StageKey) -> String {
-        format!(
-            "{}__{}",
-            column_stem(&self.point_name(a)),
-            column_stem(&self.point_name(b))
-        )
+    /// The packets table's column stem of a point on a side.
+    fn column(&self, id: u16, side: StageSide) -> String {
+        let stem = column_stem(&self.point_name(id));
+        match side {
+            StageSide::Tx if self.app_both.contains(&id) => stem + "_tx",
+            StageSide::Rx if self.app_both.contains(&id) => stem + "_rx",
+            _ => stem,
+        }
+    }
+
+    /// `a__b`, as the packets table names stages, or `channel`.
+    fn stage_name(&self, (side, a, b): StageKey) -> String {
+        if side == StageSide::Channel {
+            return "channel".into();
+        }
+        stages::stage_name(&self.column(a, side), &self.column(b, side))
+    }
+
+    /// A point's rank among the wire points of its side (best first).
+    fn wire_rank(&self, side: Side, id: u16) -> Option<usize> {
+        point_info(id, &self.app_names)
+            .filter(|i| i.2 == Some(side))
+            .and_then(|i| stages::wire_rank(side, &column_stem(&i.0)))
     }
 
     /// One complete packet into the histograms.
-    fn account(&mut self, kind: u32, mut p: Pending) {
-        p.stamps.sort_unstable();
-        // A point passed twice (a retransmission, a copy): its first pass.
-        let mut seen = Vec::new();
-        p.stamps.retain(|(_, pt)| {
-            let first = !seen.contains(pt);
-            seen.push(*pt);
-            first
-        });
-        if p.stamps.len() < 2 {
+    fn account(&mut self, c: Complete) {
+        let kind = c.kind;
+        let n: usize = c.sides.iter().map(|s| s.len()).sum();
+        if n < 2 {
             return;
         }
         self.packets += 1;
-        let e2e = p.stamps[p.stamps.len() - 1].0 - p.stamps[0].0;
-        let first = p.stamps[0].0;
-        let stages: Vec<(StageKey, u64, u64)> = p
-            .stamps
-            .windows(2)
-            .map(|w| ((w[0].1, w[1].1), w[1].0 - w[0].0, w[0].0 - first))
-            .collect();
+        let all = || c.sides.iter().flatten().map(|(_, t)| *t);
+        let first = all().min().unwrap_or(0);
+        let [tx, rx] = &c.sides;
+        let e2e = if !tx.is_empty() && !rx.is_empty() {
+            rx.iter().map(|(_, t)| *t).max().unwrap_or(0)
+                - tx.iter().map(|(_, t)| *t).min().unwrap_or(0)
+        } else {
+            all().max().unwrap_or(0) - first
+        }
+        .max(0) as u64;
+        // (stage, ns, offset of its start into the packet, on the path)
+        let mut stages: Vec<(StageKey, u64, u64, bool)> = Vec::new();
+        let mut wires = [None, None];
+        for (i, (side, ss)) in [(Side::Tx, StageSide::Tx), (Side::Rx, StageSide::Rx)]
+            .into_iter()
+            .enumerate()
+        {
+            let points = &c.sides[i];
+            let Some(order) = self.orders.get(&(kind, i)) else {
+                continue;
+            };
+            let time = |p: &u16| points.iter().find(|(q, _)| q == p).map(|(_, t)| *t);
+            let wire = |p: &u16| self.wire_rank(side, *p);
+            wires[i] = points
+                .iter()
+                .filter_map(|(p, t)| wire(p).map(|r| (r, *t)))
+                .min()
+                .map(|(_, t)| t);
+            for (a, b) in stages::stages(order, |p| time(p).is_some()) {
+                let (ta, tb) = (time(a).unwrap_or(0), time(b).unwrap_or(0));
+                let on_path = stages::part(side, order, wire, a, b) == Part::Path;
+                // A packet that contradicts the order (the run says so in
+                // its packets table) counts as 0 here: the histogram has no
+                // negative buckets.
+                stages.push((
+                    (ss, *a, *b),
+                    (tb - ta).max(0) as u64,
+                    (ta - first).max(0) as u64,
+                    on_path,
+                ));
+            }
+        }
+        if let [Some(t), Some(r)] = wires {
+            stages.push((
+                CHANNEL,
+                (r - t).max(0) as u64,
+                (t - first).max(0) as u64,
+                true,
+            ));
+        }
         // Causes against the window's fences before this packet joins it.
         let window = self.current.entry(kind).or_default();
         let outlier = window
@@ -319,7 +473,9 @@ impl LiveView {
             .is_some_and(|f| e2e as f64 > f);
         let mut causes = Vec::new();
         if outlier {
-            for (s, ns, _) in &stages {
+            // Only stages on the path cause: one after the sender's wire runs
+            // alongside the channel, whose time it already is.
+            for (s, ns, _, _) in stages.iter().filter(|s| s.3) {
                 if window
                     .stages
                     .get(s)
@@ -333,7 +489,7 @@ impl LiveView {
         for stats in [&mut self.total, &mut self.current] {
             let k = stats.entry(kind).or_default();
             k.e2e().add(e2e);
-            for (s, ns, offset) in &stages {
+            for (s, ns, offset, _) in &stages {
                 k.stages.entry(*s).or_insert_with(Hist::new).add(*ns);
                 *k.offsets.entry(*s).or_default() += *offset as f64;
             }
@@ -428,7 +584,8 @@ impl LiveView {
                 .map(|(s, n)| (self.stage_name(*s), n));
             let _ = writeln!(
                 s,
-                "kind {kind}: {} packets (last 10-20 s), e2e p50 {} µs  p99 {} µs  outliers {}{}",
+                "{}: {} packets (last 10-20 s), e2e p50 {} µs  p99 {} µs  outliers {}{}",
+                xlap_analyze::kind_label(*kind, None),
                 e2e.n,
                 us(e2e, 0.5),
                 us(e2e, 0.99),
@@ -438,8 +595,8 @@ impl LiveView {
                     100.0 * *n as f64 / k.outliers.max(1) as f64
                 ))
             );
-            // The most common stages, in path order (mean offset into the
-            // packet).
+            // The most common stages: the sender's, the channel, the
+            // receiver's, each side by mean offset into the packet.
             let mut stages: Vec<(String, StageKey, &Hist)> = k
                 .stages
                 .iter()
@@ -450,7 +607,11 @@ impl LiveView {
             let offset = |key: &StageKey, h: &Hist| {
                 k.offsets.get(key).copied().unwrap_or(0.0) / h.n.max(1) as f64
             };
-            stages.sort_by(|a, b| offset(&a.1, a.2).total_cmp(&offset(&b.1, b.2)));
+            stages.sort_by(|a, b| {
+                (a.1 .0)
+                    .cmp(&b.1 .0)
+                    .then(offset(&a.1, a.2).total_cmp(&offset(&b.1, b.2)))
+            });
             for (name, _, h) in stages {
                 let _ = writeln!(
                     s,
@@ -487,7 +648,7 @@ fn openmetrics(
         stages.sort_by(|a, b| a.0.cmp(&b.0));
         let hists = k.e2e.iter().map(|h| ("e2e".to_string(), h)).chain(stages);
         for (stage, h) in hists {
-            let labels = format!("kind=\"{kind}\",stage=\"{stage}\"");
+            let labels = format!("kind=\"{}\",stage=\"{stage}\"", kind_value(*kind));
             for b in BOUNDS_S {
                 let _ = writeln!(
                     s,
@@ -556,6 +717,16 @@ fn spawn_server(listener: TcpListener, shared: Arc<Mutex<String>>) -> std::io::R
             }
         })?;
     Ok(())
+}
+
+/// A kind as an OpenMetrics label value: its number, or `all` for the
+/// packets of a layout without a kind field (as the analyses name them).
+fn kind_value(kind: u64) -> String {
+    if kind == xlap_analyze::KIND_ALL {
+        xlap_analyze::KIND_ALL_NAME.to_string()
+    } else {
+        kind.to_string()
+    }
 }
 
 #[cfg(test)]
@@ -644,8 +815,9 @@ mod tests {
         assert_eq!(v.packets, 100);
         let e2e = k.e2e.as_ref().unwrap();
         assert!((e2e.quantile(0.5).unwrap() / 30_000.0 - 1.0).abs() < 0.05);
-        assert_eq!(k.stages[&(app, app + 1)].n, 100);
-        assert_eq!(v.stage_name((app, app + 1)), "app_send__app_deliver");
+        let key = (StageSide::Tx, app, app + 1);
+        assert_eq!(k.stages[&key].n, 100);
+        assert_eq!(v.stage_name(key), "app_send__app_deliver");
         let text = openmetrics(
             &v.total,
             v.stamps,

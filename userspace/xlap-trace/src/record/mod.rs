@@ -104,7 +104,19 @@ fn print_analysis_summary(dir: &std::path::Path) {
     let result = crate::analyze_cmd::open(dir, xlap_analyze::dataset::Shared::Materialized, false)
         .and_then(|(conn, _)| {
             let q = xlap_analyze::queries::find("summary")?;
-            crate::analyze_cmd::run_queries(&conn, &[q], &[], false)
+            // One summary per direction (sockperf's ping and pong).
+            let kinds = xlap_analyze::dataset::direction_kinds(&conn)?;
+            let mut results = Vec::new();
+            for kind in kinds {
+                let params = [("kind".to_string(), kind.to_string())];
+                results.extend(crate::analyze_cmd::run_queries(
+                    &conn,
+                    std::slice::from_ref(&q),
+                    &params,
+                    false,
+                )?);
+            }
+            Ok(results)
         });
     match result {
         Ok(results) => {
@@ -113,11 +125,11 @@ fn print_analysis_summary(dir: &std::path::Path) {
                 dir.display(),
                 dir.display()
             );
-            if let Err(e) =
-                crate::analyze_cmd::print_results(&results, xlap_analyze::format::Format::Table)
-            {
-                eprintln!("xlap-trace: warning: {e:#}");
-            }
+            let tables: Vec<String> = results
+                .iter()
+                .map(|(_, t)| xlap_analyze::format::render(t, xlap_analyze::format::Format::Table))
+                .collect();
+            print!("{}", tables.join("\n"));
         }
         Err(e) => println!("(no latency summary: {e:#})"),
     }

@@ -17,6 +17,17 @@ pub fn check(pids: &[u32], quiet: bool) -> Vec<(u32, String)> {
     for &pid in pids {
         let tcp = crate::sockets::tcp_sockets(pid);
         if tcp.is_empty() {
+            // No socket at all yet: said now, not discovered at the end
+            // as an empty run that exits 0.
+            if crate::sockets::udp_sockets(pid).is_empty() {
+                if !quiet {
+                    eprintln!("xlap-trace: note: pid {pid} ({}) holds no UDP socket yet; it is traced from the UDP sockets it opens (a run in which it never opens one ends with exit 7)", targets::comm(pid));
+                }
+                tcp_only.push((
+                    pid,
+                    format!("pid {pid} ({}): no socket", targets::comm(pid)),
+                ));
+            }
             continue;
         }
         let names = tcp
@@ -57,8 +68,28 @@ pub fn refuse_tcp_only(
     Err(failure(
         Code::NotUdp,
         format!(
-            "the targets used only TCP ({}): xlap-trace traces UDP datagrams by their sequence numbers, so there was nothing to trace (the run's files are written)",
+            "the targets used no UDP socket ({}): xlap-trace traces UDP datagrams by their sequence numbers, so there was nothing to trace (the run's files are written)",
             never.join("; ")
+        ),
+    ))
+}
+
+/// The end of a run in which datagrams came and the layout keyed none of
+/// them: a bad layout (exit 2), not an empty success.
+pub fn refuse_unkeyed(meta: &xlap_records::run_meta::RunMeta) -> Result<()> {
+    let unparsed = meta
+        .points
+        .values()
+        .map(|p| p.lost("parse"))
+        .max()
+        .unwrap_or(0);
+    if meta.packets > 0 || unparsed == 0 {
+        return Ok(());
+    }
+    Err(failure(
+        Code::Usage,
+        format!(
+            "{unparsed} datagrams were traced and the layout keyed none of them (no sequence number where --proto or --seq-offset/--seq-size says): run.json and stamps.parquet are written, with the datagrams counted under `parse`"
         ),
     ))
 }

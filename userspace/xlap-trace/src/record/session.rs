@@ -114,7 +114,11 @@ impl<'a> Plan<'a> {
             points,
             ringbuf_bytes,
             tunnel_ports,
-            tcp_only: protocols::check(&args.pids, args.quiet),
+            tcp_only: if args.started_here {
+                Vec::new()
+            } else {
+                protocols::check(&args.pids, args.quiet)
+            },
             caps_missing,
         })
     }
@@ -595,6 +599,7 @@ impl Live {
         let mut last_batch_export = Instant::now();
         let mut last_follow = Instant::now();
         let mut last_progress = Instant::now();
+        let mut layout_watch = LayoutWatch::new(&plan.layouts);
         let progress = !args.quiet && !args.live && std::io::stderr().is_terminal();
         let ring_fd = self.ring.as_raw_fd();
         let reason = loop {
@@ -651,6 +656,19 @@ impl Live {
             if last_checkpoint.elapsed() >= CHECKPOINT_EVERY {
                 self.checkpoint(plan)?;
                 last_checkpoint = Instant::now();
+            }
+            if layout_watch.due() {
+                let packets = self.sink.packets_total + self.sink.tally.packets.len();
+                let unparsed = capture::losses(&self.losses)?
+                    .iter()
+                    .map(|row| row[xlap_loss::XLAP_LOSS_PARSE as usize])
+                    .max()
+                    .unwrap_or(0);
+                if let Some(warning) = layout_watch.check(packets, unparsed) {
+                    if !args.quiet {
+                        eprintln!("xlap-trace: warning: {warning}");
+                    }
+                }
             }
             let elapsed = self.info.started.elapsed().as_secs_f64();
             if progress && last_progress.elapsed() >= Duration::from_secs(1) {
@@ -896,6 +914,60 @@ fn losses_by_reason(
         .collect()
 }
 
+/// Says, within the first second of datagrams, that the layout keys none
+/// of them (`--seq-offset 5000` on 400-byte datagrams): found only at the
+/// end, the user had waited a whole run for an empty table.
+struct LayoutWatch {
+    layout: String,
+    last: Instant,
+    done: bool,
+}
+
+impl LayoutWatch {
+    const EVERY: Duration = Duration::from_millis(250);
+
+    fn new(layouts: &crate::proto::Layouts) -> LayoutWatch {
+        let l = &layouts.default;
+        let mut layout = format!("seq at offset {} ({} bytes)", l.seq_offset, l.seq_size);
+        if l.kind_size > 0 {
+            layout += &format!(", kind at offset {} ({} bytes)", l.kind_offset, l.kind_size);
+        }
+        if !layouts.ports.is_empty() {
+            layout += &format!(", and {} per-port layouts", layouts.ports.len());
+        }
+        LayoutWatch {
+            layout,
+            last: Instant::now(),
+            done: false,
+        }
+    }
+
+    fn due(&mut self) -> bool {
+        if self.done || self.last.elapsed() < Self::EVERY {
+            return false;
+        }
+        self.last = Instant::now();
+        true
+    }
+
+    /// The warning, once: datagrams came (`unparsed` failed the layout)
+    /// and not one was keyed. Done as soon as one is.
+    fn check(&mut self, packets: u64, unparsed: u64) -> Option<String> {
+        if packets > 0 {
+            self.done = true;
+            return None;
+        }
+        if unparsed == 0 {
+            return None;
+        }
+        self.done = true;
+        Some(format!(
+            "{unparsed} datagrams of the traced sockets so far, none with a sequence number where the layout says ({}): too short, or laid out otherwise; check --proto or --seq-offset/--seq-size (`xlap-trace points` lists the presets). Recording goes on; a run that keys nothing ends with exit 2",
+            self.layout
+        ))
+    }
+}
+
 /// A session whose programs are gone, with everything they delivered.
 pub struct Detached {
     following: Following,
@@ -1030,6 +1102,7 @@ impl Detached {
             );
         }
         protocols::refuse_tcp_only(&plan.tcp_only, &following.udp_pids, meta.packets)?;
+        protocols::refuse_unkeyed(&meta)?;
         Ok(meta)
     }
 }
