@@ -255,13 +255,33 @@ fn the_required_capabilities_trace_everything_and_each_is_needed() {
     // and the kernel's refusal behind the check: past it
     // (--skip-capability-check) the run fails, or misses the receiver's
     // port or its datagrams at the socket.
+    // A target with a UDP socket: one with none would end its run with
+    // exit 7 (nothing to key), which is not what these runs check.
     let target = KillOnDrop(
-        Command::new("sleep")
-            .arg("30")
+        Command::new("python3")
+            .args([
+                "-c",
+                "import socket, time; s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.bind(('127.0.0.1', 0)); time.sleep(30)",
+            ])
             .stdin(Stdio::null())
             .spawn()
             .unwrap(),
     );
+    // Until its socket is bound (python starts in tens of ms).
+    let bound = std::time::Instant::now();
+    let has_socket = |pid: u32| {
+        std::fs::read_dir(format!("/proc/{pid}/fd")).is_ok_and(|fds| {
+            fds.filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+                .any(|l| l.to_string_lossy().starts_with("socket:"))
+        })
+    };
+    while !has_socket(target.0.id()) {
+        assert!(
+            bound.elapsed().as_secs() < 20,
+            "the target did not open its socket"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
     for need in NEEDS.iter().filter(|n| n.required) {
         let keep: Vec<u32> = required().into_iter().filter(|b| *b != need.bit).collect();
         let script = with_only(&scratch, &format!("xlap-without-{}", need.bit), &keep);

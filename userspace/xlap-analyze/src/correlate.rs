@@ -25,8 +25,8 @@
 //!    `lost` (sent, nothing received on a flow a traced socket received),
 //!    `untraced` (sent on a flow no traced socket received: the receiver
 //!    was not recorded, an SO_REUSEPORT sibling took it), `partial` (the
-//!    end of the recording cut it off on the receiver: no end-to-end
-//!    latency), `recovered` (delivered by the receiver
+//!    receiver stopped, its recording or its reading, before the packet
+//!    reached its final point: no end-to-end latency), `recovered` (delivered by the receiver
 //!    without crossing the wire), `duplicate` (received more than once, with
 //!    the skew of the copies), `reordered` (a later seq arrived before it),
 //!    `retransmitted` (sent more than once), `deadline_missed`.
@@ -507,12 +507,13 @@ fn mark_untraced(conn: &Connection, cols: &[(String, String)]) -> Result<()> {
     Ok(())
 }
 
-/// Packets the end of the recording cut off on the receiver: a kind's
-/// final receiving point (the latest one nine in ten of its delivered
-/// packets reach) missing, and no later packet of the flow reached it
-/// either. They are `partial`, with no end-to-end or receiver total: one
-/// cut off after the device points by a `kill -9` was counted delivered
-/// with a 0.8 µs end-to-end latency.
+/// Packets received in part: a kind's final receiving point (the latest
+/// one nine in ten of its delivered packets reach) missing, and no later
+/// packet of the flow reached it either, so the receiver stopped before
+/// it (the recording ended, or the program stopped reading). They are
+/// `partial`, with no end-to-end or receiver total: one cut off after the
+/// device points by a `kill -9` was counted delivered with a 0.8 µs
+/// end-to-end latency.
 fn mark_partial(conn: &Connection, cols: &[(String, String)]) -> Result<()> {
     let rx: Vec<&String> = cols
         .iter()

@@ -114,8 +114,9 @@ pub fn packets_flags() -> Vec<Field> {
         // receiver was not recorded (the other end, an SO_REUSEPORT
         // sibling), so whether it arrived is unknown: never counted lost.
         Field::new("untraced", DataType::Boolean, true),
-        // Received in part: the recording ended before it reached its
-        // kind's final receiving point, so it has no end-to-end latency.
+        // Received in part: the receiver stopped (its recording ended, or
+        // it stopped reading) before the packet reached its kind's final
+        // receiving point, so it has no end-to-end latency.
         Field::new("partial", DataType::Boolean, true),
         Field::new("recovered", DataType::Boolean, true),
         Field::new("duplicate", DataType::Boolean, true),
