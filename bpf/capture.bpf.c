@@ -21,6 +21,7 @@
  *   sock_rx.h   the datagram handed to its socket
  *   sched.h     the reader's wake-up and switch-in
  *   usdt.h      application markers
+ *   holds.h     processes held at exec and library loads for their markers
  *   flush.h     the per-CPU batches exported on a timer
  */
 #include "capture/common.h"
@@ -30,6 +31,7 @@
 #include "capture/dev_rx.h"
 #include "capture/dev_tx.h"
 #include "capture/flush.h"
+#include "capture/holds.h"
 #include "capture/qdisc.h"
 #include "capture/sched.h"
 #include "capture/sock_rx.h"

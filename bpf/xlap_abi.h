@@ -253,4 +253,23 @@ struct xlap_usdt_spec {
   __u8 _pad[6];
 };
 
+/* ---- Holds ----------------------------------------------------------------
+ * A traced process whose mappings changed (it exec'd a program, or the
+ * dynamic loader mapped libraries: at start-up or by dlopen) is stopped
+ * (SIGSTOP) before it runs any code of them; userspace reads one of these
+ * from the HOLDS ring buffer, attaches the markers the new mappings have,
+ * then resumes it (SIGCONT). */
+enum xlap_hold_why {
+  XLAP_HOLD_EXEC = 1,   /* sched_process_exec */
+  XLAP_HOLD_LOADER = 2, /* the loader's debugger hook (_dl_debug_state) */
+};
+
+struct xlap_hold {
+  __u64 ts_ns; /* CLOCK_MONOTONIC when held */
+  __u32 pid;   /* the process (tgid) */
+  __u32 why;   /* enum xlap_hold_why */
+  __s32 stop;  /* bpf_send_signal's result: 0 = stopped */
+  __u32 _pad;
+};
+
 #endif

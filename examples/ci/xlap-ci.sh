@@ -9,10 +9,11 @@
 #                                       exit 1 on a regression
 #
 # The protocol under test is the example (xlap-example on loopback); put your
-# own processes in `record` below. XLAP_INJECT (e.g. decode=50) passes an
+# own processes in `protocol` below: `xlap-trace run` traces whatever it
+# starts, each program from its exec, markers included. XLAP_INJECT (e.g. decode=50) passes an
 # injected delay to the example's receiver, to see a regression caught.
-# Needs root (or CAP_BPF, CAP_PERFMON, CAP_SYS_PTRACE) and xlap-trace and
-# xlap-example on PATH.
+# Needs root (or CAP_BPF, CAP_PERFMON, CAP_SYS_PTRACE, CAP_KILL) and
+# xlap-trace and xlap-example on PATH.
 set -eu
 
 PORT=${XLAP_CI_PORT:-47600}
@@ -21,41 +22,37 @@ PORT=${XLAP_CI_PORT:-47600}
 # tell that from a change (it says so).
 COUNT=${XLAP_CI_COUNT:-30000}
 
-# One traced run of the protocol into DIR: receiver and sender started
-# (the sender waits for a start file), both traced from before the first
-# packet with their markers, then released.
+# One traced run of the protocol into DIR: `xlap-trace run` starts the job
+# (this script's `protocol` step) and traces every program it starts, from
+# each program's exec, markers included.
 record() { # record DIR
     out=$1
+    rm -rf "$out" "$out.rready"
+    # Its report goes to stderr: stdout is the comparison's Markdown.
+    xlap-trace run --quiet -o "$out" -- "$0" protocol "$out.rready" >&2 ||
+        fail "the traced job failed (exit $?)"
+    rm -f "$out.rready"
+}
+
+# The protocol under test, started as a CI job would: the receiver, then
+# the sender once the receiver is ready. Put your own programs here.
+protocol() { # protocol READY_FILE
+    ready=$1
     inject=""
     if [ -n "${XLAP_INJECT:-}" ]; then inject="--inject $XLAP_INJECT"; fi
-    rm -rf "$out" "$out.go" "$out.rready" "$out.ready"
     # shellcheck disable=SC2086
     xlap-example recv --bind "127.0.0.1:$PORT" --expect "$COUNT" --deadline-ms 1000 \
-        --ready-file "$out.rready" $inject >/dev/null &
+        --ready-file "$ready" $inject >/dev/null &
     recv=$!
-    xlap-example send --dest "127.0.0.1:$PORT" --count "$COUNT" --period-us 100 \
-        --start-file "$out.go" >/dev/null &
-    send=$!
-    # Whatever happens, nothing started here outlives the script.
-    trap 'kill "$recv" "$send" ${tracer:-} 2>/dev/null || true' EXIT
-    while [ ! -e "$out.rready" ]; do
+    trap 'kill "$recv" 2>/dev/null || true' EXIT
+    while [ ! -e "$ready" ]; do
         kill -0 "$recv" 2>/dev/null || fail "the receiver did not start"
         sleep 0.05
     done
-    # Its report goes to stderr: stdout is the comparison's Markdown.
-    xlap-trace record --quiet -o "$out" --pid "$recv" --pid "$send" --ready-file "$out.ready" >&2 &
-    tracer=$!
-    while [ ! -e "$out.ready" ]; do
-        kill -0 "$tracer" 2>/dev/null || fail "xlap-trace did not start"
-        sleep 0.05
-    done
-    touch "$out.go"
-    wait "$send" || fail "the sender failed"
+    xlap-example send --dest "127.0.0.1:$PORT" --count "$COUNT" --period-us 100 >/dev/null ||
+        fail "the sender failed"
     wait "$recv" || fail "the receiver failed"
-    wait "$tracer" || fail "xlap-trace failed"
     trap - EXIT
-    tracer=""
-    rm -f "$out.go" "$out.rready" "$out.ready"
 }
 
 fail() {
@@ -76,6 +73,9 @@ baseline)
         i=$((i + 1))
     done
     xlap-trace summary "$@" -o "$dir/baseline.json"
+    ;;
+protocol)
+    protocol "$2"
     ;;
 check)
     baseline=$2

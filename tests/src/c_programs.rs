@@ -25,10 +25,29 @@ pub fn mmsg_peer(exe: &Path) -> PathBuf {
     build(&dir.join("mmsg_peer.c"), exe)
 }
 
+/// Builds `tests/c/dlopen_peer.c` twice: the program, and the plugin with
+/// its markers that the program loads with dlopen. Returns (program, plugin).
+pub fn dlopen_peer(scratch: &Scratch) -> (PathBuf, PathBuf) {
+    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("c/dlopen_peer.c");
+    let exe = build(&source, &scratch.path("dlopen_peer"));
+    let plugin = build_with(
+        &source,
+        &scratch.path("libplugin.so"),
+        &["-DPLUGIN", "-shared", "-fPIC"],
+    );
+    (exe, plugin)
+}
+
 fn build(source: &Path, exe: &Path) -> PathBuf {
+    build_with(source, exe, &[])
+}
+
+fn build_with(source: &Path, exe: &Path, flags: &[&str]) -> PathBuf {
     let markers = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/markers/c");
     let status = Command::new("cc")
-        .args(["-O2", "-Wall", "-Werror", "-pthread", "-I"])
+        .args(["-O2", "-Wall", "-Werror", "-pthread"])
+        .args(flags)
+        .arg("-I")
         .arg(&markers)
         .arg(source)
         .arg("-o")

@@ -401,3 +401,109 @@ for seq in range(200):
         "stamps.arrows, stamps.parquet, run.json, packets.parquet"
     );
 }
+
+/// A target's sockets the recorder cannot see are counted and said, never
+/// an empty run that looks whole: without CAP_SYS_PTRACE over a target
+/// (past the check with --skip-capability-check), the UDP sockets the
+/// target reports holding (one unbound, one bound) are counted as not
+/// traced in run.json, and with it the same target's bound port is traced
+/// and nothing is counted.
+#[test]
+fn sockets_the_recorder_cannot_see_are_counted() {
+    let Some(_guard) = privileged("sockets_not_traced") else {
+        return;
+    };
+    let scratch = Scratch::new("sockets-not-traced");
+    let holder = |name: &str| {
+        let log = scratch.path(&format!("{name}.log"));
+        let child = KillOnDrop(
+            Command::new("python3")
+                .args([
+                    "-c",
+                    "import socket, sys, time\n\
+                     a = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n\
+                     b = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); b.bind(('127.0.0.1', 0))\n\
+                     open(sys.argv[1], 'w').write('%d %d %d' % (a.fileno(), b.fileno(), b.getsockname()[1]))\n\
+                     time.sleep(30)",
+                ])
+                .arg(&log)
+                .stdin(Stdio::null())
+                .spawn()
+                .unwrap(),
+        );
+        let start = std::time::Instant::now();
+        let account = loop {
+            if let Ok(text) = std::fs::read_to_string(&log) {
+                let fields: Vec<u32> = text.split(' ').filter_map(|f| f.parse().ok()).collect();
+                if fields.len() == 3 {
+                    break fields;
+                }
+            }
+            assert!(start.elapsed().as_secs() < 20, "the target did not start");
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        };
+        (child, account[2] as u64)
+    };
+    let record = |script: &Path, pid: u32, name: &str| {
+        let dir = scratch.path(name);
+        let out = Command::new(script)
+            .args(["record", "--skip-capability-check", "--no-usdt"])
+            .args(["--no-correlate", "--duration", "0.5", "--pid"])
+            .arg(pid.to_string())
+            .arg("-o")
+            .arg(&dir)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(out.status.success(), "{name}: {stderr}");
+        (run_meta(&dir), stderr)
+    };
+    let ports = |meta: &serde_json::Value| -> Vec<u64> {
+        meta["targets"][0]["udp_ports"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|p| p.as_u64())
+            .collect()
+    };
+
+    let without: Vec<u32> = required().into_iter().filter(|b| *b != 19).collect();
+    let (target, port) = holder("unseen");
+    let (meta, stderr) = record(
+        &with_only(&scratch, "xlap-no-ptrace", &without),
+        target.0.id(),
+        "unseen",
+    );
+    assert!(
+        !ports(&meta).contains(&port),
+        "traced without ptrace access? {stderr}"
+    );
+    assert_eq!(
+        meta["sockets_not_traced"]["processes_unreadable"], 1,
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains(&format!(
+            "the sockets pid {} holds cannot be listed",
+            target.0.id()
+        )),
+        "{stderr}"
+    );
+
+    let (target, port) = holder("seen");
+    let (meta, stderr) = record(
+        &with_only(&scratch, "xlap-required-only", &required()),
+        target.0.id(),
+        "seen",
+    );
+    assert!(ports(&meta).contains(&port), "{stderr}");
+    let counted = &meta["sockets_not_traced"];
+    for reason in [
+        "processes_unreadable",
+        "not_inspectable",
+        "duplicate_refused",
+        "mark_refused",
+    ] {
+        assert_eq!(counted[reason], 0, "{reason}: {stderr}");
+    }
+}

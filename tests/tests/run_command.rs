@@ -1,12 +1,15 @@
 //! Privileged: `xlap-trace run -- CMD` starts a command, traces it from its
 //! first datagram (markers included) and through the processes it starts,
-//! and exits with its status; checked against the command's own log.
+//! and exits with its status; a program started through a shell, `env`,
+//! `timeout` or a job script gets the markers it gets started directly, and
+//! so do the markers of a library it loads with dlopen; checked against
+//! the program's own log, through the analysis.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::process::{Command, Output};
-use xlap_tests::c_programs::{udp_loop, udp_loop_log};
-use xlap_tests::trace::{read_stamps, run_meta, SEQ_U64_LE};
+use xlap_tests::c_programs::{dlopen_peer, udp_loop, udp_loop_log};
+use xlap_tests::trace::{analyze_rows, read_stamps, run_meta, SEQ_U64_LE};
 use xlap_tests::{bin, privileged, Scratch};
 
 fn xlap_run(run_dir: &Path, command: &[&str]) -> Output {
@@ -110,4 +113,185 @@ fn run_traces_a_command_from_its_first_datagram_and_exits_with_its_status() {
         stderr.contains("cannot start /nonexistent/command"),
         "{stderr}"
     );
+}
+
+/// `run` with the packets table and summary.json (correlated at the end).
+fn xlap_run_whole(run_dir: &Path, command: &[&str]) -> Output {
+    Command::new(bin("xlap-trace"))
+        .args(["run", "--quiet", "-o"])
+        .arg(run_dir)
+        .args(SEQ_U64_LE)
+        .arg("--")
+        .args(command)
+        .output()
+        .expect("xlap-trace run")
+}
+
+#[test]
+fn markers_follow_every_way_a_job_starts_a_program() {
+    let Some(_guard) = privileged("run_command") else {
+        return;
+    };
+    let scratch = Scratch::new("run-shapes");
+    let exe = udp_loop(&scratch);
+    let exe = exe.to_str().unwrap().to_string();
+    const COUNT: usize = 300;
+    let mut failures = Vec::new();
+    for (i, shape) in [
+        "direct",
+        "sh -c",
+        "env",
+        "timeout",
+        "bash job.sh",
+        "sh -c, bash -c, timeout, env",
+    ]
+    .iter()
+    .enumerate()
+    {
+        let port = (47420 + i).to_string();
+        let log = scratch.path(&format!("shape{i}.log"));
+        let program = format!("{exe} {port} {COUNT} 0 {}", log.display());
+        let script = scratch.path(&format!("job{i}.sh"));
+        std::fs::write(
+            &script,
+            format!("#!/bin/bash\necho job starts\n{program}\necho job ends\n"),
+        )
+        .unwrap();
+        let command: Vec<String> = match *shape {
+            "direct" => program.split(' ').map(String::from).collect(),
+            "sh -c" => vec!["sh".into(), "-c".into(), program.clone()],
+            "env" => ["env", "XLAP_SHAPE=env"]
+                .iter()
+                .map(|s| s.to_string())
+                .chain(program.split(' ').map(String::from))
+                .collect(),
+            "timeout" => ["timeout", "120"]
+                .iter()
+                .map(|s| s.to_string())
+                .chain(program.split(' ').map(String::from))
+                .collect(),
+            "bash job.sh" => vec!["bash".into(), script.display().to_string()],
+            _ => vec![
+                "sh".into(),
+                "-c".into(),
+                format!("bash -c 'timeout 120 env XLAP_SHAPE=nested {program}'"),
+            ],
+        };
+        let dir = scratch.path(&format!("shape{i}"));
+        let args: Vec<&str> = command.iter().map(String::as_str).collect();
+        let out = xlap_run_whole(&dir, &args);
+        let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+        if !out.status.success() {
+            failures.push(format!("{shape}: exit {:?}: {stderr}", out.status.code()));
+            continue;
+        }
+        // Against the program's own log: every datagram it received has
+        // its markers and the socket points.
+        let logged = udp_loop_log(&log);
+        assert_eq!(logged.len(), COUNT, "{shape}: the program's log");
+        let stamped = points_by_seq(&dir);
+        let mut missing: BTreeMap<&str, usize> = BTreeMap::new();
+        for (seq, _) in &logged {
+            let p = stamped.get(seq).cloned().unwrap_or_default();
+            for point in [
+                "app.send_start",
+                "app.submit",
+                "app.deliver",
+                "sock.send_enter",
+                "sock.recv_exit",
+            ] {
+                if !p.contains(point) {
+                    *missing.entry(point).or_default() += 1;
+                }
+            }
+        }
+        if !missing.is_empty() {
+            failures.push(format!(
+                "{shape}: of {COUNT} datagrams the program logged, missing {missing:?}"
+            ));
+        }
+        let meta = run_meta(&dir);
+        let holds = &meta["holds"];
+        if holds["not_stopped"] != 0 {
+            failures.push(format!("{shape}: holds {holds}"));
+        }
+        if *shape != "direct" && holds["at_exec"].as_u64().unwrap_or(0) == 0 {
+            failures.push(format!("{shape}: the program's exec was not held: {holds}"));
+        }
+        // Through the analysis: its packet count is the program's, and the
+        // marker's stage is there for every packet.
+        let rows = analyze_rows(&dir, "summary", &[]);
+        let run_row = rows.iter().find(|r| r["section"] == "run");
+        if run_row.and_then(|r| r["packets"].as_u64()) != Some(COUNT as u64) {
+            failures.push(format!("{shape}: analyze: {run_row:?}, the log: {COUNT}"));
+        }
+        let summary: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(dir.join("summary.json")).unwrap()).unwrap();
+        let app_stage = summary["stages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["stage"] == "app_send_start__sock_send_enter");
+        if app_stage.and_then(|s| s["packets"].as_u64()) != Some(COUNT as u64) {
+            failures.push(format!(
+                "{shape}: summary.json app_send_start__sock_send_enter: {app_stage:?}"
+            ));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+#[test]
+fn markers_of_a_library_loaded_later_are_traced() {
+    let Some(_guard) = privileged("run_command") else {
+        return;
+    };
+    let scratch = Scratch::new("run-dlopen");
+    let (exe, plugin) = dlopen_peer(&scratch);
+    let log = scratch.path("dlopen.log");
+    let dir = scratch.path("run");
+    let out = xlap_run(
+        &dir,
+        &[
+            exe.to_str().unwrap(),
+            plugin.to_str().unwrap(),
+            "47430",
+            "300",
+            log.to_str().unwrap(),
+        ],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let received: Vec<u64> = std::fs::read_to_string(&log)
+        .unwrap()
+        .lines()
+        .map(|l| l.split_whitespace().nth(1).unwrap().parse().unwrap())
+        .collect();
+    assert_eq!(received.len(), 300, "the program's log");
+    let stamped = points_by_seq(&dir);
+    let without: Vec<&u64> = received
+        .iter()
+        .filter(|seq| {
+            !stamped
+                .get(seq)
+                .is_some_and(|p| p.contains("app.plugin_send"))
+        })
+        .collect();
+    assert!(
+        without.is_empty(),
+        "{} of 300 datagrams have no app.plugin_send (the plugin's marker): {without:?}",
+        without.len()
+    );
+    let meta = run_meta(&dir);
+    let sites = meta["options"]["usdt_sites"].as_array().unwrap();
+    assert!(
+        sites
+            .iter()
+            .any(|s| s["file"].as_str().unwrap().ends_with("/libplugin.so")),
+        "{sites:?}"
+    );
+    assert!(meta["holds"]["at_loader"].as_u64().unwrap() >= 1);
 }

@@ -21,6 +21,7 @@ fn main() {
         .constified_enum_module("xlap_point")
         .constified_enum_module("xlap_loss")
         .constified_enum_module("xlap_arg_kind")
+        .constified_enum_module("xlap_hold_why")
         .derive_default(true)
         .derive_eq(true)
         .layout_tests(true)

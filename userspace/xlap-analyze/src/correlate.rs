@@ -202,10 +202,20 @@ pub fn correlate(
         ""
     };
     conn.execute_batch(&format!(
-        "-- 1. domains and flows
+        "-- 1. domains and flows. A marker's kind counts only where the
+         -- process's datagrams have one: with a layout without a kind
+         -- (a program we did not write, keyed by its seq alone) the
+         -- packet is kind-less and so are its app stamps.
+         CREATE OR REPLACE TEMP TABLE kinded AS
+           SELECT run_id, pid, bool_or(kind IS NOT NULL) AS has_kind
+           FROM stamps WHERE point NOT LIKE 'app.%' AND seq IS NOT NULL GROUP BY ALL;
          CREATE OR REPLACE TEMP TABLE s0 AS
-           SELECT s.run_id, s.host, s.point, s.side, s.ts_ns, s.seq::HUGEINT AS seq, coalesce(s.kind::BIGINT, -1) AS kind, s.flow, s.pid, s.ifindex, {priority_col} AS priority, d.domain, d.span
-           FROM stamps s JOIN run_domain d USING (run_id) WHERE s.seq IS NOT NULL {whole};
+           SELECT s.run_id, s.host, s.point, s.side, s.ts_ns, s.seq::HUGEINT AS seq,
+                  CASE WHEN s.point LIKE 'app.%' AND NOT coalesce(k.has_kind, true) THEN -1
+                       ELSE coalesce(s.kind::BIGINT, -1) END AS kind,
+                  s.flow, s.pid, s.ifindex, {priority_col} AS priority, d.domain, d.span
+           FROM stamps s JOIN run_domain d USING (run_id) LEFT JOIN kinded k USING (run_id, pid)
+           WHERE s.seq IS NOT NULL {whole};
          CREATE OR REPLACE TEMP TABLE kflow AS
            SELECT run_id, pid, kind, seq, flow, min(ts_ns) AS t FROM s0 WHERE flow <> 0 GROUP BY ALL;
          -- a packet that never crossed the wire here (rebuilt from parity,

@@ -432,6 +432,10 @@ pub struct RunMeta {
     /// (their receive-device points are missing).
     #[serde(default)]
     pub ports_not_traced: Vec<u16>,
+    /// Sockets the traced processes held before tracing that could not be
+    /// traced, per reason (each may have carried the protocol).
+    #[serde(default)]
+    pub sockets_not_traced: SocketsNotTraced,
     #[serde(default)]
     pub points: BTreeMap<String, PointStats>,
     /// Points of the run's set this kernel could not stamp at all, with
@@ -484,9 +488,54 @@ pub struct RunMeta {
     /// corrupts is counted here (and lost as `parse` at the app points).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub marker_rings: Vec<MarkerRing>,
+    /// Traced processes held where new code was mapped (their exec, their
+    /// loader mapping libraries) until its markers were attached.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub holds: Option<Holds>,
     /// Set by `xlap-trace recover`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub recovery: Option<RecoveryNote>,
+}
+
+/// Sockets held before tracing started that are not traced, per reason:
+/// created later, a socket is marked by the kernel side and cannot be
+/// missed; held already, it is found in /proc and marked from here.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct SocketsNotTraced {
+    /// Processes whose fd table could not be read (no ptrace access): none
+    /// of the sockets they held then is traced.
+    pub processes_unreadable: u64,
+    /// Sockets in no /proc/net table whose protocol could not be asked
+    /// (pidfd_getfd refused): each may be an unbound UDP socket.
+    pub not_inspectable: u64,
+    /// UDP sockets that could not be duplicated (pidfd_getfd refused).
+    pub duplicate_refused: u64,
+    /// UDP sockets the kernel's socket storage refused to mark.
+    pub mark_refused: u64,
+}
+
+impl SocketsNotTraced {
+    pub fn total(&self) -> u64 {
+        self.processes_unreadable
+            + self.not_inspectable
+            + self.duplicate_refused
+            + self.mark_refused
+    }
+}
+
+/// The holds of a run: how often a traced process was stopped until the
+/// markers of what it had just mapped were attached, and for how long.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Holds {
+    /// At an exec.
+    pub at_exec: u64,
+    /// Where the dynamic loader had mapped objects (start-up, dlopen).
+    pub at_loader: u64,
+    /// Holds the kernel refused to stop (the process ran on).
+    pub not_stopped: u64,
+    /// Time held, from the stop to the resume, summed and the longest.
+    pub held_us_total: f64,
+    pub held_us_max: f64,
 }
 
 /// One marker ring of a run (a process and the binary whose markers wrote

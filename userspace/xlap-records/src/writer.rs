@@ -112,6 +112,12 @@ impl StampBatcher {
         }
     }
 
+    /// The app point names when points were added during the run (a
+    /// process exec'd a program with markers): the old ids keep their names.
+    pub fn set_app_names(&mut self, app_names: Vec<String>) {
+        self.app_names = app_names;
+    }
+
     pub fn len(&self) -> usize {
         self.rows
     }

@@ -80,6 +80,13 @@ pub const NEEDS: &[Need] = &[
         or_instead: None,
     },
     Need {
+        bit: 5,
+        name: "CAP_KILL",
+        for_what: "resuming a traced process of another user held at an exec or a library load until its markers are attached (else none is held: the markers of programs a target execs, and of libraries it loads, are missed)",
+        required: false,
+        or_instead: None,
+    },
+    Need {
         bit: 23,
         name: "CAP_SYS_NICE",
         for_what: "raising the reader's priority when it falls behind (else more stamps may be lost, counted)",
@@ -164,6 +171,12 @@ pub fn check(unchecked: bool) -> Result<Vec<Need>> {
 /// recorder executed would have them again (the demo runs `ip` after
 /// recording to tear its stage down).
 pub const KEPT_AFTER_ATTACH: &[u32] = &[39, 19, 23, 21, 3];
+
+/// What a recording keeps once attached while it holds processes at their
+/// exec and library loads (record/markers.rs): it attaches their markers
+/// then, so it also keeps uprobes (CAP_PERFMON), the rings of other users
+/// (CAP_SETUID, CAP_SETGID) and resuming their processes (CAP_KILL).
+pub const KEPT_WHILE_HOLDING: &[u32] = &[39, 19, 23, 21, 3, 38, 7, 6, 5];
 
 /// `struct __user_cap_header_struct` / `__user_cap_data_struct` (v3: two
 /// 32-bit words per set).

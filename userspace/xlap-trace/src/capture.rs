@@ -166,6 +166,23 @@ pub struct Unattached {
     pub why: String,
 }
 
+/// Why a socket a traced process held before tracing is not traced.
+#[derive(Debug)]
+pub enum NotMarked {
+    /// pidfd_getfd refused.
+    Duplicate(String),
+    /// The socket storage refused the mark.
+    Mark(String),
+}
+
+impl std::fmt::Display for NotMarked {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            NotMarked::Duplicate(why) | NotMarked::Mark(why) => f.write_str(why),
+        }
+    }
+}
+
 impl Capture {
     /// The refused hooks, with the reason (run.json's `unavailable_hooks`).
     pub fn unavailable_hooks(&self) -> std::collections::BTreeMap<String, String> {
@@ -205,6 +222,9 @@ pub struct Settings {
     pub tunnel_ports: Vec<u16>,
     /// Device and qdisc points only on the devices set with `set_ifaces`.
     pub iface_filter: bool,
+    /// Hold a traced process at its exec until its markers are attached
+    /// (bpf/capture/holds.h): markers are traced.
+    pub hold_at_exec: bool,
 }
 
 /// VXLAN's IANA port and the Linux kernel's historic default.
@@ -284,6 +304,21 @@ impl Capture {
                 });
             }
         }
+        if settings.hold_at_exec {
+            if let Err(e) = attach(
+                &mut bpf,
+                &btf,
+                "on_sched_process_exec",
+                Kind::TpBtf,
+                "sched_process_exec",
+            ) {
+                unattached.push(Unattached {
+                    program: "on_sched_process_exec",
+                    hook: "sched_process_exec",
+                    why: format!("{e:#}"),
+                });
+            }
+        }
         let dynptr = dynptr.map(|_| ());
         attach_socket_hooks(&mut bpf, &dynptr, &mut unattached)?;
         // Per-stamp records never wait in a batch.
@@ -314,13 +349,15 @@ impl Capture {
     pub fn mark_sockets(
         &mut self,
         sockets: &[crate::sockets::SocketRef],
-    ) -> Result<Vec<(crate::sockets::SocketRef, String)>> {
+    ) -> Result<Vec<(crate::sockets::SocketRef, NotMarked)>> {
         let mut map: SkStorage<&mut MapData, SockMark> =
             SkStorage::try_from(self.bpf.map_mut("SOCKS").context("SOCKS map")?)?;
         let mut failed = Vec::new();
         for s in sockets {
             let result = crate::sockets::duplicate(s.pid, s.fd)
-                .map_err(|e| format!("cannot duplicate it (pidfd_getfd): {e}"))
+                .map_err(|e| {
+                    NotMarked::Duplicate(format!("cannot duplicate it (pidfd_getfd): {e}"))
+                })
                 .and_then(|fd| {
                     let mark = SockMark(xlap_abi::xlap_sock {
                         tgid: s.pid,
@@ -337,7 +374,7 @@ impl Capture {
                         {
                             Ok(())
                         }
-                        Err(e) => Err(format!("cannot mark it: {e}")),
+                        Err(e) => Err(NotMarked::Mark(format!("cannot mark it: {e}"))),
                     }
                 });
             if let Err(e) = result {
@@ -379,7 +416,10 @@ impl Capture {
             .program_mut("on_usdt")
             .context("program on_usdt is missing from the object")?
             .try_into()?;
-        program.load()?;
+        // Sites come in as processes exec: loaded with the first ones.
+        if program.fd().is_err() {
+            program.load()?;
+        }
         for site in sites {
             let pid = std::num::NonZeroU32::new(site.pid).context("pid 0")?;
             program
@@ -405,6 +445,41 @@ impl Capture {
                 })?;
         }
         Ok(())
+    }
+
+    /// Holds `pid` each time its dynamic loader has mapped objects (at
+    /// `offset` in `loader`, its `_dl_debug_state`), so that the markers of
+    /// libraries it loads are attached before they run.
+    pub fn hold_at_loader(
+        &mut self,
+        pid: u32,
+        loader: &std::os::fd::OwnedFd,
+        offset: u64,
+    ) -> Result<()> {
+        let program: &mut UProbe = self
+            .bpf
+            .program_mut("on_loader_hook")
+            .context("program on_loader_hook is missing from the object")?
+            .try_into()?;
+        if program.fd().is_err() {
+            program.load()?;
+        }
+        let pid = std::num::NonZeroU32::new(pid).context("pid 0")?;
+        program.attach(
+            UProbeAttachPoint {
+                location: UProbeAttachLocation::AbsoluteOffset(offset),
+                cookie: None,
+            },
+            crate::usdt::fd_path(loader),
+            UProbeScope::OneProcess(pid),
+        )?;
+        Ok(())
+    }
+
+    /// The ring buffer of held processes (bpf/capture/holds.h).
+    pub fn take_holds(&mut self) -> Result<RingBuf<MapData>> {
+        let map = self.bpf.take_map("HOLDS").context("HOLDS map")?;
+        Ok(RingBuf::try_from(map)?)
     }
 
     /// Traces `pids` (each the root of the processes it forks).

@@ -24,24 +24,37 @@ pub struct ForeignSocket {
     pub local_port: u16,
 }
 
-/// (fd, socket inode) of every socket fd of `pid`.
-fn socket_fds(pid: u32) -> Vec<(i32, u64)> {
-    let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
-        return Vec::new();
+/// (fd, socket inode) of every socket fd of `pid`, and whether some fd
+/// could not be read (no ptrace access to the process: its links are
+/// refused although the directory lists).
+fn socket_fds(pid: u32) -> (Vec<(i32, u64)>, bool) {
+    let refused = |e: &io::Error| e.kind() == io::ErrorKind::PermissionDenied;
+    let dir = match std::fs::read_dir(format!("/proc/{pid}/fd")) {
+        Ok(dir) => dir,
+        Err(e) => return (Vec::new(), refused(&e)),
     };
-    dir.filter_map(|e| {
-        let e = e.ok()?;
-        let fd: i32 = e.file_name().to_str()?.parse().ok()?;
-        let link = std::fs::read_link(e.path()).ok()?;
-        let s = link.to_string_lossy().into_owned();
-        let inode = s
-            .strip_prefix("socket:[")?
-            .strip_suffix(']')?
-            .parse()
-            .ok()?;
-        Some((fd, inode))
-    })
-    .collect()
+    let mut unreadable = false;
+    let fds = dir
+        .filter_map(|e| {
+            let e = e.ok()?;
+            let fd: i32 = e.file_name().to_str()?.parse().ok()?;
+            let link = match std::fs::read_link(e.path()) {
+                Ok(link) => link,
+                Err(err) => {
+                    unreadable |= refused(&err);
+                    return None;
+                }
+            };
+            let s = link.to_string_lossy().into_owned();
+            let inode = s
+                .strip_prefix("socket:[")?
+                .strip_suffix(']')?
+                .parse()
+                .ok()?;
+            Some((fd, inode))
+        })
+        .collect();
+    (fds, unreadable)
 }
 
 /// (local port, inode) of the sockets in a /proc/PID/net table.
@@ -74,16 +87,37 @@ fn inodes_of(pid: u32, tables: &[&str]) -> Vec<(u16, u64)> {
 /// tables below is asked directly (a duplicate, SO_PROTOCOL): missing it
 /// lost a client's first thousand datagrams until its port showed up.
 pub fn udp_sockets(pid: u32) -> Vec<SocketRef> {
+    scan_udp(pid).udp
+}
+
+/// The UDP sockets of a process, and what of its sockets could not be
+/// looked at (each may be a UDP socket that is then not traced).
+#[derive(Debug, Default)]
+pub struct UdpScan {
+    pub udp: Vec<SocketRef>,
+    /// Its fd table could not be read: no socket it holds is seen.
+    pub fd_table_unreadable: bool,
+    /// Sockets in no /proc/net table whose duplicate was refused: their
+    /// protocol could not be asked.
+    pub uninspectable: Vec<SocketRef>,
+}
+
+pub fn scan_udp(pid: u32) -> UdpScan {
     let udp: HashSet<u64> = inodes_of(pid, &["udp", "udp6"])
         .into_iter()
         .map(|(_, inode)| inode)
         .collect();
-    let fds = socket_fds(pid);
+    let (fds, fd_table_unreadable) = socket_fds(pid);
+    let mut scan = UdpScan {
+        fd_table_unreadable,
+        ..UdpScan::default()
+    };
     if fds.iter().all(|(_, inode)| udp.contains(inode)) {
-        return fds
+        scan.udp = fds
             .into_iter()
             .map(|(fd, inode)| SocketRef { pid, fd, inode })
             .collect();
+        return scan;
     }
     // Sockets another table names are not UDP: no syscall for them.
     let mut other: HashSet<u64> = inodes_of(pid, &["tcp", "tcp6", "raw", "raw6"])
@@ -91,12 +125,19 @@ pub fn udp_sockets(pid: u32) -> Vec<SocketRef> {
         .map(|(_, inode)| inode)
         .collect();
     other.extend(unix_inodes(pid));
-    fds.into_iter()
-        .filter(|(fd, inode)| {
-            udp.contains(inode) || (!other.contains(inode) && is_udp(pid, *fd, *inode))
-        })
-        .map(|(fd, inode)| SocketRef { pid, fd, inode })
-        .collect()
+    for (fd, inode) in fds {
+        let socket = SocketRef { pid, fd, inode };
+        if udp.contains(&inode) {
+            scan.udp.push(socket);
+        } else if !other.contains(&inode) {
+            match is_udp(pid, fd, inode) {
+                Ok(true) => scan.udp.push(socket),
+                Ok(false) => {}
+                Err(_) => scan.uninspectable.push(socket),
+            }
+        }
+    }
+    scan
 }
 
 /// The inodes of the Unix sockets in `pid`'s network namespace.
@@ -111,10 +152,14 @@ fn unix_inodes(pid: u32) -> Vec<u64> {
 }
 
 /// Whether `fd` of `pid` is an IPv4/IPv6 UDP socket, asked of a duplicate
-/// (checked to be the same inode: the fd may have been reused meanwhile).
-fn is_udp(pid: u32, fd: i32, inode: u64) -> bool {
-    let Ok(dup) = duplicate(pid, fd) else {
-        return false;
+/// (checked to be the same inode: the fd may have been reused meanwhile);
+/// an error when the duplicate is refused.
+fn is_udp(pid: u32, fd: i32, inode: u64) -> io::Result<bool> {
+    let dup = match duplicate(pid, fd) {
+        Ok(dup) => dup,
+        // Closed meanwhile, or the process is gone: nothing missed.
+        Err(e) if matches!(e.raw_os_error(), Some(libc::EBADF | libc::ESRCH)) => return Ok(false),
+        Err(e) => return Err(e),
     };
     let same = {
         // SAFETY: fstat fills the zeroed struct.
@@ -122,11 +167,12 @@ fn is_udp(pid: u32, fd: i32, inode: u64) -> bool {
         let rc = unsafe { libc::fstat(std::os::fd::AsRawFd::as_raw_fd(&dup), &mut st) };
         rc == 0 && st.st_ino == inode
     };
-    same && int_opt(&dup, libc::SO_PROTOCOL) == Some(libc::IPPROTO_UDP)
+    Ok(same
+        && int_opt(&dup, libc::SO_PROTOCOL) == Some(libc::IPPROTO_UDP)
         && matches!(
             int_opt(&dup, libc::SO_DOMAIN),
             Some(libc::AF_INET | libc::AF_INET6)
-        )
+        ))
 }
 
 fn int_opt(fd: &OwnedFd, name: libc::c_int) -> Option<libc::c_int> {
@@ -147,7 +193,7 @@ fn int_opt(fd: &OwnedFd, name: libc::c_int) -> Option<libc::c_int> {
 
 /// The TCP sockets `pid` holds (xlap-trace keys datagrams, not streams).
 pub fn tcp_sockets(pid: u32) -> Vec<ForeignSocket> {
-    let held: HashSet<u64> = socket_fds(pid).into_iter().map(|(_, i)| i).collect();
+    let held: HashSet<u64> = socket_fds(pid).0.into_iter().map(|(_, i)| i).collect();
     let mut out: Vec<ForeignSocket> = inodes_of(pid, &["tcp", "tcp6"])
         .into_iter()
         .filter(|(_, inode)| held.contains(inode))

@@ -89,6 +89,9 @@ pub struct Site {
     /// mapping: the probe is attached to this file, whatever the path
     /// names by then.
     pub file: Arc<OwnedFd>,
+    /// The file as mapped (device, inode): a uprobe is attached once per
+    /// process, file and offset.
+    pub file_id: FileId,
     pub probe: Probe,
     pub spec_id: u32,
     pub spec: xlap_usdt_spec,
@@ -99,9 +102,25 @@ pub struct Site {
     pub runtime_addr: Option<u64>,
 }
 
+/// A file's identity and version: its probes are read once per version.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+struct FileVersion {
+    dev: u64,
+    ino: u64,
+    size: u64,
+    ctime: (i64, i64),
+    mtime: (i64, i64),
+}
+
 /// Everything USDT of a run.
 #[derive(Debug, Default)]
 pub struct Plan {
+    /// The files planned so far per process (each once).
+    planned: std::collections::HashSet<(u32, FileId)>,
+    /// Probes read per file version.
+    probes_by_file: BTreeMap<FileVersion, Option<(Vec<Probe>, u64)>>,
+    /// The `--usdt` selections some site matched (by index).
+    matched: std::collections::BTreeSet<usize>,
     pub sites: Vec<Site>,
     /// `app_names[i]` names point `XLAP_POINT_APP_BASE + i` (without `app.`).
     pub app_names: Vec<String>,
@@ -249,120 +268,16 @@ fn arg_spec(arg: &Arg) -> xlap_usdt_arg {
     a
 }
 
-/// Finds the markers of every pid and builds the specs to attach.
+/// Finds the markers of every pid and builds the specs to attach; a
+/// `--usdt` selection found in none of them is a usage error.
 pub fn plan(pids: &[u32], selections: &[Selection]) -> Result<Plan> {
     let mut plan = Plan::default();
-    let mut point_ids: BTreeMap<String, u16> = BTreeMap::new();
-    let mut matched = vec![false; selections.len()];
     for &pid in pids {
-        let mut mappings = exec_mappings(pid);
-        mappings.sort_by(|a, b| a.path.cmp(&b.path));
-        mappings.dedup_by(|a, b| a.path == b.path);
-        let mut found = 0;
-        for mapping in mappings {
-            let file = mapping.path.clone();
-            let path = PathBuf::from(format!("/proc/{pid}/root{file}"));
-            // Files that are not ELF, vanished or were replaced since they
-            // were mapped simply have no probes.
-            let Some(opened) = open_mapped(pid, &mapping).map(Arc::new) else {
-                continue;
-            };
-            let Ok(probes) = xlap_usdt::read_probes(&fd_path(&opened)) else {
-                continue;
-            };
-            let bias = load_bias(pid, &file, first_load_vaddr(&fd_path(&opened)));
-            for probe in probes {
-                if (probe.provider.as_str(), probe.name.as_str()) == RING_CONTROL {
-                    if let (Some(bias), true) = (bias, probe.semaphore != 0) {
-                        plan.ring_controls
-                            .insert((pid, path.clone()), bias.wrapping_add(probe.semaphore));
-                    }
-                    continue;
-                }
-                let chosen = if selections.is_empty() {
-                    (probe.provider == "xlap").then(|| (probe.name.clone(), 0usize, Some(1usize)))
-                } else {
-                    selections
-                        .iter()
-                        .enumerate()
-                        .find(|(_, s)| s.provider == probe.provider && s.name == probe.name)
-                        .map(|(i, s)| {
-                            matched[i] = true;
-                            (s.point.clone(), s.seq_arg, s.kind_arg)
-                        })
-                };
-                let Some((point, seq_arg, kind_arg)) = chosen else {
-                    continue;
-                };
-                // A --usdt point was checked as it was parsed; a note's
-                // name is the binary's.
-                if selections.is_empty() && !valid_point_name(&point) {
-                    plan.refused_names
-                        .push((pid, file.clone(), format!("{:?}", probe.name)));
-                    continue;
-                }
-                let Some(seq) = probe.args.get(seq_arg) else {
-                    return Err(failure(
-                        Code::Usage,
-                        format!(
-                            "{}:{} in {file} has {} arguments, no arg{seq_arg} for seq",
-                            probe.provider,
-                            probe.name,
-                            probe.args.len()
-                        ),
-                    ));
-                };
-                let next_id = point_ids.len() as u16;
-                let index = *point_ids.entry(point.clone()).or_insert_with(|| {
-                    plan.app_names.push(point.clone());
-                    next_id
-                });
-                let spec_id = plan.sites.len() as u32;
-                if spec_id >= XLAP_USDT_MAX_SPECS {
-                    return Err(failure(
-                        Code::Usage,
-                        format!("more than {XLAP_USDT_MAX_SPECS} USDT probe sites selected"),
-                    ));
-                }
-                let spec = xlap_usdt_spec {
-                    seq: arg_spec(seq),
-                    kind: kind_arg
-                        .and_then(|k| probe.args.get(k))
-                        .map(arg_spec)
-                        .unwrap_or_default(),
-                    probe_addr: probe.address,
-                    point: xlap_point::XLAP_POINT_APP_BASE as u16 + index,
-                    ..Default::default()
-                };
-                let semaphore_addr = if probe.semaphore != 0 {
-                    Some(
-                        bias.context(
-                            "cannot find where the binary is mapped to set its semaphore",
-                        )?
-                        .wrapping_add(probe.semaphore),
-                    )
-                } else {
-                    None
-                };
-                plan.sites.push(Site {
-                    pid,
-                    path: path.clone(),
-                    file: opened.clone(),
-                    spec_id,
-                    spec,
-                    semaphore_addr,
-                    runtime_addr: bias.map(|b| b.wrapping_add(probe.address)),
-                    probe,
-                });
-                found += 1;
-            }
-        }
-        if found == 0 {
+        if plan.add_process(pid, selections)?.is_empty() {
             plan.without_markers.push((pid, crate::targets::comm(pid)));
         }
     }
-    if let Some(i) = matched.iter().position(|m| !m) {
-        let s = &selections[i];
+    if let Some(s) = plan.unmatched(selections).first() {
         return Err(failure(
             Code::Usage,
             format!(
@@ -376,21 +291,227 @@ pub fn plan(pids: &[u32], selections: &[Selection]) -> Result<Plan> {
     Ok(plan)
 }
 
-/// Adds `delta` to a USDT semaphore (a u16 counter) in a live process,
-/// through /proc/PID/mem: probes gated by it fire while it is non-zero.
-pub fn adjust_semaphore(pid: u32, addr: u64, delta: i16) -> Result<()> {
-    use std::os::unix::fs::FileExt;
-    let mem = std::fs::OpenOptions::new()
+/// A mapped file as the kernel knows it: device (major, minor) and inode.
+pub type FileId = ((u32, u32), u64);
+
+impl Plan {
+    /// The selections no site of the plan matched so far.
+    pub fn unmatched<'s>(&self, selections: &'s [Selection]) -> Vec<&'s Selection> {
+        selections
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| !self.matched.contains(i))
+            .map(|(_, s)| s)
+            .collect()
+    }
+
+    /// Forgets what was planned for `pid`'s files (it exec'd: a new image);
+    /// its sites stay listed.
+    pub fn forget_files(&mut self, pid: u32) {
+        self.planned.retain(|(p, _)| *p != pid);
+    }
+
+    /// Plans the markers of the files `pid` maps that were not planned for
+    /// it yet (a library the loader mapped since, a new image after its
+    /// exec); returns the range of `sites` added.
+    pub fn add_process(
+        &mut self,
+        pid: u32,
+        selections: &[Selection],
+    ) -> Result<std::ops::Range<usize>> {
+        let first = self.sites.len();
+        let mut mappings = exec_mappings(pid);
+        mappings.sort_by(|a, b| a.path.cmp(&b.path));
+        mappings.dedup_by(|a, b| a.path == b.path);
+        for mapping in mappings {
+            if !self.planned.insert((pid, (mapping.dev, mapping.inode))) {
+                continue;
+            }
+            self.add_file(pid, &mapping, selections)?;
+        }
+        Ok(first..self.sites.len())
+    }
+
+    /// The probes of an opened file and its first load address, read once
+    /// per file version (the libc every process of a shell script maps is
+    /// parsed once, not at each exec: the process waits meanwhile).
+    fn probes_of(&mut self, opened: &OwnedFd) -> Option<(Vec<Probe>, u64)> {
+        use std::os::unix::fs::MetadataExt;
+        let meta = std::fs::File::from(opened.try_clone().ok()?)
+            .metadata()
+            .ok()?;
+        let version = FileVersion {
+            dev: meta.dev(),
+            ino: meta.ino(),
+            size: meta.size(),
+            // ctime, which a file's owner cannot set back: a binary the
+            // target rewrote is read again.
+            ctime: (meta.ctime(), meta.ctime_nsec()),
+            mtime: (meta.mtime(), meta.mtime_nsec()),
+        };
+        if let Some(known) = self.probes_by_file.get(&version) {
+            return known.clone();
+        }
+        let read = xlap_usdt::read_probes(&fd_path(opened))
+            .ok()
+            .map(|probes| (probes, first_load_vaddr(&fd_path(opened))));
+        self.probes_by_file.insert(version, read.clone());
+        read
+    }
+
+    fn add_file(&mut self, pid: u32, mapping: &Mapping, selections: &[Selection]) -> Result<()> {
+        let file = mapping.path.clone();
+        let path = PathBuf::from(format!("/proc/{pid}/root{file}"));
+        // Files that are not ELF, vanished or were replaced since they
+        // were mapped simply have no probes.
+        let Some(opened) = open_mapped(pid, mapping).map(Arc::new) else {
+            return Ok(());
+        };
+        let Some((probes, first_vaddr)) = self.probes_of(&opened) else {
+            return Ok(());
+        };
+        let bias = load_bias(pid, &file, first_vaddr);
+        for probe in probes {
+            if (probe.provider.as_str(), probe.name.as_str()) == RING_CONTROL {
+                if let (Some(bias), true) = (bias, probe.semaphore != 0) {
+                    self.ring_controls
+                        .insert((pid, path.clone()), bias.wrapping_add(probe.semaphore));
+                }
+                continue;
+            }
+            let chosen = if selections.is_empty() {
+                (probe.provider == "xlap").then(|| (probe.name.clone(), 0usize, Some(1usize)))
+            } else {
+                selections
+                    .iter()
+                    .enumerate()
+                    .find(|(_, s)| s.provider == probe.provider && s.name == probe.name)
+                    .map(|(i, s)| {
+                        self.matched.insert(i);
+                        (s.point.clone(), s.seq_arg, s.kind_arg)
+                    })
+            };
+            let Some((point, seq_arg, kind_arg)) = chosen else {
+                continue;
+            };
+            // A --usdt point was checked as it was parsed; a note's
+            // name is the binary's.
+            if selections.is_empty() && !valid_point_name(&point) {
+                self.refused_names
+                    .push((pid, file.clone(), format!("{:?}", probe.name)));
+                continue;
+            }
+            let Some(seq) = probe.args.get(seq_arg) else {
+                return Err(failure(
+                    Code::Usage,
+                    format!(
+                        "{}:{} in {file} has {} arguments, no arg{seq_arg} for seq",
+                        probe.provider,
+                        probe.name,
+                        probe.args.len()
+                    ),
+                ));
+            };
+            let index = match self.app_names.iter().position(|n| *n == point) {
+                Some(i) => i as u16,
+                None => {
+                    self.app_names.push(point.clone());
+                    (self.app_names.len() - 1) as u16
+                }
+            };
+            // Spec ids are the run's: sites planned later (a process that
+            // exec'd) take the next ones.
+            let spec_id = self.sites.len() as u32;
+            if spec_id >= XLAP_USDT_MAX_SPECS {
+                return Err(failure(
+                    Code::Usage,
+                    format!("more than {XLAP_USDT_MAX_SPECS} USDT probe sites selected"),
+                ));
+            }
+            let spec = xlap_usdt_spec {
+                seq: arg_spec(seq),
+                kind: kind_arg
+                    .and_then(|k| probe.args.get(k))
+                    .map(arg_spec)
+                    .unwrap_or_default(),
+                probe_addr: probe.address,
+                point: xlap_point::XLAP_POINT_APP_BASE as u16 + index,
+                ..Default::default()
+            };
+            let semaphore_addr = if probe.semaphore != 0 {
+                Some(
+                    bias.context("cannot find where the binary is mapped to set its semaphore")?
+                        .wrapping_add(probe.semaphore),
+                )
+            } else {
+                None
+            };
+            self.sites.push(Site {
+                pid,
+                path: path.clone(),
+                file: opened.clone(),
+                file_id: (mapping.dev, mapping.inode),
+                spec_id,
+                spec,
+                semaphore_addr,
+                runtime_addr: bias.map(|b| b.wrapping_add(probe.address)),
+                probe,
+            });
+        }
+        Ok(())
+    }
+}
+
+/// The dynamic loader `pid` maps (glibc's `ld-linux*.so*`, musl's
+/// `ld-musl-*.so*`) and the file offset of its debugger hook
+/// `_dl_debug_state`, which it calls once objects are mapped and before
+/// any of their code runs; `None` for a static program.
+pub fn loader_hook(pid: u32) -> Option<(Arc<OwnedFd>, u64, PathBuf)> {
+    use object::{Object, ObjectSegment, ObjectSymbol};
+    let mapping = exec_mappings(pid).into_iter().find(|m| {
+        let name = m.path.rsplit('/').next().unwrap_or("");
+        name.starts_with("ld-") && name.contains(".so")
+    })?;
+    let opened = Arc::new(open_mapped(pid, &mapping)?);
+    let data = std::fs::read(fd_path(&opened)).ok()?;
+    let elf = object::File::parse(&*data).ok()?;
+    let symbol = elf
+        .dynamic_symbols()
+        .chain(elf.symbols())
+        .find(|s| s.name() == Ok("_dl_debug_state") && s.address() != 0)?;
+    let address = symbol.address();
+    let offset = elf.segments().find_map(|seg| {
+        let (file_start, file_len) = seg.file_range();
+        (address >= seg.address() && address < seg.address() + file_len)
+            .then(|| address - seg.address() + file_start)
+    })?;
+    Some((
+        opened,
+        offset,
+        PathBuf::from(format!("/proc/{pid}/root{}", mapping.path)),
+    ))
+}
+
+/// Opens a live process's memory (`/proc/PID/mem`): the handle stays
+/// bound to the image the process had then, not to the pid.
+pub fn open_memory(pid: u32) -> Result<std::fs::File> {
+    std::fs::OpenOptions::new()
         .read(true)
         .write(true)
         .open(format!("/proc/{pid}/mem"))
-        .with_context(|| format!("cannot open the memory of pid {pid} to set a USDT semaphore"))?;
+        .with_context(|| format!("cannot open the memory of pid {pid} to set a USDT semaphore"))
+}
+
+/// Adds `delta` to a USDT semaphore (a u16 counter) in a process's memory
+/// (`open_memory`): probes gated by it fire while it is non-zero.
+pub fn adjust_semaphore(mem: &std::fs::File, addr: u64, delta: i16) -> Result<()> {
+    use std::os::unix::fs::FileExt;
     let mut buf = [0u8; 2];
     mem.read_exact_at(&mut buf, addr)
-        .with_context(|| format!("cannot read the semaphore of pid {pid} at {addr:#x}"))?;
+        .with_context(|| format!("cannot read a USDT semaphore at {addr:#x}"))?;
     let value = u16::from_ne_bytes(buf).wrapping_add_signed(delta);
     mem.write_all_at(&value.to_ne_bytes(), addr)
-        .with_context(|| format!("cannot write the semaphore of pid {pid}"))?;
+        .with_context(|| format!("cannot write a USDT semaphore at {addr:#x}"))?;
     Ok(())
 }
 

@@ -56,6 +56,9 @@ struct SiteInfo {
 
 struct AppRing {
     pid: u32,
+    /// The process's memory (`/proc/PID/mem`) as it was when the ring was
+    /// switched on: bound to that image, not to the pid.
+    mem: std::fs::File,
     /// The binary whose markers write it.
     path: PathBuf,
     control: u64,
@@ -94,15 +97,14 @@ pub struct RingLosses {
 }
 
 impl AppRings {
-    /// Switches every process of the plan that has a ring control to the
-    /// in-process path. Returns the rings and the sites left to uprobes: a
+    /// Switches the processes of `sites` that have a ring control in
+    /// `plan` to the in-process path. Returns the sites left to uprobes: a
     /// process whose ring cannot be set up keeps uprobes (`note` says why).
-    pub fn open(plan: &Plan, note: impl Fn(String)) -> (AppRings, Vec<Site>) {
-        let mut rings = AppRings::default();
+    pub fn add(&mut self, plan: &Plan, sites: &[Site], note: impl Fn(String)) -> Vec<Site> {
         // One ring per switch: per process and binary.
         let mut by_switch: BTreeMap<(u32, PathBuf), HashMap<u64, SiteInfo>> = BTreeMap::new();
         let mut uprobe_sites = Vec::new();
-        for site in &plan.sites {
+        for site in sites {
             let key = (site.pid, site.path.clone());
             match (plan.ring_controls.get(&key), site.runtime_addr) {
                 (Some(_), Some(addr)) => {
@@ -117,17 +119,17 @@ impl AppRings {
                 _ => uprobe_sites.push(site.clone()),
             }
         }
-        for ((pid, path), sites) in by_switch {
+        for ((pid, path), infos) in by_switch {
             let control = plan.ring_controls[&(pid, path.clone())];
-            match AppRing::create(pid, &path, control, sites) {
-                Ok(ring) => rings.rings.push(ring),
+            match AppRing::create(pid, &path, control, infos) {
+                Ok(ring) => self.rings.push(ring),
                 Err(e) => {
                     note(format!(
                         "pid {pid}: the markers of {} are stamped by uprobes (slower), the in-process ring failed: {e:#}",
                         path.display()
                     ));
                     uprobe_sites.extend(
-                        plan.sites
+                        sites
                             .iter()
                             .filter(|s| s.pid == pid && s.path == path)
                             .cloned(),
@@ -135,7 +137,7 @@ impl AppRings {
                 }
             }
         }
-        (rings, uprobe_sites)
+        uprobe_sites
     }
 
     /// The sites (process, binary) on the in-process path.
@@ -179,20 +181,15 @@ fn state_offset() -> u64 {
     std::mem::offset_of!(Control, state) as u64
 }
 
-fn write_mem(pid: u32, addr: u64, bytes: &[u8]) -> Result<()> {
-    let mem = std::fs::OpenOptions::new()
-        .write(true)
-        .open(format!("/proc/{pid}/mem"))
-        .with_context(|| format!("cannot open the memory of pid {pid}"))?;
+/// `/proc/PID/mem` access with the address in the error.
+fn write_mem(mem: &std::fs::File, addr: u64, bytes: &[u8]) -> Result<()> {
     mem.write_all_at(bytes, addr)
-        .with_context(|| format!("cannot write the memory of pid {pid} at {addr:#x}"))
+        .with_context(|| format!("cannot write the process's memory at {addr:#x}"))
 }
 
-fn read_mem(pid: u32, addr: u64, bytes: &mut [u8]) -> Result<()> {
-    let mem = std::fs::File::open(format!("/proc/{pid}/mem"))
-        .with_context(|| format!("cannot open the memory of pid {pid}"))?;
+fn read_mem(mem: &std::fs::File, addr: u64, bytes: &mut [u8]) -> Result<()> {
     mem.read_exact_at(bytes, addr)
-        .with_context(|| format!("cannot read the memory of pid {pid} at {addr:#x}"))
+        .with_context(|| format!("cannot read the process's memory at {addr:#x}"))
 }
 
 impl AppRing {
@@ -209,6 +206,11 @@ impl AppRing {
         }
         let leaf = std::ffi::CString::new(leaf)?;
         let dir = shm_file::open_shm_dir(pid)?;
+        let mem = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(format!("/proc/{pid}/mem"))
+            .with_context(|| format!("cannot open the memory of pid {pid}"))?;
         let creds = shm_file::creds_of(pid)?;
         let len = ring::file_bytes(CAPACITY);
         let file = shm_file::as_creds(&creds, || {
@@ -238,6 +240,7 @@ impl AppRing {
         };
         let r = AppRing {
             pid,
+            mem,
             path: binary.to_path_buf(),
             control,
             dir,
@@ -264,23 +267,25 @@ impl AppRing {
         path[..name.len()].copy_from_slice(name.as_bytes());
         let mut generation = [0u8; 4];
         let gen_at = control + std::mem::offset_of!(Control, generation) as u64;
-        read_mem(pid, gen_at, &mut generation)?;
+        read_mem(&r.mem, gen_at, &mut generation)?;
         let generation = u32::from_ne_bytes(generation).wrapping_add(1);
         write_mem(
-            pid,
+            &r.mem,
             control + std::mem::offset_of!(Control, path) as u64,
             &path,
         )?;
-        write_mem(pid, gen_at, &generation.to_ne_bytes())?;
-        write_mem(pid, control + state_offset(), &1u32.to_ne_bytes())?;
+        write_mem(&r.mem, gen_at, &generation.to_ne_bytes())?;
+        write_mem(&r.mem, control + state_offset(), &1u32.to_ne_bytes())?;
         Ok(r)
     }
 
-    /// Markers of the process stop writing (if it still runs).
+    /// Markers of the process stop writing (if it still runs). Through the
+    /// memory opened when the ring was switched on: a process that exec'd
+    /// since, or a pid reused by another, is not written to.
     fn switch_off(&self) {
-        if crate::targets::alive(self.pid) {
-            let _ = write_mem(self.pid, self.control + state_offset(), &0u32.to_ne_bytes());
-        }
+        let _ = self
+            .mem
+            .write_all_at(&0u32.to_ne_bytes(), self.control + state_offset());
     }
 
     /// Stops reading a ring the process keeps corrupting (said once).

@@ -7,10 +7,11 @@
 //! could not see), noticing exits, and forgetting exited children (whose
 //! pids the system may give to unrelated processes).
 
-use crate::capture::Capture;
+use crate::capture::{Capture, NotMarked};
 use crate::targets::{self, PortOwners};
 use anyhow::Result;
 use std::collections::{BTreeMap, HashSet};
+use xlap_records::run_meta::SocketsNotTraced;
 
 /// A child a target forked, followed since (as run.json lists it).
 pub use xlap_records::run_meta::Child;
@@ -32,6 +33,10 @@ pub struct Following {
     pub known_ports: PortOwners,
     /// Ports the kernel's table had no room for.
     pub ports_not_traced: HashSet<(u32, u16)>,
+    /// Sockets held before tracing that could not be traced, per reason.
+    pub sockets_not_traced: SocketsNotTraced,
+    /// Processes whose fd table could not be read (said once each).
+    unreadable: HashSet<u32>,
     quiet: bool,
 }
 
@@ -47,6 +52,8 @@ impl Following {
             owners: PortOwners::new(),
             known_ports: PortOwners::new(),
             ports_not_traced: HashSet::new(),
+            sockets_not_traced: SocketsNotTraced::default(),
+            unreadable: HashSet::new(),
             quiet,
         };
         // Children that exist already (a pre-forked worker pool); those
@@ -125,14 +132,33 @@ impl Following {
 
     /// Marks the UDP sockets of the live processes not marked yet (sockets
     /// created after attaching are marked by the BPF side; this catches
-    /// those that existed before and those passed in from elsewhere).
+    /// those that existed before and those passed in from elsewhere), and
+    /// counts, per reason, those that cannot be.
     fn mark_new_sockets(&mut self, capture: &mut Capture) -> Result<()> {
-        let new: Vec<_> = self
-            .live()
-            .into_iter()
-            .flat_map(crate::sockets::udp_sockets)
-            .filter(|s| !self.marked.contains(&s.inode))
-            .collect();
+        let mut new = Vec::new();
+        for pid in self.live() {
+            let scan = crate::sockets::scan_udp(pid);
+            if scan.fd_table_unreadable && self.unreadable.insert(pid) {
+                self.sockets_not_traced.processes_unreadable += 1;
+                self.warn(&format!(
+                    "the sockets pid {pid} holds cannot be listed (/proc/{pid}/fd: permission denied; the recorder needs CAP_SYS_PTRACE over it): those it held before tracing are not traced"
+                ));
+            }
+            for s in scan.uninspectable {
+                if self.marked.insert(s.inode) {
+                    self.sockets_not_traced.not_inspectable += 1;
+                    self.warn(&format!(
+                        "socket fd {} of pid {pid} cannot be asked its protocol (pidfd_getfd refused); if it is UDP, its datagrams are not traced",
+                        s.fd
+                    ));
+                }
+            }
+            new.extend(
+                scan.udp
+                    .into_iter()
+                    .filter(|s| !self.marked.contains(&s.inode)),
+            );
+        }
         if new.is_empty() {
             return Ok(());
         }
@@ -142,14 +168,23 @@ impl Following {
             self.udp_pids.insert(s.pid);
         }
         for (s, why) in failed {
-            if !self.quiet {
-                eprintln!(
-                    "xlap-trace: warning: socket fd {} of pid {}: {why}; its datagrams are not traced",
-                    s.fd, s.pid
-                );
+            match why {
+                NotMarked::Duplicate(_) => self.sockets_not_traced.duplicate_refused += 1,
+                NotMarked::Mark(_) => self.sockets_not_traced.mark_refused += 1,
             }
+            self.warn(&format!(
+                "socket fd {} of pid {}: {why}; its datagrams are not traced",
+                s.fd, s.pid
+            ));
         }
         Ok(())
+    }
+
+    /// A warning counted in run.json (`sockets_not_traced`).
+    fn warn(&self, what: &str) {
+        if !self.quiet {
+            eprintln!("xlap-trace: warning: {what} (counted in run.json: sockets_not_traced)");
+        }
     }
 
     fn sync_ports(&mut self, capture: &mut Capture) -> Result<()> {

@@ -217,6 +217,11 @@ pub struct LiveView {
 }
 
 impl LiveView {
+    /// The app point names when points were added during the run.
+    pub fn set_app_names(&mut self, app_names: Vec<String>) {
+        self.app_names = app_names;
+    }
+
     /// `print`: the terminal view on stdout; `metrics`: serve OpenMetrics
     /// on that address (bound now: a taken port fails the run at start).
     pub fn new(

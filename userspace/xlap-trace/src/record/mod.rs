@@ -8,6 +8,7 @@ mod bpf_stats;
 pub mod command;
 mod follow;
 mod live_view;
+mod markers;
 mod protocols;
 pub mod segments;
 mod session;

@@ -15,11 +15,17 @@ use std::collections::HashSet;
 pub fn check(pids: &[u32], quiet: bool) -> Vec<(u32, String)> {
     let mut tcp_only = Vec::new();
     for &pid in pids {
+        let scan = crate::sockets::scan_udp(pid);
+        if scan.fd_table_unreadable {
+            // What it holds is unknown, not none (said and counted where
+            // its sockets are marked).
+            continue;
+        }
         let tcp = crate::sockets::tcp_sockets(pid);
         if tcp.is_empty() {
             // No socket at all yet: said now, not discovered at the end
             // as an empty run that exits 0.
-            if crate::sockets::udp_sockets(pid).is_empty() {
+            if scan.udp.is_empty() {
                 if !quiet {
                     eprintln!("xlap-trace: note: pid {pid} ({}) holds no UDP socket yet; it is traced from the UDP sockets it opens (a run in which it never opens one ends with exit 7)", targets::comm(pid));
                 }
@@ -35,7 +41,7 @@ pub fn check(pids: &[u32], quiet: bool) -> Vec<(u32, String)> {
             .map(|s| format!("{} port {}", s.protocol, s.local_port))
             .collect::<Vec<_>>()
             .join(", ");
-        let only = crate::sockets::udp_sockets(pid).is_empty();
+        let only = scan.udp.is_empty();
         if !quiet {
             if only {
                 eprintln!("xlap-trace: note: pid {pid} holds only TCP sockets so far ({names}); xlap-trace traces UDP datagrams, from the UDP sockets it opens");

@@ -4,10 +4,10 @@
 //! sockets), `detach` (programs gone, the last stamps and the losses read
 //! after), `Detached::finish` (Parquet and `run.json`).
 
-use super::app_ring::AppRings;
 use super::bpf_stats::StatsSampler;
 use super::follow::Following;
 use super::live_view::LiveView;
+use super::markers::{MarkerOptions, MarkerSites, Markers};
 use super::segments::{self, Rotate, Segments};
 use super::tally::{ForeignFlows, Tally, BY_PORT_POINTS};
 use super::{brief_reason, protocols, RunFiles};
@@ -31,6 +31,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use xlap_abi::{xlap_loss, xlap_point, xlap_stamp};
 use xlap_records::points::point_info;
+use xlap_records::run_meta::Holds;
 use xlap_records::writer::{stream_to_parquet_with, DropFlows, StampBatcher, StampStream};
 use xlap_records::Stamp;
 
@@ -123,6 +124,13 @@ impl<'a> Plan<'a> {
         })
     }
 
+    /// Whether traced processes are held at their exec and library loads
+    /// for their markers: markers are traced, and a held process of
+    /// another user can be resumed.
+    fn holds(&self) -> bool {
+        !self.args.no_usdt && !self.caps_missing.iter().any(|n| n.name == "CAP_KILL")
+    }
+
     fn note(&self, text: impl std::fmt::Display) {
         if !self.args.quiet {
             eprintln!("xlap-trace: note: {text}");
@@ -145,6 +153,7 @@ impl Session {
             per_stamp: args.per_stamp_records,
             tunnel_ports: plan.tunnel_ports.clone(),
             iface_filter: !args.ifaces.is_empty(),
+            hold_at_exec: plan.holds(),
         })?;
         if !args.ifaces.is_empty() {
             let devices = crate::ifaces::resolve(&args.pids, &args.ifaces)?;
@@ -188,38 +197,26 @@ impl Session {
     /// marks their sockets, and signals readiness.
     pub fn attach(mut self, plan: &Plan) -> Result<Live> {
         let args = plan.args;
-        let usdt = if args.no_usdt {
-            crate::usdt::Plan::default()
+        let holds = if plan.holds() {
+            Some(self.capture.take_holds()?)
         } else {
-            crate::usdt::plan(&args.pids, &args.usdt)?
+            None
         };
-        for (pid, binary, name) in &usdt.refused_names {
-            plan.note(format!(
-                "pid {pid}: marker {name} in {binary} is not traced: a point name is 1 to {} letters, digits and underscores",
-                crate::usdt::MAX_POINT_NAME
-            ));
-        }
-        for (pid, comm) in &usdt.without_markers {
-            plan.note(format!(
-                "pid {pid} ({comm}) has no {} USDT markers; tracing its kernel points only",
-                if args.usdt.is_empty() {
-                    "xlap:*"
-                } else {
-                    "selected"
-                }
-            ));
-        }
         // Markers built with the xlap-marker crate write an in-process ring
         // (no trap per hit); every other site gets a uprobe.
-        let (rings, uprobe_sites) =
-            if args.marker_path == crate::cli::MarkerPath::Ring && args.usdt.is_empty() {
-                AppRings::open(&usdt, |why| plan.note(why))
-            } else {
-                (AppRings::default(), usdt.sites.clone())
-            };
-        let ring_sites = rings.sites();
-        self.capture.attach_usdt(&uprobe_sites)?;
-        let semaphores = Semaphores::raise(&uprobe_sites)?;
+        let markers = Markers::start(
+            &mut self.capture,
+            &args.pids,
+            MarkerOptions {
+                selections: &args.usdt,
+                traced: !args.no_usdt,
+                ring_path: args.marker_path == crate::cli::MarkerPath::Ring,
+                started_here: args.started_here,
+                quiet: args.quiet,
+            },
+            holds,
+            &|why| plan.note(why),
+        )?;
         self.capture.set_targets(&args.pids)?;
         let following = Following::start(&mut self.capture, &args.pids, args.quiet)?;
         let ring = self.capture.take_ring()?;
@@ -266,7 +263,13 @@ impl Session {
             plan.note(m);
         }
         let view = (args.live || args.metrics.is_some())
-            .then(|| LiveView::new(usdt.app_names.clone(), args.live, args.metrics))
+            .then(|| {
+                LiveView::new(
+                    markers.sites.usdt.app_names.clone(),
+                    args.live,
+                    args.metrics,
+                )
+            })
             .transpose()?;
         let lacking = self.capture.lacking();
         let meta = RunMeta {
@@ -295,6 +298,7 @@ impl Session {
             foreign_stamps_dropped: 0,
             flows: runmeta::FlowCounts::default(),
             ports_not_traced: Vec::new(),
+            sockets_not_traced: Default::default(),
             points: BTreeMap::new(),
             unavailable_points: lacking.missing,
             degraded_points: lacking.degraded,
@@ -314,21 +318,20 @@ impl Session {
             device_timestamping: timestamping,
             capabilities_missing: plan.caps_missing.iter().map(|n| n.name.into()).collect(),
             marker_rings: Vec::new(),
+            holds: None,
             recovery: None,
         };
         let mut live = Live {
             attached: Attached {
                 capture: self.capture,
-                _semaphores: semaphores,
             },
             following,
             ring,
-            app_rings: rings,
             batches,
             losses,
             flow_maps,
             sink: Sink {
-                batcher: StampBatcher::new(&run_id, &host, usdt.app_names.clone()),
+                batcher: StampBatcher::new(&run_id, &host, markers.sites.usdt.app_names.clone()),
                 stream: StampStream::create(&files.stream)?,
                 streamed: 0,
                 stream_bytes: 0,
@@ -347,15 +350,15 @@ impl Session {
                 started: Instant::now(),
                 cpu_start: thread_cpu_s(),
                 comms,
-                ring_sites,
-                usdt,
                 meta,
             },
+            markers,
         };
         // run.json exists from the start: a run whose recorder dies is
         // still a run (`xlap-trace recover`).
         live.info.update_meta(
             plan,
+            &live.markers.sites,
             &live.following,
             &live.sink.tally,
             &[],
@@ -365,7 +368,12 @@ impl Session {
         live.info.meta.write(&live.files.meta)?;
         // Least privilege: the rest of the run needs only these (threads
         // started from here on inherit it; the metrics server drops all).
-        if let Err(e) = crate::capabilities::keep_only(crate::capabilities::KEPT_AFTER_ATTACH) {
+        let kept = if plan.holds() {
+            crate::capabilities::KEPT_WHILE_HOLDING
+        } else {
+            crate::capabilities::KEPT_AFTER_ATTACH
+        };
+        if let Err(e) = crate::capabilities::keep_only(kept) {
             plan.note(format!(
                 "cannot drop the capabilities the run no longer needs: {e}"
             ));
@@ -390,11 +398,9 @@ impl Session {
 }
 
 /// What is attached to the kernel while a run goes on; dropping it
-/// detaches every program and lowers the USDT semaphores.
+/// detaches every program.
 struct Attached {
     capture: Capture,
-    /// Held for their drop (fields drop in order: programs first).
-    _semaphores: Semaphores,
 }
 
 /// Where the stamps go: counted, foreign markers taken out, batched into
@@ -445,9 +451,6 @@ struct RunInfo {
     started: Instant,
     cpu_start: f64,
     comms: Vec<String>,
-    /// The (process, binary) whose markers write an in-process ring.
-    ring_sites: Vec<(u32, std::path::PathBuf)>,
-    usdt: crate::usdt::Plan,
     meta: RunMeta,
 }
 
@@ -457,9 +460,11 @@ impl RunInfo {
     /// The run so far into `meta`: options (with the targets that
     /// exited), targets and their ports, followed children, stamps and
     /// losses per point (less the `dropped` foreign stamps).
+    #[allow(clippy::too_many_arguments)]
     fn update_meta(
         &mut self,
         plan: &Plan,
+        markers: &MarkerSites,
         following: &Following,
         tally: &Tally,
         losses: &LossTable,
@@ -467,9 +472,10 @@ impl RunInfo {
         foreign_flows: &HashSet<u64>,
     ) {
         let args = plan.args;
-        let usdt = &self.usdt;
-        let ring_sites = &self.ring_sites;
+        let usdt = &markers.usdt;
+        let ring_sites = &markers.ring_sites;
         let meta = &mut self.meta;
+        meta.holds = Some(markers.holds.clone()).filter(|h| *h != Holds::default());
         meta.options = RunOptions {
             pids: args.pids.clone(),
             layout: plan.layouts.default.into(),
@@ -525,6 +531,7 @@ impl RunInfo {
             .collect();
         meta.followed = following.children.values().cloned().collect();
         meta.ports_not_traced = following.ports_not_traced.iter().map(|(_, p)| *p).collect();
+        meta.sockets_not_traced = following.sockets_not_traced.clone();
         let mut points: BTreeMap<String, PointStats> = BTreeMap::new();
         for (id, n) in tally.points() {
             let name = point_info(id, &usdt.app_names).map_or(format!("unknown.{id}"), |p| p.0);
@@ -559,7 +566,7 @@ pub struct Live {
     attached: Attached,
     following: Following,
     ring: RingBuf<MapData>,
-    app_rings: AppRings,
+    markers: Markers,
     batches: PerCpuArray<MapData, Batch>,
     losses: PerCpuArray<MapData, u64>,
     flow_maps: capture::FlowMaps,
@@ -602,16 +609,27 @@ impl Live {
         let mut layout_watch = LayoutWatch::new(&plan.layouts);
         let progress = !args.quiet && !args.live && std::io::stderr().is_terminal();
         let ring_fd = self.ring.as_raw_fd();
+        let holds_fd = self.markers.holds_fd();
         let reason = loop {
-            let mut pfd = libc::pollfd {
-                fd: ring_fd,
+            let pfd = |fd| libc::pollfd {
+                fd,
                 events: libc::POLLIN,
                 revents: 0,
             };
             // The kernel side wakes us only when the buffer is an eighth
-            // full; the timeout bounds how stale the output files get.
-            // SAFETY: one valid pollfd; a signal interrupting poll is fine.
-            unsafe { libc::poll(&mut pfd, 1, POLL_MS) };
+            // full; the timeout bounds how stale the output files get. A
+            // held process wakes us at once (-1 is ignored by poll).
+            let mut pfds = [pfd(ring_fd), pfd(holds_fd.unwrap_or(-1))];
+            // SAFETY: valid pollfds; a signal interrupting poll is fine.
+            unsafe { libc::poll(pfds.as_mut_ptr(), 2, POLL_MS) };
+            self.markers
+                .serve(&mut self.attached.capture, &|why| plan.note(why))?;
+            if let Some(names) = self.markers.take_new_names() {
+                self.sink.batcher.set_app_names(names.clone());
+                if let Some(v) = self.sink.view.as_mut() {
+                    v.set_app_names(names);
+                }
+            }
             let mut drained = 0usize;
             while let Some(item) = self.ring.next() {
                 drained += item.len();
@@ -632,7 +650,7 @@ impl Live {
                 }
             }
             let sink = &mut self.sink;
-            self.app_rings.drain(|raw| sink.take(raw));
+            self.markers.drain(|raw| sink.take(raw));
             if let Some(p) = priority.as_mut() {
                 p.adjust(drained);
                 p.caught_up();
@@ -723,6 +741,7 @@ impl Live {
         let losses = since(&losses, &self.segment_losses);
         self.info.update_meta(
             plan,
+            &self.markers.sites,
             &self.following,
             &self.sink.tally,
             &losses,
@@ -781,6 +800,7 @@ impl Live {
         let foreign = self.sink.foreign.to_drop();
         self.info.update_meta(
             plan,
+            &self.markers.sites,
             &self.following,
             &tally,
             &losses,
@@ -809,8 +829,11 @@ impl Live {
         meta.clock_end = Some(clock);
         meta.clock_steps.clear();
         meta.segment = Some(next_segment);
-        self.sink.batcher =
-            StampBatcher::new(&meta.run_id, &meta.host, self.info.usdt.app_names.clone());
+        self.sink.batcher = StampBatcher::new(
+            &meta.run_id,
+            &meta.host,
+            self.markers.sites.usdt.app_names.clone(),
+        );
         self.sink.streamed = 0;
         self.sink.stream_bytes = 0;
         self.segment_started = Instant::now();
@@ -835,7 +858,7 @@ impl Live {
             attached,
             following,
             mut ring,
-            app_rings,
+            markers,
             batches,
             losses,
             flow_maps,
@@ -862,7 +885,7 @@ impl Live {
         for raw in capture::drain_batches(&batches)? {
             sink.take(&raw);
         }
-        let ring_losses = app_rings.close(|raw| sink.take(raw));
+        let (ring_losses, marker_sites) = markers.close(|raw| sink.take(raw));
         let mut losses = since(&capture::losses(&losses)?, &segment_losses);
         // The app points share the last row of the loss table.
         if let Some(app) = losses.get_mut(xlap_point::XLAP_POINT_KERNEL_COUNT as usize) {
@@ -876,6 +899,7 @@ impl Live {
         let flows = capture::flows(&flow_maps)?;
         Ok(Detached {
             following,
+            marker_sites,
             sink,
             files,
             segments,
@@ -971,6 +995,7 @@ impl LayoutWatch {
 /// A session whose programs are gone, with everything they delivered.
 pub struct Detached {
     following: Following,
+    marker_sites: MarkerSites,
     sink: Sink,
     files: RunFiles,
     segments: Option<Segments>,
@@ -987,6 +1012,7 @@ impl Detached {
     pub fn finish(self, plan: &Plan, stop_reason: String) -> Result<RunMeta> {
         let Detached {
             following,
+            marker_sites,
             mut sink,
             files,
             segments,
@@ -1017,6 +1043,7 @@ impl Detached {
         }
         info.update_meta(
             plan,
+            &marker_sites,
             &following,
             &sink.tally,
             &losses,
@@ -1104,32 +1131,6 @@ impl Detached {
         protocols::refuse_tcp_only(&plan.tcp_only, &following.udp_pids, meta.packets)?;
         protocols::refuse_unkeyed(&meta)?;
         Ok(meta)
-    }
-}
-
-/// Raised USDT semaphores, lowered again on drop (for processes still alive).
-struct Semaphores(Vec<(u32, u64)>);
-
-impl Semaphores {
-    fn raise(sites: &[crate::usdt::Site]) -> Result<Semaphores> {
-        let mut raised = Semaphores(Vec::new());
-        for site in sites {
-            if let Some(addr) = site.semaphore_addr {
-                crate::usdt::adjust_semaphore(site.pid, addr, 1)?;
-                raised.0.push((site.pid, addr));
-            }
-        }
-        Ok(raised)
-    }
-}
-
-impl Drop for Semaphores {
-    fn drop(&mut self) {
-        for (pid, addr) in &self.0 {
-            if targets::alive(*pid) {
-                let _ = crate::usdt::adjust_semaphore(*pid, *addr, -1);
-            }
-        }
     }
 }
 
