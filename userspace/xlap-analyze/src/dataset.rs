@@ -17,6 +17,7 @@ use crate::sql;
 use crate::{correlate, AnalyzeError, CorrelateOptions, Result, Run};
 use duckdb::Connection;
 use std::path::{Path, PathBuf};
+use xlap_records::RunDir;
 
 use xlap_records::schema::{
     PACKETS_SCHEMA_VERSION, PACKETS_SIDES_KEY as SIDES_KEY, PACKETS_VERSION_KEY as VERSION_KEY,
@@ -93,7 +94,7 @@ fn run_dirs_in(dir: &Path) -> Vec<PathBuf> {
     let mut out: Vec<PathBuf> = std::fs::read_dir(dir)
         .map(|rd| {
             rd.filter_map(|e| e.ok().map(|e| e.path()))
-                .filter(|p| p.join("run.json").is_file())
+                .filter(|p| RunDir::new(p).is_run())
                 .collect()
         })
         .unwrap_or_default();
@@ -197,14 +198,14 @@ fn open_checked(
             .filter(|p| !p.as_os_str().is_empty())
             .unwrap_or(Path::new("."));
         let mut dirs = run_dirs_in(parent);
-        if parent.join("run.json").is_file() {
+        if RunDir::new(parent).is_run() {
             dirs.insert(0, parent.to_path_buf());
         }
         (Some(arg.to_path_buf()), dirs)
     } else {
-        let own = arg.join("packets.parquet");
+        let own = RunDir::new(arg).packets();
         let mut dirs = Vec::new();
-        if arg.join("run.json").is_file() {
+        if RunDir::new(arg).is_run() {
             dirs.push(arg.to_path_buf());
         }
         dirs.extend(run_dirs_in(arg));
@@ -216,7 +217,7 @@ fn open_checked(
         }
         (own.is_file().then_some(own), dirs)
     };
-    let run_files: Vec<PathBuf> = run_dirs.iter().map(|d| d.join("run.json")).collect();
+    let run_files: Vec<PathBuf> = run_dirs.iter().map(|d| RunDir::new(d).meta()).collect();
     load_runs(conn, &run_files)?;
 
     let sides: Vec<(String, String)> = match &packets_file {
@@ -241,13 +242,13 @@ fn open_checked(
     describe_columns(conn, &sides)?;
     for d in run_dirs
         .iter()
-        .filter(|d| d.join("stamps.parquet").is_file())
+        .filter(|d| RunDir::new(d).stamps().is_file())
     {
         crate::runs::stamps_whole(d).map_err(|why| input(d, why))?;
     }
     let stamp_files: Vec<String> = run_dirs
         .iter()
-        .map(|d| d.join("stamps.parquet"))
+        .map(|d| RunDir::new(d).stamps())
         .filter(|p| p.is_file())
         .map(|p| sql::path(&p))
         .collect();

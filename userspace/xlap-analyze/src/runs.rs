@@ -3,6 +3,7 @@
 use crate::{AnalyzeError, Result};
 use std::path::{Path, PathBuf};
 use xlap_records::run_meta::{RunMeta, RunState};
+use xlap_records::RunDir;
 
 #[derive(Clone, Debug)]
 pub struct Run {
@@ -23,7 +24,7 @@ pub struct Run {
 
 impl Run {
     pub fn stamps(&self) -> PathBuf {
-        self.dir.join("stamps.parquet")
+        RunDir::new(&self.dir).stamps()
     }
 
     /// Opens a run directory, saying what is wrong when it is not one.
@@ -33,7 +34,7 @@ impl Run {
             path: shown.clone(),
             what,
         };
-        let meta = read_meta(&dir.join("run.json")).map_err(|e| match e {
+        let meta = read_meta(&RunDir::new(dir).meta()).map_err(|e| match e {
             AnalyzeError::Input { what, .. } => err(what),
             other => other,
         })?;
@@ -42,7 +43,7 @@ impl Run {
                 "the run has not ended (run.json says running): it is still being recorded, or its recorder died; `xlap-trace recover {shown}` makes it whole once the recorder is gone"
             )));
         }
-        let stamps = dir.join("stamps.parquet");
+        let stamps = RunDir::new(dir).stamps();
         if !stamps.exists() {
             return Err(err(
                 "stamps.parquet is missing (the run did not end cleanly: stamps.arrows holds what was recorded)".into(),
@@ -81,7 +82,7 @@ pub fn read_meta(path: &Path) -> Result<RunMeta> {
     };
     let text = std::fs::read_to_string(path).map_err(|e| {
         let dir = path.parent().unwrap_or(Path::new("."));
-        if dir.join("segments.json").is_file() {
+        if RunDir::new(dir).segments().is_file() {
             err(format!(
                 "a recording cut into segments (--rotate): each of {}/seg-* is a run of its own, segments.json lists them",
                 dir.display()
@@ -96,8 +97,9 @@ pub fn read_meta(path: &Path) -> Result<RunMeta> {
 /// Refuses a run whose stamps.parquet is cut short, saying how to get it
 /// back.
 pub(crate) fn stamps_whole(dir: &Path) -> std::result::Result<(), String> {
-    whole_parquet(&dir.join("stamps.parquet")).map_err(|why| {
-        let way_out = if dir.join("stamps.arrows").is_file() {
+    let files = RunDir::new(dir);
+    whole_parquet(&files.stamps()).map_err(|why| {
+        let way_out = if files.stamps_stream().is_file() {
             format!(
                 "stamps.arrows remains: move stamps.parquet aside and `xlap-trace recover {}` rebuilds it",
                 dir.display()

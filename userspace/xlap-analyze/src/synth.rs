@@ -27,6 +27,7 @@ use std::ops::Range;
 use std::path::Path;
 use xlap_records::points::point_of_column;
 use xlap_records::run_meta::{ClockPair, PointStats, RunMeta, RunOptions, SeqLayout};
+use xlap_records::RunDir;
 
 pub const INFLATED_SEQS: Range<u64> = 100..200;
 pub const INFLATED_NS: i64 = 250_000;
@@ -220,7 +221,7 @@ pub fn generate(conn: &Connection, dir: &Path, packets: u64, seed: u32) -> Resul
         rx_null = rx_null.join(", "),
     );
     conn.execute_batch(&sql)?;
-    packets_table::write(conn, "synth_packets", &dir.join("packets.parquet"), &cols)?;
+    packets_table::write(conn, "synth_packets", &RunDir::new(dir).packets(), &cols)?;
     write_run_json(conn, dir, packets, seed, &tx_points, &rx_points)
 }
 
@@ -237,7 +238,7 @@ fn write_run_json(
     let delivered: i64 = conn.query_row(
         &format!(
             "SELECT count(*) FILTER (WHERE NOT lost) FROM {}",
-            crate::sql::path(&dir.join("packets.parquet"))
+            crate::sql::path(&RunDir::new(dir).packets())
         ),
         [],
         |r| r.get(0),
@@ -295,7 +296,7 @@ fn write_run_json(
         stop_reason: "synthetic".into(),
         ..RunMeta::default()
     };
-    let path = dir.join("run.json");
+    let path = RunDir::new(dir).meta();
     meta.write(&path).map_err(|e| AnalyzeError::Input {
         path: path.display().to_string(),
         what: e.to_string(),

@@ -3,6 +3,7 @@
 //! read through one declaration). Pure Rust: testable without root.
 
 pub mod points;
+pub mod run_dir;
 pub mod run_meta;
 pub mod schema;
 pub mod stages;
@@ -10,4 +11,5 @@ pub mod stamp;
 pub mod writer;
 
 pub use points::{Layer, PointInfo, Side};
+pub use run_dir::RunDir;
 pub use stamp::Stamp;

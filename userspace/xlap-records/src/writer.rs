@@ -169,36 +169,49 @@ impl StampBatcher {
         self.rows += 1;
     }
 
-    /// Takes the collected rows as one batch and starts afresh.
+    /// Takes the collected rows as one batch and starts afresh. The
+    /// columns come in the schema's order, each taken by its name: the
+    /// schema is the one declaration of that order.
     pub fn finish(&mut self) -> RecordBatch {
-        let columns: Vec<ArrayRef> = vec![
-            Arc::new(self.run_ids.finish()),
-            Arc::new(self.hosts.finish()),
-            Arc::new(self.points.finish()),
-            Arc::new(self.layers.finish()),
-            Arc::new(self.sides.finish()),
-            Arc::new(self.ts.finish()),
-            Arc::new(self.seqs.finish()),
-            Arc::new(self.kinds.finish()),
-            Arc::new(self.flows.finish()),
-            Arc::new(self.src_addrs.finish()),
-            Arc::new(self.dst_addrs.finish()),
-            Arc::new(self.src_ports.finish()),
-            Arc::new(self.dst_ports.finish()),
-            Arc::new(self.cookies.finish()),
-            Arc::new(self.pids.finish()),
-            Arc::new(self.tids.finish()),
-            Arc::new(self.cpus.finish()),
-            Arc::new(self.lens.finish()),
-            Arc::new(self.ifindexes.finish()),
-            Arc::new(self.queues.finish()),
-            Arc::new(self.hw_ts.finish()),
-            Arc::new(self.priorities.finish()),
-            Arc::new(self.from_user.finish()),
-            Arc::new(self.fragment.finish()),
-        ];
+        let schema = schema::stamps();
+        let columns: Vec<ArrayRef> = schema
+            .fields()
+            .iter()
+            .map(|field| self.finish_column(field.name()))
+            .collect();
         self.rows = 0;
-        RecordBatch::try_new(schema::stamps(), columns).expect("builders match the stamps schema")
+        RecordBatch::try_new(schema, columns).expect("a builder of its type for each stamps column")
+    }
+
+    /// The values collected for the stamps column `name`.
+    fn finish_column(&mut self, name: &str) -> ArrayRef {
+        match name {
+            "run_id" => Arc::new(self.run_ids.finish()),
+            "host" => Arc::new(self.hosts.finish()),
+            "point" => Arc::new(self.points.finish()),
+            "layer" => Arc::new(self.layers.finish()),
+            "side" => Arc::new(self.sides.finish()),
+            "ts_ns" => Arc::new(self.ts.finish()),
+            "seq" => Arc::new(self.seqs.finish()),
+            "kind" => Arc::new(self.kinds.finish()),
+            "flow" => Arc::new(self.flows.finish()),
+            "src_addr" => Arc::new(self.src_addrs.finish()),
+            "dst_addr" => Arc::new(self.dst_addrs.finish()),
+            "src_port" => Arc::new(self.src_ports.finish()),
+            "dst_port" => Arc::new(self.dst_ports.finish()),
+            "socket_cookie" => Arc::new(self.cookies.finish()),
+            "pid" => Arc::new(self.pids.finish()),
+            "tid" => Arc::new(self.tids.finish()),
+            "cpu" => Arc::new(self.cpus.finish()),
+            "len" => Arc::new(self.lens.finish()),
+            "ifindex" => Arc::new(self.ifindexes.finish()),
+            "queue" => Arc::new(self.queues.finish()),
+            "hw_ts_ns" => Arc::new(self.hw_ts.finish()),
+            "priority" => Arc::new(self.priorities.finish()),
+            "from_user" => Arc::new(self.from_user.finish()),
+            "fragment" => Arc::new(self.fragment.finish()),
+            other => panic!("the stamps schema's column {other} has no builder in StampBatcher"),
+        }
     }
 }
 
@@ -536,6 +549,92 @@ mod tests {
             priority: None,
             from_user: false,
             fragment: false,
+        }
+    }
+
+    /// Each field of a stamp lands in the column named for it (every value
+    /// distinct, so two swapped columns of one type cannot pass), in the
+    /// schema's order.
+    #[test]
+    fn each_stamp_field_lands_in_its_named_column() {
+        use arrow_array::cast::AsArray;
+        use arrow_array::types::{Int64Type, UInt16Type, UInt32Type, UInt64Type};
+        use arrow_schema::DataType;
+        let flow: u64 = (1001 << 16) | 1002;
+        let mut batcher = StampBatcher::new("run-r", "host-h", vec![]);
+        batcher.push(&Stamp {
+            ts_ns: 11,
+            point: xlap_abi::xlap_point::XLAP_POINT_DEV_QUEUE as u16,
+            seq: Some(12),
+            kind: Some(13),
+            flow,
+            pid: 14,
+            tid: 15,
+            cpu: 16,
+            len: 17,
+            ifindex: Some(18),
+            queue: Some(19),
+            hw_ts_ns: Some(20),
+            priority: Some(21),
+            from_user: true,
+            fragment: false,
+        });
+        let batch = batcher.finish();
+        assert_eq!(batch.schema(), schema::stamps());
+        let cell = |name: &str| -> String {
+            let c = batch.column_by_name(name).unwrap();
+            if c.is_null(0) {
+                return "null".into();
+            }
+            match c.data_type() {
+                DataType::Utf8 => c.as_string::<i32>().value(0).to_string(),
+                DataType::Int64 => c.as_primitive::<Int64Type>().value(0).to_string(),
+                DataType::UInt64 => c.as_primitive::<UInt64Type>().value(0).to_string(),
+                DataType::UInt32 => c.as_primitive::<UInt32Type>().value(0).to_string(),
+                DataType::UInt16 => c.as_primitive::<UInt16Type>().value(0).to_string(),
+                DataType::Boolean => c.as_boolean().value(0).to_string(),
+                other => panic!("{name}: {other}"),
+            }
+        };
+        let expected = [
+            ("run_id", "run-r".to_string()),
+            ("host", "host-h".to_string()),
+            ("point", "dev.queue".to_string()),
+            ("layer", "dev".to_string()),
+            ("side", "tx".to_string()),
+            ("ts_ns", "11".to_string()),
+            ("seq", "12".to_string()),
+            ("kind", "13".to_string()),
+            ("flow", flow.to_string()),
+            ("src_addr", "null".to_string()),
+            ("dst_addr", "null".to_string()),
+            ("src_port", "1001".to_string()),
+            ("dst_port", "1002".to_string()),
+            ("socket_cookie", "null".to_string()),
+            ("pid", "14".to_string()),
+            ("tid", "15".to_string()),
+            ("cpu", "16".to_string()),
+            ("len", "17".to_string()),
+            ("ifindex", "18".to_string()),
+            ("queue", "19".to_string()),
+            ("hw_ts_ns", "20".to_string()),
+            ("priority", "21".to_string()),
+            ("from_user", "true".to_string()),
+            ("fragment", "false".to_string()),
+        ];
+        let stamps_schema = schema::stamps();
+        let columns: Vec<&str> = stamps_schema
+            .fields()
+            .iter()
+            .map(|f| f.name().as_str())
+            .collect();
+        let mut named: Vec<&str> = expected.iter().map(|(n, _)| *n).collect();
+        named.sort_unstable();
+        let mut sorted = columns.clone();
+        sorted.sort_unstable();
+        assert_eq!(named, sorted, "every column checked");
+        for (name, value) in expected {
+            assert_eq!(cell(name), value, "{name}");
         }
     }
 

@@ -296,7 +296,7 @@ pub struct CorrelateArgs {
     #[arg(required = true)]
     pub runs: Vec<PathBuf>,
     /// Output Parquet file of the packets table.
-    #[arg(short, long, default_value = "packets.parquet")]
+    #[arg(short, long, default_value = xlap_records::run_dir::PACKETS)]
     pub output: PathBuf,
     /// Flag packets whose end-to-end latency exceeds this deadline.
     #[arg(long)]

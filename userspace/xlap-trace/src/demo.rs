@@ -147,7 +147,7 @@ pub fn run(args: &DemoArgs) -> Result<()> {
     println!("\n== what the kernel saw ==");
     record::print_summary(&meta, &record_args.output);
     println!("\n== the packets table (sender and receiver joined by seq) ==");
-    let packets = record_args.output.join("packets.parquet");
+    let packets = xlap_records::RunDir::new(&record_args.output).packets();
     let correlation =
         crate::correlate_cmd::correlate(&[record_args.output.as_path()], &packets, None)?;
     crate::correlate_cmd::print(&correlation, &packets);

@@ -166,7 +166,7 @@ fn summary(a: &cli::SummaryArgs) -> Result<()> {
     };
     let out = match (&a.output, a.runs.as_slice()) {
         (Some(o), _) => o.clone(),
-        (None, [one]) if one.is_dir() => one.join("summary.json"),
+        (None, [one]) if one.is_dir() => xlap_records::RunDir::new(one).summary(),
         _ => {
             return Err(failure(
                 Code::Usage,
@@ -194,7 +194,7 @@ fn compare(a: &cli::CompareArgs) -> Result<ExitCode> {
     }
     let base = Summary::load(&a.baseline)?;
     let mut cand = Summary::load(&a.candidate)?;
-    if a.candidate.join("packets.parquet").exists() {
+    if xlap_records::RunDir::new(&a.candidate).packets().exists() {
         // Measured on the baseline's stages (see add_stages_of).
         let names: Vec<String> = base.stages.iter().map(|s| s.stage.clone()).collect();
         cand.add_stages_of(&a.candidate, &names)?;

@@ -12,6 +12,7 @@ use crate::runmeta::{process_start_ticks, RecoveryNote, RunMeta, RunState};
 use anyhow::Result;
 use std::path::{Path, PathBuf};
 use xlap_records::writer::stream_to_parquet;
+use xlap_records::RunDir;
 
 /// What a recovery found.
 #[derive(Debug)]
@@ -51,7 +52,8 @@ fn read_meta(path: &Path) -> Result<RunMeta> {
 /// Recovers the run in `dir`; `None` when there is nothing to recover (the
 /// run ended, or was recovered before).
 pub fn recover(dir: &Path) -> Result<Option<Recovery>> {
-    let meta_path = dir.join("run.json");
+    let files = RunDir::new(dir);
+    let meta_path = files.meta();
     let mut meta = read_meta(&meta_path)?;
     if meta.state != RunState::Running {
         return Ok(None);
@@ -65,8 +67,8 @@ pub fn recover(dir: &Path) -> Result<Option<Recovery>> {
             ),
         ));
     }
-    let stream = dir.join("stamps.arrows");
-    let parquet = dir.join("stamps.parquet");
+    let stream = files.stamps_stream();
+    let parquet = files.stamps();
     if !stream.is_file() {
         return Err(failure(
             Code::BadInput,
@@ -203,7 +205,7 @@ pub fn report(r: &Recovery) {
 /// left alone (reading it then says so).
 pub fn before_reading(paths: &[&Path]) {
     for dir in paths.iter().flat_map(|p| run_dirs(p)) {
-        let running = read_meta(&dir.join("run.json"))
+        let running = read_meta(&RunDir::new(&dir).meta())
             .map(|m| m.state == RunState::Running && recorder_alive(&m).is_none())
             .unwrap_or(false);
         if !running {
@@ -223,7 +225,7 @@ pub fn before_reading(paths: &[&Path]) {
 /// The runs `recover DIR` takes up: DIR, or the segments of a rotated
 /// recording in DIR.
 pub fn runs_named(dir: &Path) -> Vec<PathBuf> {
-    if dir.join("run.json").is_file() || !dir.join("segments.json").is_file() {
+    if !RunDir::new(dir).is_rotated() {
         return vec![dir.to_path_buf()];
     }
     let mut dirs = run_dirs(dir);
@@ -241,11 +243,11 @@ fn run_dirs(path: &Path) -> Vec<PathBuf> {
     let mut dirs: Vec<PathBuf> = std::fs::read_dir(&dir)
         .map(|rd| {
             rd.filter_map(|e| e.ok().map(|e| e.path()))
-                .filter(|p| p.join("run.json").is_file())
+                .filter(|p| RunDir::new(p).is_run())
                 .collect()
         })
         .unwrap_or_default();
-    if dir.join("run.json").is_file() {
+    if RunDir::new(&dir).is_run() {
         dirs.push(dir);
     }
     dirs

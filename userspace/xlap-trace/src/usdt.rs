@@ -136,7 +136,7 @@ pub struct Plan {
 }
 
 /// The provider and name of the note that holds the ring switch's address
-/// (examples/markers/rust/src/ring.rs).
+/// (userspace/xlap-marker/src/ring.rs).
 pub const RING_CONTROL: (&str, &str) = ("xlap_ring", "control");
 
 /// A file mapping of a process, as /proc/PID/maps has it.

@@ -135,7 +135,7 @@ impl Summary {
         )?;
         // A packets table without its run (correlate's output alone) has
         // no tracer counts: none are reported.
-        let meta = match dir.join("run.json") {
+        let meta = match xlap_records::RunDir::new(dir).meta() {
             path if path.is_file() => Some(xlap_analyze::runs::read_meta(&path)?),
             _ => None,
         };
@@ -269,7 +269,7 @@ impl Summary {
     /// A summary file, or the summary of a run directory.
     pub fn load(path: &Path) -> Result<Summary> {
         if path.is_dir() {
-            let file = path.join("summary.json");
+            let file = xlap_records::RunDir::new(path).summary();
             if file.exists() {
                 let s = Summary::read(&file)?;
                 // Written before summaries kept blocks: the run has them.

@@ -22,30 +22,11 @@ use crate::cli::RecordArgs;
 use crate::runmeta::RunMeta;
 use anyhow::{Context, Result};
 use session::{Plan, Session};
-use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
+use xlap_records::RunDir;
 
 pub use follow::Child;
-
-/// Files of a run directory.
-pub struct RunFiles {
-    pub dir: PathBuf,
-    pub stream: PathBuf,
-    pub parquet: PathBuf,
-    pub meta: PathBuf,
-}
-
-impl RunFiles {
-    pub fn in_dir(dir: PathBuf) -> RunFiles {
-        RunFiles {
-            stream: dir.join("stamps.arrows"),
-            parquet: dir.join("stamps.parquet"),
-            meta: dir.join("run.json"),
-            dir,
-        }
-    }
-}
 
 /// Records one run: each step of the session's life a function of its own.
 pub fn run(args: &RecordArgs) -> Result<RunMeta> {
@@ -75,14 +56,14 @@ pub fn correlate_run(args: &RecordArgs) {
 }
 
 fn correlate_dir(args: &RecordArgs, dir: &std::path::Path) {
-    let out = dir.join("packets.parquet");
+    let out = RunDir::new(dir).packets();
     match crate::correlate_cmd::correlate(&[dir], &out, args.deadline_ms) {
         Ok(c) => {
             if !args.quiet {
                 crate::correlate_cmd::print(&c, &out);
             }
             // The compact summary for CI comparisons (`compare`).
-            let summary = dir.join("summary.json");
+            let summary = RunDir::new(dir).summary();
             if let Err(e) = crate::ci::summary::Summary::of_run(dir).and_then(|s| s.write(&summary))
             {
                 eprintln!(

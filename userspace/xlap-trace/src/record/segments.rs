@@ -19,7 +19,6 @@
 //! directory read as a whole (`xlap-trace analyze DIR`) joins them.
 
 use super::tally::BY_PORT_POINTS;
-use super::RunFiles;
 use crate::runmeta::RunMeta;
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
@@ -28,9 +27,10 @@ use std::path::{Path, PathBuf};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::Duration;
 use xlap_records::writer::{stream_to_parquet_with, DropFlows, FlowTable};
+use xlap_records::RunDir;
 
 /// The index of a rotated recording.
-pub const INDEX_FILE: &str = "segments.json";
+pub use xlap_records::run_dir::SEGMENTS as INDEX_FILE;
 
 /// DuckDB's memory for a segment's packets table while the recording goes
 /// on (unless `XLAP_MEMORY_LIMIT` is set): it spills beyond.
@@ -270,7 +270,7 @@ pub fn final_dir(output: &Path) -> PathBuf {
 
 /// A closed segment for the finisher.
 pub struct Finish {
-    pub files: RunFiles,
+    pub files: RunDir,
     pub meta: RunMeta,
     /// Flows whose by-port receive stamps went to a socket not traced.
     pub foreign: HashSet<u64>,
@@ -305,7 +305,8 @@ impl Segments {
         max_size: Option<u64>,
         opts: FinishOptions,
     ) -> Result<Segments> {
-        if output.join("run.json").exists() || output.join(INDEX_FILE).exists() {
+        let taken = RunDir::new(output);
+        if taken.meta().exists() || taken.segments().exists() {
             return Err(crate::exit::failure(
                 crate::exit::Code::Usage,
                 format!(
@@ -362,11 +363,11 @@ impl Segments {
     }
 
     /// Directory files of segment `n` (created).
-    pub fn open(&self, n: u32, run_id: &str, start_monotonic_ns: u64) -> Result<RunFiles> {
+    pub fn open(&self, n: u32, run_id: &str, start_monotonic_ns: u64) -> Result<RunDir> {
         let name = format!("seg-{n:06}");
-        let files = RunFiles::in_dir(self.output.join(&name));
-        std::fs::create_dir_all(&files.dir)
-            .with_context(|| format!("cannot create {}", files.dir.display()))?;
+        let files = RunDir::new(self.output.join(&name));
+        std::fs::create_dir_all(files.path())
+            .with_context(|| format!("cannot create {}", files.path().display()))?;
         let mut index = self.index.lock().expect("index lock");
         index.segments.push(SegmentEntry {
             index: n,
@@ -401,7 +402,7 @@ impl Segments {
                 e.stamps = job.meta.stamps;
                 e.packets = job.meta.packets;
                 e.lost = job.meta.lost;
-                e.bytes = dir_bytes(&job.files.dir);
+                e.bytes = dir_bytes(job.files.path());
             }
             let deleted = index.keep_within(&self.output);
             index.write(&self.output)?;
@@ -468,7 +469,7 @@ pub fn refresh(output: &Path) -> Result<()> {
         if s.state != SegmentState::Deleted {
             let dir = output.join(&s.dir);
             s.bytes = dir_bytes(&dir);
-            s.packets_table = dir.join("packets.parquet").is_file();
+            s.packets_table = RunDir::new(&dir).packets().is_file();
             if s.packets_table {
                 s.packets_table_missing = None;
             }
@@ -487,7 +488,7 @@ fn finish_one(
     opts: &FinishOptions,
 ) -> Option<PathBuf> {
     let run_id = job.meta.run_id.clone();
-    let dir = job.files.dir.clone();
+    let dir = job.files.path().to_path_buf();
     {
         // Taken up, unless the budget deleted it while it waited.
         let mut index = index.lock().expect("index lock");
@@ -609,7 +610,7 @@ fn correlate_child(
             if behind() {
                 let _ = child.kill();
                 let _ = child.wait();
-                let _ = std::fs::remove_file(dir.join("packets.parquet"));
+                let _ = std::fs::remove_file(RunDir::new(dir).packets());
                 return Err(left_out());
             }
             std::thread::sleep(Duration::from_millis(50));
@@ -625,7 +626,7 @@ fn correlate_child(
         "correlate".into(),
         dir.into(),
         "-o".into(),
-        dir.join("packets.parquet").into(),
+        RunDir::new(dir).packets().into(),
         "--json".into(),
     ];
     if let Some(d) = deadline_ms {
@@ -647,7 +648,7 @@ fn finish_files(job: Finish) -> Result<RunMeta> {
         flows: foreign,
         points: BY_PORT_POINTS,
     };
-    let copy = stream_to_parquet_with(&files.stream, &files.parquet, &drop, &flows)?;
+    let copy = stream_to_parquet_with(&files.stamps_stream(), &files.stamps(), &drop, &flows)?;
     for (point, n) in &copy.removed {
         if let Some(p) = meta.points.get_mut(point) {
             p.stamps = p.stamps.saturating_sub(*n);
@@ -656,9 +657,9 @@ fn finish_files(job: Finish) -> Result<RunMeta> {
     let removed: u64 = copy.removed.values().sum();
     meta.stamps -= removed.min(meta.stamps);
     meta.foreign_stamps_dropped = removed;
-    meta.write(&files.meta)?;
-    std::fs::remove_file(&files.stream)
-        .with_context(|| format!("cannot remove {}", files.stream.display()))?;
+    meta.write(&files.meta())?;
+    std::fs::remove_file(files.stamps_stream())
+        .with_context(|| format!("cannot remove {}", files.stamps_stream().display()))?;
     Ok(meta)
 }
 

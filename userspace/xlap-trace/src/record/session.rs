@@ -10,7 +10,7 @@ use super::live_view::LiveView;
 use super::markers::{MarkerOptions, MarkerSites, Markers};
 use super::segments::{self, Rotate, Segments};
 use super::tally::{ForeignFlows, Tally, BY_PORT_POINTS};
-use super::{brief_reason, protocols, RunFiles};
+use super::{brief_reason, protocols};
 use crate::capture::{self, Batch, Capture, Settings};
 use crate::cli::RecordArgs;
 use crate::exit::{failure, Code};
@@ -33,6 +33,7 @@ use xlap_abi::{xlap_loss, xlap_point, xlap_stamp};
 use xlap_records::points::point_info;
 use xlap_records::run_meta::Holds;
 use xlap_records::writer::{stream_to_parquet_with, DropFlows, StampBatcher, StampStream};
+use xlap_records::RunDir;
 use xlap_records::Stamp;
 
 /// Rows per Arrow batch; a batch is also cut every `FLUSH_EVERY`.
@@ -253,7 +254,7 @@ impl Session {
                 let files = segments.open(1, &segment.run_id(), clock_start.monotonic_ns)?;
                 (Some(segments), files, Some(segment))
             }
-            None => (None, RunFiles::in_dir(args.output.clone()), None),
+            None => (None, RunDir::new(args.output.clone()), None),
         };
         let run_id = segment.as_ref().map_or(run_id, SegmentOf::run_id);
         let host = args.host.clone().unwrap_or_else(runmeta::hostname);
@@ -332,7 +333,7 @@ impl Session {
             flow_maps,
             sink: Sink {
                 batcher: StampBatcher::new(&run_id, &host, markers.sites.usdt.app_names.clone()),
-                stream: StampStream::create(&files.stream)?,
+                stream: StampStream::create(&files.stamps_stream())?,
                 streamed: 0,
                 stream_bytes: 0,
                 stamps_total: 0,
@@ -365,7 +366,7 @@ impl Session {
             &BTreeMap::new(),
             &HashSet::new(),
         );
-        live.info.meta.write(&live.files.meta)?;
+        live.info.meta.write(&live.files.meta())?;
         // Least privilege: the rest of the run needs only these (threads
         // started from here on inherit it; the metrics server drops all).
         let kept = if plan.holds() {
@@ -572,7 +573,7 @@ pub struct Live {
     flow_maps: capture::FlowMaps,
     sink: Sink,
     /// The files of the run, or of the segment being recorded.
-    files: RunFiles,
+    files: RunDir,
     segments: Option<Segments>,
     segment_started: Instant,
     /// The loss counters when the segment began (empty: zeros).
@@ -588,7 +589,7 @@ impl Live {
         // The segment being recorded when it stopped (a rotated recording
         // has moved on from its first); `recover` of the recording's
         // directory takes up every segment left running.
-        let segment = self.files.dir.display().to_string();
+        let segment = self.files.path().display().to_string();
         let recording = plan.args.output.display().to_string();
         result.with_context(|| {
             format!(
@@ -759,7 +760,7 @@ impl Live {
         });
         meta.reader_cpu_s = Some(thread_cpu_s() - self.info.cpu_start);
         meta.stop_reason = "(still running)".into();
-        Ok(meta.write(&self.files.meta)?)
+        Ok(meta.write(&self.files.meta())?)
     }
 
     fn rotation_due(&self) -> bool {
@@ -789,7 +790,7 @@ impl Live {
             &next_segment.run_id(),
             clock.monotonic_ns,
         )?;
-        let next_stream = StampStream::create(&next_files.stream)?;
+        let next_stream = StampStream::create(&next_files.stamps_stream())?;
         std::mem::replace(&mut self.sink.stream, next_stream).finish()?;
         let closed_files = std::mem::replace(&mut self.files, next_files);
         let next_tally = self.sink.tally.next_segment();
@@ -997,7 +998,7 @@ pub struct Detached {
     following: Following,
     marker_sites: MarkerSites,
     sink: Sink,
-    files: RunFiles,
+    files: RunDir,
     segments: Option<Segments>,
     info: RunInfo,
     losses: Vec<[u64; xlap_loss::XLAP_LOSS_COUNT as usize]>,
@@ -1034,7 +1035,8 @@ impl Detached {
             points: BY_PORT_POINTS,
         };
         let dropped =
-            stream_to_parquet_with(&files.stream, &files.parquet, &drop, &flows.table)?.removed;
+            stream_to_parquet_with(&files.stamps_stream(), &files.stamps(), &drop, &flows.table)?
+                .removed;
         if (flows.collided > 0 || flows.not_noted > 0) && !args.quiet {
             eprintln!(
                 "xlap-trace: warning: the addresses of some flows are unknown ({} flow keys shared by two address pairs, {} flows found the flow table full): their stamps have no src_addr/dst_addr (run.json: flows)",
@@ -1087,15 +1089,15 @@ impl Detached {
         meta.marker_rings = marker_rings;
         meta.reader_cpu_s = Some(reader_cpu_s);
         meta.stop_reason = stop_reason;
-        meta.write(&files.meta)?;
+        meta.write(&files.meta())?;
         if let Some(segments) = segments {
             // As for every segment: Parquet holds the same stamps.
-            std::fs::remove_file(&files.stream)
-                .with_context(|| format!("cannot remove {}", files.stream.display()))?;
+            std::fs::remove_file(files.stamps_stream())
+                .with_context(|| format!("cannot remove {}", files.stamps_stream().display()))?;
             if !args.quiet {
                 eprintln!("xlap-trace: finishing the last segments ...");
             }
-            let index = segments.end(&meta, &files.dir)?;
+            let index = segments.end(&meta, files.path())?;
             let unfinished: Vec<&segments::SegmentEntry> = index
                 .segments
                 .iter()
