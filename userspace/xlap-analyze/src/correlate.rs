@@ -154,7 +154,8 @@ fn check_point_columns(
 }
 
 /// Correlates `runs` (the first one's clock is the reference) into a
-/// `packets` table in `conn`, and writes it to `out` as Parquet when given.
+/// `packets` table in `conn`, and writes it to `out` as Parquet when given:
+/// the five steps of the module's description, a function each.
 pub fn correlate(
     conn: &Connection,
     runs: &[Run],
@@ -170,33 +171,82 @@ pub fn correlate(
         sql::paths(&files)
     ))?;
     load_run_tables(conn, runs)?;
-    // Later IP fragments are extra stamps of their datagram (runs from
-    // before the column existed have none).
-    let has_fragment: bool = conn.query_row(
-        "SELECT count(*) > 0 FROM (DESCRIBE stamps) WHERE column_name = 'fragment'",
-        [],
-        |r| r.get(0),
-    )?;
-    // Addresses and sockets per flow (runs from before they were recorded
-    // have none).
-    let has_addresses: bool = conn.query_row(
-        "SELECT count(*) > 0 FROM (DESCRIBE stamps) WHERE column_name = 'src_addr'",
-        [],
-        |r| r.get(0),
-    )?;
-    // skb->priority at the sender's device points (runs from before it was
-    // recorded have none).
-    let has_priority: bool = conn.query_row(
-        "SELECT count(*) > 0 FROM (DESCRIBE stamps) WHERE column_name = 'priority'",
-        [],
-        |r| r.get(0),
-    )?;
-    let priority_col = if has_priority {
+    let columns = StampColumns::of(conn)?;
+    domains_and_flows(conn, &columns)?;
+    let clocks = map_clocks(conn, runs)?;
+    let unplaced = place_stamps(conn)?;
+    let cols = point_columns(conn)?;
+    check_point_columns(conn, runs, &cols, &[])?;
+    let (cols, conflicts) = build_packets(conn, runs, opts, &columns, cols)?;
+    if let Some(out) = out {
+        packets_table::write(conn, "packets", out, &cols)?;
+    }
+    let (packets, lost, untraced, recovered, duplicates, reordered) = count_packets(conn)?;
+    Ok(Correlation {
+        packets: packets as u64,
+        lost: lost as u64,
+        untraced: untraced as u64,
+        recovered: recovered as u64,
+        duplicates: duplicates as u64,
+        reordered: reordered as u64,
+        unplaced_stamps: unplaced.max(0) as u64,
+        point_sides: cols.iter().map(|(_, s)| s.clone()).collect(),
+        order_conflicts: conflicts,
+        points: cols.into_iter().map(|(c, _)| c).collect(),
+        clocks,
+    })
+}
+
+/// Point columns (`<point>_ns`) with their side ("tx" or "rx").
+type SidedColumns = Vec<(String, String)>;
+
+/// The optional columns of the stamps (runs from before a column was
+/// recorded have none of it).
+struct StampColumns {
+    has_fragment: bool,
+    has_addresses: bool,
+    has_priority: bool,
+}
+
+impl StampColumns {
+    fn of(conn: &Connection) -> Result<StampColumns> {
+        // Later IP fragments are extra stamps of their datagram (runs from
+        // before the column existed have none).
+        let has_fragment: bool = conn.query_row(
+            "SELECT count(*) > 0 FROM (DESCRIBE stamps) WHERE column_name = 'fragment'",
+            [],
+            |r| r.get(0),
+        )?;
+        // Addresses and sockets per flow (runs from before they were recorded
+        // have none).
+        let has_addresses: bool = conn.query_row(
+            "SELECT count(*) > 0 FROM (DESCRIBE stamps) WHERE column_name = 'src_addr'",
+            [],
+            |r| r.get(0),
+        )?;
+        // skb->priority at the sender's device points (runs from before it was
+        // recorded have none).
+        let has_priority: bool = conn.query_row(
+            "SELECT count(*) > 0 FROM (DESCRIBE stamps) WHERE column_name = 'priority'",
+            [],
+            |r| r.get(0),
+        )?;
+        Ok(StampColumns {
+            has_fragment,
+            has_addresses,
+            has_priority,
+        })
+    }
+}
+
+/// 1. Each stamp's clock domain and flow (`s1`).
+fn domains_and_flows(conn: &Connection, columns: &StampColumns) -> Result<()> {
+    let priority_col = if columns.has_priority {
         "s.priority"
     } else {
         "NULL::UINTEGER"
     };
-    let whole = if has_fragment {
+    let whole = if columns.has_fragment {
         "AND NOT s.fragment"
     } else {
         ""
@@ -234,7 +284,11 @@ pub fn correlate(
            USING (run_id, pid, kind, seq, ts_ns)
            LEFT JOIN pidflow pf USING (run_id, pid, kind);"
     ))?;
+    Ok(())
+}
 
+/// 2. The other runs' clocks mapped onto the first run's (`clocks`).
+fn map_clocks(conn: &Connection, runs: &[Run]) -> Result<Vec<Mapping>> {
     // 2. clocks: the wire crossing of every packet, raw, per domain.
     conn.execute_batch(&format!(
         "CREATE OR REPLACE TEMP TABLE wire AS
@@ -258,7 +312,12 @@ pub fn correlate(
         clocks.push(mapping);
     }
     load_clocks(conn, &clocks)?;
+    Ok(clocks)
+}
 
+/// 3.–4. Every stamp on the reference clock, its seq unwrapped, its side
+/// and its column (`s5`); returns the stamps with a seq left unplaced.
+fn place_stamps(conn: &Connection) -> Result<i64> {
     // 3.–4. reference time, unwrapped seq, side and column of every stamp.
     conn.execute_batch(&format!(
         "CREATE OR REPLACE TEMP TABLE s2 AS
@@ -316,7 +375,11 @@ pub fn correlate(
         [],
         |r| r.get(0),
     )?;
+    Ok(unplaced)
+}
 
+/// 5a. The point columns with their sides, in a first order along the path.
+fn point_columns(conn: &Connection) -> Result<SidedColumns> {
     // 5. the table. Point columns by their median offset from an anchor,
     // the most common point, within each packet that has both: only a hint
     // for points that never meet in a packet; the path order comes from
@@ -337,7 +400,18 @@ pub fn correlate(
             "no stamp carries a sequence number: nothing to correlate".into(),
         ));
     }
-    check_point_columns(conn, runs, &cols, &[])?;
+    Ok(cols)
+}
+
+/// 5b. The `packets` table: one row per packet, its point columns in path
+/// order, stages and flags; returns the columns and the order conflicts.
+fn build_packets(
+    conn: &Connection,
+    runs: &[Run],
+    opts: &CorrelateOptions,
+    columns: &StampColumns,
+    cols: SidedColumns,
+) -> Result<(SidedColumns, Vec<String>)> {
     let deadline = opts
         .deadline_ns
         .map_or("NULL::BOOLEAN".to_string(), |d| format!("e2e_ns > {d}"));
@@ -350,7 +424,7 @@ pub fn correlate(
         |p| format!("SELECT flow, kind, useq, count(*) AS copies, max(t) - min(t) AS skew FROM s5 WHERE col = {} GROUP BY ALL", sql::literal(&format!("{p}_ns"))),
     );
     let sends_source = "SELECT flow, kind, useq, count(*) AS sends FROM s5 WHERE point = 'sock.send_enter' GROUP BY ALL";
-    let addr_source = if has_addresses {
+    let addr_source = if columns.has_addresses {
         "SELECT flow, any_value(src_addr) AS src_addr, any_value(dst_addr) AS dst_addr,
                 max(socket_cookie) FILTER (WHERE side = 'tx') AS tx_socket_cookie,
                 max(socket_cookie) FILTER (WHERE side = 'rx') AS rx_socket_cookie
@@ -448,17 +522,12 @@ pub fn correlate(
     ))?;
     mark_untraced(conn, &cols)?;
     mark_partial(conn, &cols)?;
-    if let Some(out) = out {
-        packets_table::write(conn, "packets", out, &cols)?;
-    }
-    let (packets, lost, untraced, recovered, duplicates, reordered): (
-        i64,
-        i64,
-        i64,
-        i64,
-        i64,
-        i64,
-    ) = conn.query_row(
+    Ok((cols, paths.conflicts))
+}
+
+/// Packets, lost, untraced, recovered, duplicates, reordered.
+fn count_packets(conn: &Connection) -> Result<(i64, i64, i64, i64, i64, i64)> {
+    Ok(conn.query_row(
         "SELECT count(*), count(*) FILTER (WHERE lost), count(*) FILTER (WHERE untraced),
                 count(*) FILTER (WHERE recovered),
                 count(*) FILTER (WHERE duplicate), count(*) FILTER (WHERE reordered) FROM packets",
@@ -473,20 +542,7 @@ pub fn correlate(
                 r.get(5)?,
             ))
         },
-    )?;
-    Ok(Correlation {
-        packets: packets as u64,
-        lost: lost as u64,
-        untraced: untraced as u64,
-        recovered: recovered as u64,
-        duplicates: duplicates as u64,
-        reordered: reordered as u64,
-        unplaced_stamps: unplaced.max(0) as u64,
-        point_sides: cols.iter().map(|(_, s)| s.clone()).collect(),
-        order_conflicts: paths.conflicts,
-        points: cols.into_iter().map(|(c, _)| c).collect(),
-        clocks,
-    })
+    )?)
 }
 
 /// Flows no traced socket received, though the receiving host's device

@@ -234,28 +234,7 @@ impl Session {
             std::process::id()
         );
         let clock_start = runmeta::sample_clocks();
-        let (segments, files, segment) = match args.rotate {
-            Some(rotate) => {
-                let segments = Segments::start(
-                    &args.output,
-                    rotate,
-                    args.max_size,
-                    segments::FinishOptions {
-                        correlate: !args.no_correlate,
-                        deadline_ms: args.deadline_ms,
-                        quiet: args.quiet,
-                    },
-                )?;
-                let segment = SegmentOf {
-                    index: 1,
-                    recording_id: run_id.clone(),
-                    rotate: rotate.to_string(),
-                };
-                let files = segments.open(1, &segment.run_id(), clock_start.monotonic_ns)?;
-                (Some(segments), files, Some(segment))
-            }
-            None => (None, RunDir::new(args.output.clone()), None),
-        };
+        let (segments, files, segment) = open_output(args, &run_id, clock_start.monotonic_ns)?;
         let run_id = segment.as_ref().map_or(run_id, SegmentOf::run_id);
         let host = args.host.clone().unwrap_or_else(runmeta::hostname);
         let comms = args.pids.iter().map(|&p| targets::comm(p)).collect();
@@ -272,56 +251,15 @@ impl Session {
                 )
             })
             .transpose()?;
-        let lacking = self.capture.lacking();
-        let meta = RunMeta {
-            schema_version: SchemaVersion::default(),
-            software_version: env!("CARGO_PKG_VERSION").into(),
-            state: RunState::Running,
-            recorder: Some(runmeta::this_recorder()),
-            checkpoint_every_s: Some(CHECKPOINT_EVERY.as_secs_f64()),
-            checkpoint: None,
-            batch_export_every_ms: self
-                .capture
-                .batch_export
-                .is_ok()
-                .then_some(FLUSH_BATCHES_EVERY.as_millis() as u64),
-            run_id: run_id.clone(),
-            host: host.clone(),
-            kernel: runmeta::kernel_release(),
-            boot_id: runmeta::boot_id(),
-            clock_sync: runmeta::clock_sync(),
+        let meta = initial_meta(
+            &self.capture,
+            plan,
+            run_id.clone(),
+            host.clone(),
             clock_start,
-            clock_end: Some(clock_start),
-            clock_steps: Vec::new(),
-            options: RunOptions::default(),
-            targets: Vec::new(),
-            followed: Vec::new(),
-            foreign_stamps_dropped: 0,
-            flows: runmeta::FlowCounts::default(),
-            ports_not_traced: Vec::new(),
-            sockets_not_traced: Default::default(),
-            points: BTreeMap::new(),
-            unavailable_points: lacking.missing,
-            degraded_points: lacking.degraded,
-            unavailable_hooks: self.capture.unavailable_hooks(),
-            packets: 0,
-            stamps: 0,
-            lost: 0,
-            bpf_programs: BTreeMap::new(),
-            bpf_stats: Some(runmeta::BpfStats {
-                mode: args.stats_mode().into(),
-                ..runmeta::BpfStats::default()
-            }),
-            bpf_ns_per_stamp: None,
-            reader_cpu_s: Some(0.0),
-            stop_reason: String::new(),
             segment,
-            device_timestamping: timestamping,
-            capabilities_missing: plan.caps_missing.iter().map(|n| n.name.into()).collect(),
-            marker_rings: Vec::new(),
-            holds: None,
-            recovery: None,
-        };
+            timestamping,
+        );
         let mut live = Live {
             attached: Attached {
                 capture: self.capture,
@@ -367,35 +305,135 @@ impl Session {
             &HashSet::new(),
         );
         live.info.meta.write(&live.files.meta())?;
-        // Least privilege: the rest of the run needs only these (threads
-        // started from here on inherit it; the metrics server drops all).
-        let kept = if plan.holds() {
-            crate::capabilities::KEPT_WHILE_HOLDING
-        } else {
-            crate::capabilities::KEPT_AFTER_ATTACH
-        };
-        if let Err(e) = crate::capabilities::keep_only(kept) {
-            plan.note(format!(
-                "cannot drop the capabilities the run no longer needs: {e}"
-            ));
-        }
-        if let Some(ready) = &args.ready_file {
-            std::fs::write(ready, format!("{}\n", std::process::id()))
-                .with_context(|| format!("cannot write the ready file {}", ready.display()))?;
-        }
-        if !args.quiet {
-            eprintln!(
-                "xlap-trace: tracing pid {} (UDP ports {:?}); Ctrl-C to stop",
-                args.pids
-                    .iter()
-                    .map(u32::to_string)
-                    .collect::<Vec<_>>()
-                    .join(", "),
-                live.following.ports()
-            );
-        }
+        announce_ready(plan, &live)?;
         Ok(live)
     }
+}
+
+/// The run's directory, or the first segment's of a rotated recording.
+fn open_output(
+    args: &RecordArgs,
+    run_id: &str,
+    start_monotonic_ns: u64,
+) -> Result<(Option<Segments>, RunDir, Option<SegmentOf>)> {
+    Ok(match args.rotate {
+        Some(rotate) => {
+            let segments = Segments::start(
+                &args.output,
+                rotate,
+                args.max_size,
+                segments::FinishOptions {
+                    correlate: !args.no_correlate,
+                    deadline_ms: args.deadline_ms,
+                    quiet: args.quiet,
+                },
+            )?;
+            let segment = SegmentOf {
+                index: 1,
+                recording_id: run_id.to_string(),
+                rotate: rotate.to_string(),
+            };
+            let files = segments.open(1, &segment.run_id(), start_monotonic_ns)?;
+            (Some(segments), files, Some(segment))
+        }
+        None => (None, RunDir::new(args.output.clone()), None),
+    })
+}
+
+/// run.json as it is written at the start (state `running`).
+fn initial_meta(
+    capture: &Capture,
+    plan: &Plan,
+    run_id: String,
+    host: String,
+    clock_start: runmeta::ClockPair,
+    segment: Option<SegmentOf>,
+    timestamping: Vec<runmeta::DeviceTimestamping>,
+) -> RunMeta {
+    let args = plan.args;
+    let lacking = capture.lacking();
+    RunMeta {
+        schema_version: SchemaVersion::default(),
+        software_version: env!("CARGO_PKG_VERSION").into(),
+        state: RunState::Running,
+        recorder: Some(runmeta::this_recorder()),
+        checkpoint_every_s: Some(CHECKPOINT_EVERY.as_secs_f64()),
+        checkpoint: None,
+        batch_export_every_ms: capture
+            .batch_export
+            .is_ok()
+            .then_some(FLUSH_BATCHES_EVERY.as_millis() as u64),
+        run_id,
+        host,
+        kernel: runmeta::kernel_release(),
+        boot_id: runmeta::boot_id(),
+        clock_sync: runmeta::clock_sync(),
+        clock_start,
+        clock_end: Some(clock_start),
+        clock_steps: Vec::new(),
+        options: RunOptions::default(),
+        targets: Vec::new(),
+        followed: Vec::new(),
+        foreign_stamps_dropped: 0,
+        flows: runmeta::FlowCounts::default(),
+        ports_not_traced: Vec::new(),
+        sockets_not_traced: Default::default(),
+        points: BTreeMap::new(),
+        unavailable_points: lacking.missing,
+        degraded_points: lacking.degraded,
+        unavailable_hooks: capture.unavailable_hooks(),
+        packets: 0,
+        stamps: 0,
+        lost: 0,
+        bpf_programs: BTreeMap::new(),
+        bpf_stats: Some(runmeta::BpfStats {
+            mode: args.stats_mode().into(),
+            ..runmeta::BpfStats::default()
+        }),
+        bpf_ns_per_stamp: None,
+        reader_cpu_s: Some(0.0),
+        stop_reason: String::new(),
+        segment,
+        device_timestamping: timestamping,
+        capabilities_missing: plan.caps_missing.iter().map(|n| n.name.into()).collect(),
+        marker_rings: Vec::new(),
+        holds: None,
+        recovery: None,
+    }
+}
+
+/// Drops what the rest of the run does not need, writes the ready file and
+/// says what is traced.
+fn announce_ready(plan: &Plan, live: &Live) -> Result<()> {
+    let args = plan.args;
+    // Least privilege: the rest of the run needs only these (threads
+    // started from here on inherit it; the metrics server drops all).
+    let kept = if plan.holds() {
+        crate::capabilities::KEPT_WHILE_HOLDING
+    } else {
+        crate::capabilities::KEPT_AFTER_ATTACH
+    };
+    if let Err(e) = crate::capabilities::keep_only(kept) {
+        plan.note(format!(
+            "cannot drop the capabilities the run no longer needs: {e}"
+        ));
+    }
+    if let Some(ready) = &args.ready_file {
+        std::fs::write(ready, format!("{}\n", std::process::id()))
+            .with_context(|| format!("cannot write the ready file {}", ready.display()))?;
+    }
+    if !args.quiet {
+        eprintln!(
+            "xlap-trace: tracing pid {} (UDP ports {:?}); Ctrl-C to stop",
+            args.pids
+                .iter()
+                .map(u32::to_string)
+                .collect::<Vec<_>>()
+                .join(", "),
+            live.following.ports()
+        );
+    }
+    Ok(())
 }
 
 /// What is attached to the kernel while a run goes on; dropping it
