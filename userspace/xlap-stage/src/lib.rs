@@ -615,29 +615,7 @@ impl Stage {
     pub fn build(config: &StageConfig) -> Result<Stage, StageError> {
         check_privileges()?;
         sweep_and_note();
-        let n = config.hosts;
-        assert!((2..=3).contains(&n), "a stage has 2 or 3 hosts");
-        if n == 3 && config.link != Link::Veth {
-            return Err(StageError::Unsupported(format!(
-                "link {} needs a two-host stage (three hosts use veth on a bridge)",
-                config.link.name()
-            )));
-        }
-        if config.second_path && (n != 2 || config.link != Link::Veth) {
-            return Err(StageError::Unsupported(
-                "a second path needs a two-host veth stage".into(),
-            ));
-        }
-        if let (Link::Vxlan, Some(mtu)) = (config.link, config.mtu) {
-            if mtu < 1280 + VXLAN_OVERHEAD {
-                return Err(StageError::Unsupported(format!(
-                    "MTU {mtu} leaves the VXLAN device {} bytes, below IPv6's minimum of 1280: \
-                     use at least {}",
-                    mtu.saturating_sub(VXLAN_OVERHEAD),
-                    1280 + VXLAN_OVERHEAD
-                )));
-            }
-        }
+        check_config(config)?;
         let prefix = format!(
             "{NAME_TAG}{}n{}",
             std::process::id(),
@@ -651,19 +629,52 @@ impl Stage {
             wire: None,
             torn_down: false,
         };
+        // From here on, an error drops `stage`, which removes what exists.
+        stage.add_hosts(config)?;
+        let mtu = config.mtu.map(|m| m.to_string());
+        let mut taps = stage.connect_hosts(config, mtu.as_deref())?;
+        stage.set_up_links(config, mtu.as_deref())?;
+        if config.second_path {
+            stage.add_second_path(mtu.as_deref())?;
+        }
+        stage.wait_until_up()?;
+        if let (Some(b), Some(a)) = (taps.pop(), taps.pop()) {
+            // Started once both devices are up: a TAP that is down refuses
+            // writes (EIO), while frames sent earlier wait in the sender's
+            // TAP queue.
+            stage.wire = Some(tap::Wire::start(a, b));
+        }
+        if config.link == Link::VethGro {
+            for host in &stage.hosts {
+                host.run_in("ethtool", &["-K", "xl0", "gro", "on", "tso", "off"])?;
+                host.run_in("sh", &["-c", "echo 1 > /sys/class/net/xl0/threaded"])?;
+            }
+        }
+        stage.pin_neighbours()?;
+        for (host, qdisc) in stage.hosts.iter().zip(&config.qdiscs) {
+            if let Some(q) = qdisc {
+                host.set_qdisc(q)?;
+            }
+        }
+        Ok(stage)
+    }
+
+    /// One network namespace per host, with its addresses planned.
+    fn add_hosts(&mut self, config: &StageConfig) -> Result<(), StageError> {
+        let n = config.hosts;
+        let prefix = self.prefix.clone();
         let ifname = match config.link {
             Link::Veth | Link::VethGro | Link::Tap => "xl0",
             Link::Macvlan => "mv0",
             Link::Vxlan => "vx0",
         };
-        // From here on, an error drops `stage`, which removes what exists.
         for i in 0..n {
             let letter = (b'a' + i as u8) as char;
             let netns = format!("{prefix}-{letter}");
             run("ip", &["netns", "add", &netns])?;
-            stage.namespaces.push(netns.clone());
+            self.namespaces.push(netns.clone());
             run("ip", &["-n", &netns, "link", "set", "lo", "up"])?;
-            stage.hosts.push(Host {
+            self.hosts.push(Host {
                 netns,
                 ifname: ifname.to_string(),
                 wire_ifname: "xl0".to_string(),
@@ -677,12 +688,23 @@ impl Stage {
                 }),
             });
         }
-        let mtu = config.mtu.map(|m| m.to_string());
+        Ok(())
+    }
+
+    /// The hosts' wire: a veth pair, a TAP pair, or veths on a bridge in a
+    /// switch namespace (three hosts); returns the TAP pair's files.
+    fn connect_hosts(
+        &mut self,
+        config: &StageConfig,
+        mtu: Option<&str>,
+    ) -> Result<Vec<(std::os::fd::OwnedFd, bool)>, StageError> {
+        let n = config.hosts;
+        let prefix = self.prefix.clone();
         let mut taps = Vec::new();
         if n == 2 && config.link == Link::Tap {
-            taps = stage.open_taps()?;
+            taps = self.open_taps()?;
         } else if n == 2 {
-            let (a, b) = (&stage.hosts[0], &stage.hosts[1]);
+            let (a, b) = (&self.hosts[0], &self.hosts[1]);
             run(
                 "ip",
                 &[
@@ -693,13 +715,13 @@ impl Stage {
         } else {
             let switch = format!("{prefix}-sw");
             run("ip", &["netns", "add", &switch])?;
-            stage.namespaces.push(switch.clone());
+            self.namespaces.push(switch.clone());
             run(
                 "ip",
                 &["-n", &switch, "link", "add", "br0", "type", "bridge"],
             )?;
             run("ip", &["-n", &switch, "link", "set", "br0", "up"])?;
-            for (i, host) in stage.hosts.iter().enumerate() {
+            for (i, host) in self.hosts.iter().enumerate() {
                 let port = format!("p{i}");
                 run(
                     "ip",
@@ -719,7 +741,7 @@ impl Stage {
                         &switch,
                     ],
                 )?;
-                if let Some(mtu) = &mtu {
+                if let Some(mtu) = mtu {
                     run("ip", &["-n", &switch, "link", "set", &port, "mtu", mtu])?;
                 }
                 run(
@@ -729,9 +751,15 @@ impl Stage {
                 run("ip", &["-n", &switch, "link", "set", &port, "up"])?;
             }
         }
-        for (i, host) in stage.hosts.iter().enumerate() {
+        Ok(taps)
+    }
+
+    /// Each host's link device on its wire (macvlan, VXLAN or the wire
+    /// itself), its MTU, addresses, up.
+    fn set_up_links(&self, config: &StageConfig, mtu: Option<&str>) -> Result<(), StageError> {
+        for (i, host) in self.hosts.iter().enumerate() {
             let ns = host.netns.as_str();
-            if let Some(mtu) = &mtu {
+            if let Some(mtu) = mtu {
                 run("ip", &["-n", ns, "link", "set", "xl0", "mtu", mtu])?;
             }
             match config.link {
@@ -745,7 +773,7 @@ impl Stage {
                             "mode", "bridge",
                         ],
                     )?;
-                    if let Some(mtu) = &mtu {
+                    if let Some(mtu) = mtu {
                         run("ip", &["-n", ns, "link", "set", "mv0", "mtu", mtu])?;
                     }
                 }
@@ -787,29 +815,7 @@ impl Stage {
             run("ip", &["-n", ns, "link", "set", "xl0", "up"])?;
             run("ip", &["-n", ns, "link", "set", &host.ifname, "up"])?;
         }
-        if config.second_path {
-            stage.add_second_path(mtu.as_deref())?;
-        }
-        stage.wait_until_up()?;
-        if let (Some(b), Some(a)) = (taps.pop(), taps.pop()) {
-            // Started once both devices are up: a TAP that is down refuses
-            // writes (EIO), while frames sent earlier wait in the sender's
-            // TAP queue.
-            stage.wire = Some(tap::Wire::start(a, b));
-        }
-        if config.link == Link::VethGro {
-            for host in &stage.hosts {
-                host.run_in("ethtool", &["-K", "xl0", "gro", "on", "tso", "off"])?;
-                host.run_in("sh", &["-c", "echo 1 > /sys/class/net/xl0/threaded"])?;
-            }
-        }
-        stage.pin_neighbours()?;
-        for (host, qdisc) in stage.hosts.iter().zip(&config.qdiscs) {
-            if let Some(q) = qdisc {
-                host.set_qdisc(q)?;
-            }
-        }
-        Ok(stage)
+        Ok(())
     }
 
     /// The veth pair `xl1` between the two hosts, with their second
@@ -1005,6 +1011,34 @@ impl Drop for Stage {
             eprintln!("xlap-stage: teardown of {} incomplete: {e}", self.prefix);
         }
     }
+}
+
+/// A stage the links cannot make, refused before anything is made.
+fn check_config(config: &StageConfig) -> Result<(), StageError> {
+    let n = config.hosts;
+    assert!((2..=3).contains(&n), "a stage has 2 or 3 hosts");
+    if n == 3 && config.link != Link::Veth {
+        return Err(StageError::Unsupported(format!(
+            "link {} needs a two-host stage (three hosts use veth on a bridge)",
+            config.link.name()
+        )));
+    }
+    if config.second_path && (n != 2 || config.link != Link::Veth) {
+        return Err(StageError::Unsupported(
+            "a second path needs a two-host veth stage".into(),
+        ));
+    }
+    if let (Link::Vxlan, Some(mtu)) = (config.link, config.mtu) {
+        if mtu < 1280 + VXLAN_OVERHEAD {
+            return Err(StageError::Unsupported(format!(
+                "MTU {mtu} leaves the VXLAN device {} bytes, below IPv6's minimum of 1280: \
+                 use at least {}",
+                mtu.saturating_sub(VXLAN_OVERHEAD),
+                1280 + VXLAN_OVERHEAD
+            )));
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
