@@ -411,15 +411,7 @@ impl Capture {
                     .context("cannot store a USDT spec")?;
             }
         }
-        let program: &mut UProbe = self
-            .bpf
-            .program_mut("on_usdt")
-            .context("program on_usdt is missing from the object")?
-            .try_into()?;
-        // Sites come in as processes exec: loaded with the first ones.
-        if program.fd().is_err() {
-            program.load()?;
-        }
+        let program = self.loaded_uprobe("on_usdt")?;
         for site in sites {
             let pid = std::num::NonZeroU32::new(site.pid).context("pid 0")?;
             program
@@ -447,6 +439,20 @@ impl Capture {
         Ok(())
     }
 
+    /// The uprobe program `name`, loaded on first use: its sites come in
+    /// as processes exec and map libraries, attached to the one program.
+    fn loaded_uprobe(&mut self, name: &str) -> Result<&mut UProbe> {
+        let program: &mut UProbe = self
+            .bpf
+            .program_mut(name)
+            .with_context(|| format!("program {name} is missing from the object"))?
+            .try_into()?;
+        if program.fd().is_err() {
+            program.load()?;
+        }
+        Ok(program)
+    }
+
     /// Holds `pid` each time its dynamic loader has mapped objects (at
     /// `offset` in `loader`, its `_dl_debug_state`), so that the markers of
     /// libraries it loads are attached before they run.
@@ -456,14 +462,7 @@ impl Capture {
         loader: &std::os::fd::OwnedFd,
         offset: u64,
     ) -> Result<()> {
-        let program: &mut UProbe = self
-            .bpf
-            .program_mut("on_loader_hook")
-            .context("program on_loader_hook is missing from the object")?
-            .try_into()?;
-        if program.fd().is_err() {
-            program.load()?;
-        }
+        let program = self.loaded_uprobe("on_loader_hook")?;
         let pid = std::num::NonZeroU32::new(pid).context("pid 0")?;
         program.attach(
             UProbeAttachPoint {
