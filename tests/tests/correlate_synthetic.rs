@@ -339,7 +339,7 @@ fn hostile_stamps() -> Vec<Stamp> {
 
 #[test]
 fn hostile_names_are_carried_quoted_through_correlation_and_analyses() {
-    use xlap_trace::analyze_cmd;
+    use xlap_analyze::session;
     let pwn = pwn_file();
     let _ = std::fs::remove_file(&pwn);
     let scratch = Scratch::new("hostile");
@@ -360,7 +360,7 @@ fn hostile_names_are_carried_quoted_through_correlation_and_analyses() {
 
     // As `record` ends: the correlation root would run.
     let out = dir.join("packets.parquet");
-    let c = xlap_trace::correlate_cmd::correlate(&[&dir], &out, Some(1.0))
+    let c = xlap_analyze::finish::correlate_dirs(&[&dir], &out, Some(1.0))
         .unwrap_or_else(|e| panic!("{e:#}"));
     assert_eq!((c.packets, c.lost, c.unplaced_stamps), (500, 0, 0));
     for m in &markers {
@@ -374,14 +374,14 @@ fn hostile_names_are_carried_quoted_through_correlation_and_analyses() {
 
     // The default analyses, on the run and on its packets file alone.
     for arg in [&dir, &out] {
-        let (conn, ds) = analyze_cmd::open(arg, xlap_analyze::dataset::Shared::Materialized, false)
+        let (conn, ds) = session::open(arg, xlap_analyze::dataset::Shared::Materialized, false)
             .unwrap_or_else(|e| panic!("{}: {e:#}", arg.display()));
         assert_eq!(ds.delivered, 500);
-        let queries: Vec<_> = analyze_cmd::DEFAULT_QUERIES
+        let queries: Vec<_> = xlap_analyze::queries::DEFAULT
             .iter()
             .map(|q| xlap_analyze::queries::find(q).unwrap())
             .collect();
-        let results = analyze_cmd::run_queries(&conn, &queries, &[], false).unwrap();
+        let results = session::run_queries(&conn, &queries, &[], false).unwrap();
         let jitter = &results.iter().find(|(q, _)| q.name == "jitter").unwrap().1;
         let stages = serde_json::to_string(&jitter.rows).unwrap();
         assert!(stages.contains("send_start'x"), "{stages}");
@@ -413,7 +413,7 @@ fn hostile_names_are_carried_quoted_through_correlation_and_analyses() {
     }
 
     // A CI summary measuring a stage its baseline has and it lacks.
-    let mut summary = xlap_trace::ci::summary::Summary::of_run(&dir).unwrap();
+    let mut summary = xlap_analyze::summary::Summary::of_run(&dir).unwrap();
     let stage = "app_send_start'x__app_deliver\"y".to_string();
     summary
         .add_stages_of(&dir, std::slice::from_ref(&stage))
@@ -445,7 +445,7 @@ fn a_point_name_that_cannot_be_a_column_is_named_with_its_file() {
             markers: &["send_start", "del\u{1}iver"],
         },
     );
-    let e = xlap_trace::correlate_cmd::correlate(&[&dir], &dir.join("packets.parquet"), None)
+    let e = xlap_analyze::finish::correlate_dirs(&[&dir], &dir.join("packets.parquet"), None)
         .unwrap_err();
     let e = format!("{e:#}");
     assert!(

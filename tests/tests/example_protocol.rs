@@ -142,7 +142,7 @@ fn ipv6_and_injected_delays_work_end_to_end() {
 #[test]
 fn the_example_preset_names_kinds_as_the_protocol_does() {
     use prrt_lite::wire::Kind;
-    let layout = xlap_trace::proto::preset("xlap-example").expect("the preset");
+    let layout = xlap_capture::proto::preset("xlap-example").expect("the preset");
     let protocol: Vec<(u64, &str)> = Kind::ALL.iter().map(|k| (*k as u64, k.name())).collect();
     assert_eq!(layout.kind_names.to_vec(), protocol);
     for kind in Kind::ALL {

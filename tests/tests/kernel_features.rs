@@ -5,14 +5,14 @@
 //! the points whose minimum is above it and say so in run.json, where the
 //! other tests read which points to check.
 
+use xlap_capture::point_sets::{Without, PROGRAM_POINTS};
+use xlap_capture::preflight::{release_version, MIN_KERNEL};
 use xlap_records::points::kernel_point;
 use xlap_stage::Stage;
 use xlap_tests::example::ExampleOptions;
 use xlap_tests::multiset::{assert_same, logged_where, stamped, Multiset};
 use xlap_tests::trace::trace_example;
 use xlap_tests::{bin, privileged};
-use xlap_trace::point_sets::{Without, PROGRAM_POINTS};
-use xlap_trace::preflight::{release_version, MIN_KERNEL};
 
 fn repo_file(name: &str) -> String {
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -78,10 +78,10 @@ fn a_run_lacks_exactly_the_points_this_kernel_is_too_old_for() {
     let Some(_guard) = privileged("kernel_features") else {
         return;
     };
-    let release = xlap_trace::runmeta::kernel_release();
+    let release = xlap_capture::runmeta::kernel_release();
     // The kernel this run behaves as (XLAP_KERNEL_AS when the suite runs
     // as on an older one).
-    let kernel = xlap_trace::preflight::kernel_as()
+    let kernel = xlap_capture::preflight::kernel_as()
         .unwrap_or_else(|| release_version(&release).expect("a kernel release"));
     let stage = Stage::two_hosts().expect("stage");
     let t = trace_example(

@@ -8,12 +8,12 @@
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use xlap_capture::capabilities::{KEPT_AFTER_ATTACH, NEEDS};
 use xlap_stage::Stage;
 use xlap_tests::example::{ExampleOptions, ProtocolRun};
 use xlap_tests::multiset::{assert_same, logged, stamped};
 use xlap_tests::trace::{read_stamps, run_meta, traced, Recorder, SEQ_U64_LE};
 use xlap_tests::{bin, privileged, KillOnDrop, Scratch};
-use xlap_trace::capabilities::{KEPT_AFTER_ATTACH, NEEDS};
 
 /// linux/capability.h, 0..=40.
 const ALL: [&str; 41] = [

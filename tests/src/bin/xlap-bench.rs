@@ -271,7 +271,7 @@ fn custom_loads() -> Result<Option<Vec<(usize, u64)>>> {
 
 /// (program, runs, ns per run) of the calibration programs.
 fn calibrate(duration: Duration) -> Result<Vec<(String, u64, f64)>> {
-    let mut bpf = EbpfLoader::new().load(xlap_trace::capture::CALIBRATE_OBJECT)?;
+    let mut bpf = EbpfLoader::new().load(xlap_capture::capture::CALIBRATE_OBJECT)?;
     let btf = Btf::from_sys_fs()?;
     let names = ["cal_empty", "cal_lookup", "cal_emit"];
     for name in names {
@@ -280,7 +280,7 @@ fn calibrate(duration: Duration) -> Result<Vec<(String, u64, f64)>> {
         p.attach()?;
     }
     let mut ring = aya::maps::RingBuf::try_from(bpf.take_map("CAL_RING").context("ring")?)?;
-    let _stats = xlap_trace::capture::enable_stats().context("cannot enable BPF statistics")?;
+    let _stats = xlap_capture::capture::enable_stats().context("cannot enable BPF statistics")?;
     let start = Instant::now();
     // Context switches: two threads ping-ponging through a channel.
     let (tx, rx) = std::sync::mpsc::sync_channel::<u32>(0);

@@ -9,13 +9,16 @@
 pub mod clock;
 pub mod correlate;
 pub mod dataset;
+pub mod finish;
 pub mod format;
 pub mod packets_table;
 pub mod perfetto;
 pub mod queries;
 pub mod report;
 pub mod runs;
+pub mod session;
 pub mod sql;
+pub mod summary;
 pub mod synth;
 
 pub use correlate::{correlate, CorrelateOptions, Correlation};

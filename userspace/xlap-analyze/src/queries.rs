@@ -91,6 +91,16 @@ pub fn all() -> Vec<Query> {
         .collect()
 }
 
+/// The queries `analyze` runs when none is named.
+pub const DEFAULT: &[&str] = &[
+    "summary",
+    "jitter",
+    "outlier_causes",
+    "correlation",
+    "trend",
+    "loss",
+];
+
 /// A bundled query by name, or an error listing the names there are.
 pub fn find(name: &str) -> Result<Query> {
     all().into_iter().find(|q| q.name == name).ok_or_else(|| {

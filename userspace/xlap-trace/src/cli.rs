@@ -1,10 +1,14 @@
-//! The command line.
+//! The command line: what clap parses, nothing more. The commands turn
+//! these arguments into the libraries' options (`commands/`).
 
-use crate::exit::{failure, Code};
-use crate::proto::{self, Layout};
+mod estimate;
+
 use anyhow::Result;
 use clap::{Args, Parser, Subcommand, ValueEnum};
+pub use estimate::{EstimateArgs, ProbeCommand};
 use std::path::PathBuf;
+use xlap_capture::proto;
+use xlap_exit::{failure, Code};
 
 /// Where the latency and jitter of a live protocol come from, packet by
 /// packet, across layers and hosts: eBPF stamps at the socket, qdisc, driver
@@ -78,11 +82,23 @@ pub enum Command {
     /// A built-in UDP prober: an echo responder (`serve`) and RTT
     /// measurements to it (`rtt`), for `estimate`.
     #[command(subcommand)]
-    Probe(crate::probe::ProbeCommand),
+    Probe(ProbeCommand),
     /// Every host's software latency (mean, quantiles, with intervals) from
     /// the RTTs between pairs of three or more hosts, without synchronised
     /// clocks.
-    Estimate(crate::estimate::EstimateArgs),
+    Estimate(EstimateArgs),
+    /// Finish one run directory (its packets table and summary.json) in a
+    /// process of its own: what the recorder runs for each segment of a
+    /// rotated recording.
+    #[command(name = xlap_capture::record::segments::FINISH_COMMAND, hide = true)]
+    Finish(FinishArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct FinishArgs {
+    pub run: PathBuf,
+    #[arg(long)]
+    pub deadline_ms: Option<f64>,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -237,13 +253,13 @@ pub struct CompareArgs {
     /// Metric to compare (repeatable): e2e.pNN or stage:NAME.pNN. Default:
     /// p50 and p99 of the end-to-end latency and of every stage.
     #[arg(long = "metric", value_name = "METRIC")]
-    pub metrics: Vec<crate::ci::compare::Metric>,
+    pub metrics: Vec<xlap_ci::compare::Metric>,
     /// Largest change allowed before a regression (5% or 0.05).
-    #[arg(long, default_value = "10%", value_parser = crate::ci::compare::parse_fraction)]
+    #[arg(long, default_value = "10%", value_parser = xlap_ci::compare::parse_fraction)]
     pub max_regression: f64,
     /// Smallest absolute change that can be a regression (10us, 500ns,
     /// 1ms): a regression exceeds both this and --max-regression.
-    #[arg(long, default_value = "20us", value_parser = crate::ci::compare::parse_duration_ns)]
+    #[arg(long, default_value = "20us", value_parser = xlap_ci::compare::parse_duration_ns)]
     pub min_change: f64,
     /// Family-wise confidence: the chance that an unchanged candidate gets
     /// no regression on any metric (each metric's interval at 1 − (1 −
@@ -270,7 +286,7 @@ pub struct HistoryArgs {
     /// Metric to follow (repeatable): e2e.pNN or stage:NAME.pNN. Default:
     /// p50 and p99 of every stage.
     #[arg(long = "metric", value_name = "METRIC")]
-    pub metrics: Vec<crate::ci::compare::Metric>,
+    pub metrics: Vec<xlap_ci::compare::Metric>,
     /// Print JSON instead of Markdown.
     #[arg(long)]
     pub json: bool,
@@ -323,8 +339,7 @@ pub struct DemoArgs {
 }
 
 /// How the markers of the xlap-marker crate deliver their stamps.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, serde::Serialize)]
-#[serde(rename_all = "lowercase")]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum MarkerPath {
     // (Plain comments: see StatsMode.) A shared-memory ring the markers
     // write in process, no trap; other USDT binaries keep uprobes.
@@ -340,6 +355,19 @@ impl From<MarkerPath> for xlap_records::run_meta::SitePath {
             MarkerPath::Uprobe => Self::Uprobe,
         }
     }
+}
+
+/// When the kernel times BPF programs (`--bpf-stats`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum BpfStats {
+    // (Plain comments: clap would print doc comments of the values as a
+    // long list and switch the whole help to its long layout.)
+    // On in short windows (a tenth of the run).
+    Sampled,
+    // On for the whole run.
+    Full,
+    // Never on (no cost figures in run.json).
+    Off,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -381,13 +409,13 @@ pub struct RecordArgs {
     /// segment's live stream reaches SIZE (e.g. 512MiB, 2GB) or after
     /// DURATION (e.g. 30s, 10min, 1h). A packet in flight at a cut is
     /// partial in each (the recording read as a whole joins it).
-    #[arg(long, value_name = "SIZE|DURATION", value_parser = crate::record::segments::parse_rotate)]
-    pub rotate: Option<crate::record::segments::Rotate>,
+    #[arg(long, value_name = "SIZE|DURATION", value_parser = xlap_capture::record::segments::parse_rotate)]
+    pub rotate: Option<xlap_capture::record::segments::Rotate>,
     /// Disk budget of the recording: with --rotate, the oldest finished
     /// segments are deleted to stay within it (segments.json says which);
     /// without, the run stops when its live stream reaches it (Parquet
     /// adds about a quarter at the end).
-    #[arg(long, value_name = "SIZE", value_parser = crate::record::segments::parse_size)]
+    #[arg(long, value_name = "SIZE", value_parser = xlap_capture::record::segments::parse_size)]
     pub max_size: Option<u64>,
     /// Write this file (with our pid) once every probe is attached.
     #[arg(long)]
@@ -433,7 +461,7 @@ pub struct RecordArgs {
     /// PROVIDER:NAME=POINT[,seq=argN][,kind=argM]. Default: every xlap:NAME
     /// marker as app.NAME with seq=arg0, kind=arg1.
     #[arg(long, value_name = "SPEC")]
-    pub usdt: Vec<crate::usdt::Selection>,
+    pub usdt: Vec<xlap_capture::usdt::Selection>,
     /// Kernel points to stamp: all (default), standard (each layer once:
     /// no driver-entry points), minimal (sock.send_enter, dev.xmit,
     /// dev.receive_skb, sock.recv_exit) or point names separated by
@@ -468,7 +496,7 @@ pub struct RecordArgs {
     /// (the timing costs every BPF program of the machine two clock reads
     /// per run while on)
     #[arg(long, value_enum, value_name = "MODE", default_value = "sampled")]
-    pub bpf_stats: crate::record::StatsMode,
+    pub bpf_stats: BpfStats,
     /// Short for --bpf-stats off.
     #[arg(long, conflicts_with = "bpf_stats")]
     pub no_bpf_stats: bool,
@@ -500,67 +528,6 @@ pub struct RecordArgs {
     /// End-to-end deadline for the packets table's deadline_missed flag.
     #[arg(long)]
     pub deadline_ms: Option<f64>,
-}
-
-impl RecordArgs {
-    /// The defaults of the command line, for callers that record in-process.
-    pub fn defaults() -> RecordArgs {
-        let cli = Cli::parse_from(["xlap-trace"]);
-        cli.record
-    }
-
-    /// The preset, with any explicit field options applied over it. A
-    /// layout given only by --seq-* options takes no kind from the default
-    /// preset: its byte 0 would split a third-party protocol's packets into
-    /// "kinds".
-    pub fn layout(&self) -> Result<Layout> {
-        let mut l = proto::preset(self.proto.as_deref().unwrap_or(proto::DEFAULT_PRESET))?;
-        let explicit_seq =
-            self.seq_offset.is_some() || self.seq_size.is_some() || self.seq_endian.is_some();
-        if self.proto.is_none() && explicit_seq {
-            l.kind_size = 0;
-            l.kind_offset = 0;
-            l.kind_names = &[];
-        }
-        if let Some(v) = self.seq_offset {
-            l.seq_offset = v;
-        }
-        if let Some(v) = self.seq_size {
-            l.seq_size = v;
-        }
-        if let Some(e) = self.seq_endian {
-            l.big_endian = e == Endian::Big;
-        }
-        if let Some(v) = self.kind_offset {
-            l.kind_offset = v;
-            l.kind_names = &[];
-        }
-        if let Some(v) = self.kind_size {
-            l.kind_size = v;
-            l.kind_names = &[];
-        }
-        l.validate()?;
-        Ok(l)
-    }
-
-    /// How the run uses the kernel's BPF statistics.
-    pub fn stats_mode(&self) -> crate::record::StatsMode {
-        if self.no_bpf_stats {
-            crate::record::StatsMode::Off
-        } else {
-            self.bpf_stats
-        }
-    }
-
-    /// The default layout and those per port.
-    pub fn layouts(&self) -> Result<proto::Layouts> {
-        let layouts = proto::Layouts {
-            default: self.layout()?,
-            ports: self.port_layouts.clone(),
-        };
-        layouts.to_abi()?; // the limits, checked before anything starts
-        Ok(layouts)
-    }
 }
 
 #[derive(Args, Debug)]
@@ -641,35 +608,4 @@ pub fn parse_qdisc_args(specs: &[String], hosts: usize) -> Result<Vec<Option<xla
         out[idx] = Some(xlap_stage::Qdisc::parse(q).map_err(|e| failure(Code::Usage, e))?);
     }
     Ok(out)
-}
-
-#[cfg(test)]
-mod layout_tests {
-    use super::*;
-
-    fn layout(args: &[&str]) -> Layout {
-        let cli = Cli::parse_from(std::iter::once("xlap-trace").chain(args.iter().copied()));
-        cli.record.layout().unwrap()
-    }
-
-    #[test]
-    fn explicit_seq_options_alone_give_no_kind() {
-        let default = layout(&[]);
-        assert_eq!((default.kind_offset, default.kind_size), (0, 1));
-        let third_party = layout(&["--seq-offset", "8", "--seq-size", "4"]);
-        assert_eq!((third_party.seq_offset, third_party.kind_size), (8, 0));
-        assert!(third_party.kind_names.is_empty());
-        let with_kind = layout(&[
-            "--seq-offset",
-            "8",
-            "--kind-offset",
-            "2",
-            "--kind-size",
-            "1",
-        ]);
-        assert_eq!((with_kind.kind_offset, with_kind.kind_size), (2, 1));
-        // Over a named preset, the preset's kind stays.
-        let over = layout(&["--proto", "xlap-example", "--seq-offset", "8"]);
-        assert_eq!((over.seq_offset, over.kind_size), (8, 1));
-    }
 }

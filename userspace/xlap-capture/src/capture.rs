@@ -1,0 +1,867 @@
+//! Loading and attaching the kernel capture programs (`bpf/capture.bpf.c`).
+
+use crate::proto::Layouts;
+use anyhow::{Context, Result};
+use aya::maps::SkStorage;
+use aya::maps::{Array, HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf};
+use aya::programs::links::CgroupAttachMode;
+use aya::programs::uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeScope};
+use aya::programs::{BtfTracePoint, CgroupSkb, CgroupSkbAttachType, CgroupSock, UProbe};
+use aya::{include_bytes_aligned, Btf, Ebpf, EbpfLoader};
+use std::os::fd::AsFd;
+use xlap_abi::{xlap_loss, xlap_point};
+use xlap_exit::{failure, Code};
+
+static CAPTURE_OBJECT: &[u8] = include_bytes_aligned!(concat!(env!("OUT_DIR"), "/capture.bpf.o"));
+
+/// The capture object as built (kfunc placeholders not yet resolved).
+pub fn capture_object() -> &'static [u8] {
+    CAPTURE_OBJECT
+}
+/// Cost-floor programs for the benchmark (`bpf/calibrate.bpf.c`).
+pub static CALIBRATE_OBJECT: &[u8] =
+    include_bytes_aligned!(concat!(env!("OUT_DIR"), "/calibrate.bpf.o"));
+
+/// bpf_map_update_elem flag: only create, never overwrite.
+const BPF_NOEXIST: u64 = 1;
+
+/// A traced-socket key as a map key.
+#[derive(Clone, Copy)]
+#[repr(transparent)]
+struct PortKey(xlap_abi::xlap_port_key);
+
+// SAFETY: plain C struct of integers, padding zeroed (Default).
+unsafe impl aya::Pod for PortKey {}
+
+/// A traced socket's storage value.
+#[derive(Clone, Copy)]
+#[repr(transparent)]
+struct SockMark(xlap_abi::xlap_sock);
+
+// SAFETY: plain C struct of integers, padding zeroed (Default).
+unsafe impl aya::Pod for SockMark {}
+
+/// A FLOWS value: the addresses and sockets behind a flow.
+#[derive(Clone, Copy)]
+#[repr(transparent)]
+struct FlowTuple(xlap_abi::xlap_flow_tuple);
+
+// SAFETY: plain C struct of integers and byte arrays.
+unsafe impl aya::Pod for FlowTuple {}
+
+/// A --iface device as a map key.
+#[derive(Clone, Copy)]
+#[repr(transparent)]
+struct IfaceKey(xlap_abi::xlap_iface_key);
+
+// SAFETY: plain C struct of integers.
+unsafe impl aya::Pod for IfaceKey {}
+
+/// A USDT spec as a map value.
+#[derive(Clone, Copy)]
+#[repr(transparent)]
+struct Spec(xlap_abi::xlap_usdt_spec);
+
+// SAFETY: a plain C struct of integers generated from the ABI header; every
+// bit pattern is valid and padding is zero-initialised (Default).
+unsafe impl aya::Pod for Spec {}
+
+/// A per-CPU batch of stamps as a map value.
+#[derive(Clone, Copy)]
+#[repr(transparent)]
+pub struct Batch(pub xlap_abi::xlap_batch);
+
+// SAFETY: a plain C struct of integers generated from the ABI header; every
+// bit pattern is valid.
+unsafe impl aya::Pod for Batch {}
+
+/// (program, kind, attach target, required). Optional points are missing on
+/// some kernels or devices; a run records which ones could not attach.
+const PROGRAMS: &[(&str, Kind, &str, bool)] = &[
+    ("on_sys_enter", Kind::TpBtf, "sys_enter", true),
+    ("on_sys_exit", Kind::TpBtf, "sys_exit", true),
+    (
+        "on_sock_recv_length",
+        Kind::TpBtf,
+        "sock_recv_length",
+        false,
+    ),
+    ("on_net_dev_queue", Kind::TpBtf, "net_dev_queue", true),
+    ("on_qdisc_enqueue", Kind::TpBtf, "qdisc_enqueue", false),
+    ("on_qdisc_dequeue", Kind::TpBtf, "qdisc_dequeue", false),
+    (
+        "on_net_dev_start_xmit",
+        Kind::TpBtf,
+        "net_dev_start_xmit",
+        false,
+    ),
+    ("on_net_dev_xmit", Kind::TpBtf, "net_dev_xmit", false),
+    ("on_netif_rx", Kind::TpBtf, "netif_rx", false),
+    (
+        "on_napi_gro_receive_entry",
+        Kind::TpBtf,
+        "napi_gro_receive_entry",
+        false,
+    ),
+    (
+        "on_netif_receive_skb",
+        Kind::TpBtf,
+        "netif_receive_skb",
+        false,
+    ),
+    (
+        "on_napi_gro_frags_entry",
+        Kind::TpBtf,
+        "napi_gro_frags_entry",
+        false,
+    ),
+    ("on_kfree_skb", Kind::TpBtf, "kfree_skb", false),
+    ("on_consume_skb", Kind::TpBtf, "consume_skb", false),
+    ("on_sched_waking", Kind::TpBtf, "sched_waking", false),
+    ("on_sched_switch", Kind::TpBtf, "sched_switch", false),
+    (
+        "on_io_uring_submit_req",
+        Kind::TpBtf,
+        "io_uring_submit_req",
+        false,
+    ),
+    (
+        "on_io_uring_complete",
+        Kind::TpBtf,
+        "io_uring_complete",
+        false,
+    ),
+    (
+        "on_sched_process_fork",
+        Kind::TpBtf,
+        "sched_process_fork",
+        true,
+    ),
+];
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    TpBtf,
+}
+
+/// Loaded and attached capture programs; dropping it detaches everything.
+pub struct Capture {
+    pub bpf: Ebpf,
+    /// Optional programs that could not be attached, with the reason.
+    pub unattached: Vec<Unattached>,
+    /// The kernel points the run writes (`--points`).
+    pub points: crate::point_sets::PointSet,
+    /// Whether skb bytes in page fragments are readable (else why not).
+    pub dynptr: Result<(), String>,
+    /// The timer export of per-CPU batches (else why not).
+    pub batch_export: Result<crate::batch_export::BatchExport, String>,
+}
+
+/// An optional program this kernel refused.
+#[derive(Clone, Debug)]
+pub struct Unattached {
+    pub program: &'static str,
+    /// What it attaches to: the tracepoint, or the cgroup hook.
+    pub hook: &'static str,
+    pub why: String,
+}
+
+/// Why a socket a traced process held before tracing is not traced.
+#[derive(Debug)]
+pub enum NotMarked {
+    /// pidfd_getfd refused.
+    Duplicate(String),
+    /// The socket storage refused the mark.
+    Mark(String),
+}
+
+impl std::fmt::Display for NotMarked {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            NotMarked::Duplicate(why) | NotMarked::Mark(why) => f.write_str(why),
+        }
+    }
+}
+
+impl Capture {
+    /// The refused hooks, with the reason (run.json's `unavailable_hooks`).
+    pub fn unavailable_hooks(&self) -> std::collections::BTreeMap<String, String> {
+        self.unattached
+            .iter()
+            .map(|u| (u.hook.to_string(), u.why.clone()))
+            .collect()
+    }
+
+    /// The points this run lacks for them.
+    pub fn lacking(&self) -> crate::point_sets::Lacking {
+        let unattached: Vec<(&str, &str)> = self
+            .unattached
+            .iter()
+            .map(|u| (u.program, u.why.as_str()))
+            .chain(
+                self.dynptr
+                    .as_ref()
+                    .err()
+                    .map(|why| (crate::point_sets::SKB_DYNPTR, why.as_str())),
+            )
+            .collect();
+        self.points.lacking(&unattached)
+    }
+}
+
+pub struct Settings {
+    pub layouts: Layouts,
+    /// The kernel points written; programs only they need are not attached.
+    pub points: crate::point_sets::PointSet,
+    pub ringbuf_bytes: u32,
+    /// One ring-buffer record per stamp instead of per-CPU batches.
+    pub per_stamp: bool,
+    /// UDP ports whose payload is an Ethernet frame (VXLAN-like tunnels):
+    /// datagrams inside are keyed by the inner datagram (Geneve's 6081 is
+    /// always known).
+    pub tunnel_ports: Vec<u16>,
+    /// Device and qdisc points only on the devices set with `set_ifaces`.
+    pub iface_filter: bool,
+    /// Hold a traced process at its exec until its markers are attached
+    /// (bpf/capture/holds.h): markers are traced.
+    pub hold_at_exec: bool,
+}
+
+/// VXLAN's IANA port and the Linux kernel's historic default.
+pub const DEFAULT_TUNNEL_PORTS: [u16; 2] = [4789, 8472];
+
+impl Capture {
+    pub fn load(settings: &Settings) -> Result<Capture> {
+        let (layouts, win_start, win_len) = settings.layouts.to_abi()?;
+        let mut config = xlap_abi::xlap_config {
+            layouts,
+            win_start,
+            win_len,
+            ..Default::default()
+        };
+        config.wakeup_bytes = settings.ringbuf_bytes / 8;
+        config.per_stamp = settings.per_stamp as u8;
+        config.iface_filter = settings.iface_filter as u8;
+        config.points_off = settings.points.off_mask();
+        if settings.tunnel_ports.len() > config.tunnel_ports.len() {
+            return Err(failure(
+                Code::Usage,
+                format!(
+                    "at most {} tunnel ports (VXLAN's 4789 and 8472 count among them)",
+                    config.tunnel_ports.len()
+                ),
+            ));
+        }
+        for (slot, port) in config.tunnel_ports.iter_mut().zip(&settings.tunnel_ports) {
+            *slot = *port;
+        }
+        let btf = Btf::from_sys_fs()
+            .map_err(|e| failure(Code::Kernel, format!("cannot read the kernel BTF: {e}")))?;
+        let (object, dynptr) = crate::kfunc::resolve_dynptr(CAPTURE_OBJECT, &btf);
+        config.have_dynptr = dynptr.is_ok() as u8;
+        // SAFETY: xlap_config is a plain C struct of integers (no padding
+        // holes with undefined contents: it is zero-initialised by Default).
+        let config_bytes: &[u8] = unsafe {
+            std::slice::from_raw_parts(
+                (&config as *const xlap_abi::xlap_config).cast::<u8>(),
+                std::mem::size_of::<xlap_abi::xlap_config>(),
+            )
+        };
+        let mut bpf = EbpfLoader::new()
+            // TASK_CTX is task local storage: only the BPF side uses it.
+            .allow_unsupported_maps()
+            .override_global("CFG", config_bytes, true)
+            .map_max_entries("STAMPS", settings.ringbuf_bytes)
+            .load(object.bytes())
+            .map_err(|e| {
+                let text = e.to_string();
+                if text.contains("EPERM") || text.contains("Operation not permitted") {
+                    failure(
+                        Code::Privileges,
+                        format!("the kernel refused to load BPF ({text}): run as root"),
+                    )
+                } else {
+                    anyhow::Error::new(e).context("loading the capture BPF object failed")
+                }
+            })?;
+        let mut unattached = Vec::new();
+        for (prog, kind, target, required) in PROGRAMS {
+            if !settings.points.needs_program(prog) {
+                continue;
+            }
+            let result = attach(&mut bpf, &btf, prog, *kind, target);
+            if let Err(e) = result {
+                if *required {
+                    return Err(failure(
+                        Code::Kernel,
+                        format!("cannot attach to the {target} tracepoint: {e:#}"),
+                    ));
+                }
+                unattached.push(Unattached {
+                    program: prog,
+                    hook: target,
+                    why: format!("{e:#}"),
+                });
+            }
+        }
+        if settings.hold_at_exec {
+            if let Err(e) = attach(
+                &mut bpf,
+                &btf,
+                "on_sched_process_exec",
+                Kind::TpBtf,
+                "sched_process_exec",
+            ) {
+                unattached.push(Unattached {
+                    program: "on_sched_process_exec",
+                    hook: "sched_process_exec",
+                    why: format!("{e:#}"),
+                });
+            }
+        }
+        let dynptr = dynptr.map(|_| ());
+        attach_socket_hooks(&mut bpf, &dynptr, &mut unattached)?;
+        // Per-stamp records never wait in a batch.
+        let batch_export = if settings.per_stamp {
+            Err("one record per stamp (--per-stamp-records)".to_string())
+        } else {
+            crate::batch_export::BatchExport::load(&mut bpf)
+        };
+        Ok(Capture {
+            bpf,
+            unattached,
+            points: settings.points.clone(),
+            dynptr,
+            batch_export,
+        })
+    }
+
+    /// Exports every CPU's waiting batch to the ring buffer now.
+    pub fn export_batches(&mut self) {
+        if let Ok(export) = &mut self.batch_export {
+            export.run();
+        }
+    }
+
+    /// Marks sockets the traced processes already held as traced (new ones
+    /// are marked by the BPF side as they are created). Returns the sockets
+    /// that could not be marked, with the reason.
+    pub fn mark_sockets(
+        &mut self,
+        sockets: &[crate::sockets::SocketRef],
+    ) -> Result<Vec<(crate::sockets::SocketRef, NotMarked)>> {
+        let mut map: SkStorage<&mut MapData, SockMark> =
+            SkStorage::try_from(self.bpf.map_mut("SOCKS").context("SOCKS map")?)?;
+        let mut failed = Vec::new();
+        for s in sockets {
+            let result = crate::sockets::duplicate(s.pid, s.fd)
+                .map_err(|e| {
+                    NotMarked::Duplicate(format!("cannot duplicate it (pidfd_getfd): {e}"))
+                })
+                .and_then(|fd| {
+                    let mark = SockMark(xlap_abi::xlap_sock {
+                        tgid: s.pid,
+                        cookie: crate::sockets::cookie(&fd).unwrap_or(0),
+                        ..Default::default()
+                    });
+                    // BPF_NOEXIST: a socket the BPF side marked already (at
+                    // creation) keeps its record; overwriting it would reset
+                    // the flow and port it holds while datagrams flow.
+                    match map.insert(&std::os::fd::AsRawFd::as_raw_fd(&fd), mark, BPF_NOEXIST) {
+                        Ok(()) => Ok(()),
+                        Err(aya::maps::MapError::SyscallError(e))
+                            if e.io_error.raw_os_error() == Some(libc::EEXIST) =>
+                        {
+                            Ok(())
+                        }
+                        Err(e) => Err(NotMarked::Mark(format!("cannot mark it: {e}"))),
+                    }
+                });
+            if let Err(e) = result {
+                failed.push((*s, e));
+            }
+        }
+        Ok(failed)
+    }
+
+    /// The devices (network namespace inode, ifindex) device and qdisc
+    /// points are restricted to (with `Settings::iface_filter`).
+    pub fn set_ifaces(&mut self, devices: &[(u32, u32)]) -> Result<()> {
+        let mut map: BpfHashMap<&mut MapData, IfaceKey, u8> =
+            BpfHashMap::try_from(self.bpf.map_mut("IFACES").context("IFACES map")?)?;
+        for &(netns, ifindex) in devices {
+            map.insert(IfaceKey(xlap_abi::xlap_iface_key { netns, ifindex }), 1, 0)
+                .context("cannot add an --iface device")?;
+        }
+        Ok(())
+    }
+
+    /// Attaches the planned USDT sites; a site that fails to attach is an
+    /// error (the user asked for it), naming the probe and the process.
+    pub fn attach_usdt(&mut self, sites: &[crate::usdt::Site]) -> Result<()> {
+        if sites.is_empty() {
+            return Ok(());
+        }
+        {
+            let mut specs: Array<&mut MapData, Spec> =
+                Array::try_from(self.bpf.map_mut("USDT_SPECS").context("USDT_SPECS map")?)?;
+            for site in sites {
+                specs
+                    .set(site.spec_id, Spec(site.spec), 0)
+                    .context("cannot store a USDT spec")?;
+            }
+        }
+        let program = self.loaded_uprobe("on_usdt")?;
+        for site in sites {
+            let pid = std::num::NonZeroU32::new(site.pid).context("pid 0")?;
+            program
+                .attach(
+                    UProbeAttachPoint {
+                        location: UProbeAttachLocation::AbsoluteOffset(site.probe.file_offset),
+                        cookie: Some(site.spec_id as u64),
+                    },
+                    crate::usdt::fd_path(&site.file),
+                    UProbeScope::OneProcess(pid),
+                )
+                .map_err(|e| {
+                    failure(
+                        Code::Kernel,
+                        format!(
+                            "cannot attach to USDT probe {}:{} of pid {} ({}): {e}",
+                            site.probe.provider,
+                            site.probe.name,
+                            site.pid,
+                            site.path.display()
+                        ),
+                    )
+                })?;
+        }
+        Ok(())
+    }
+
+    /// The uprobe program `name`, loaded on first use: its sites come in
+    /// as processes exec and map libraries, attached to the one program.
+    fn loaded_uprobe(&mut self, name: &str) -> Result<&mut UProbe> {
+        let program: &mut UProbe = self
+            .bpf
+            .program_mut(name)
+            .with_context(|| format!("program {name} is missing from the object"))?
+            .try_into()?;
+        if program.fd().is_err() {
+            program.load()?;
+        }
+        Ok(program)
+    }
+
+    /// Holds `pid` each time its dynamic loader has mapped objects (at
+    /// `offset` in `loader`, its `_dl_debug_state`), so that the markers of
+    /// libraries it loads are attached before they run.
+    pub fn hold_at_loader(
+        &mut self,
+        pid: u32,
+        loader: &std::os::fd::OwnedFd,
+        offset: u64,
+    ) -> Result<()> {
+        let program = self.loaded_uprobe("on_loader_hook")?;
+        let pid = std::num::NonZeroU32::new(pid).context("pid 0")?;
+        program.attach(
+            UProbeAttachPoint {
+                location: UProbeAttachLocation::AbsoluteOffset(offset),
+                cookie: None,
+            },
+            crate::usdt::fd_path(loader),
+            UProbeScope::OneProcess(pid),
+        )?;
+        Ok(())
+    }
+
+    /// The ring buffer of held processes (bpf/capture/holds.h).
+    pub fn take_holds(&mut self) -> Result<RingBuf<MapData>> {
+        let map = self.bpf.take_map("HOLDS").context("HOLDS map")?;
+        Ok(RingBuf::try_from(map)?)
+    }
+
+    /// Traces `pids` (each the root of the processes it forks).
+    pub fn set_targets(&mut self, pids: &[u32]) -> Result<()> {
+        let mut map: BpfHashMap<&mut MapData, u32, u32> =
+            BpfHashMap::try_from(self.bpf.map_mut("TARGET_PIDS").context("TARGET_PIDS map")?)?;
+        for pid in pids {
+            map.insert(pid, pid, 0).context("cannot add a target pid")?;
+        }
+        Ok(())
+    }
+
+    /// Every traced process: (pid, the target it descends from); a target
+    /// is its own root, its forked children (followed by the BPF side) are
+    /// not.
+    pub fn traced_processes(&self) -> Result<Vec<(u32, u32)>> {
+        let map: BpfHashMap<&MapData, u32, u32> =
+            BpfHashMap::try_from(self.bpf.map("TARGET_PIDS").context("TARGET_PIDS map")?)?;
+        Ok(map.iter().filter_map(|e| e.ok()).collect())
+    }
+
+    /// Follows `pid` as a descendant of target `root` (a child that existed
+    /// before tracing began; later ones the BPF side follows at fork).
+    pub fn follow_process(&mut self, pid: u32, root: u32) -> Result<()> {
+        let mut map: BpfHashMap<&mut MapData, u32, u32> =
+            BpfHashMap::try_from(self.bpf.map_mut("TARGET_PIDS").context("TARGET_PIDS map")?)?;
+        map.insert(pid, root, 0)
+            .context("cannot follow a target's child")?;
+        Ok(())
+    }
+
+    /// Stops following `pid` (a followed child that exited: its pid may be
+    /// reused by an unrelated process).
+    pub fn forget_process(&mut self, pid: u32) -> Result<()> {
+        let mut map: BpfHashMap<&mut MapData, u32, u32> =
+            BpfHashMap::try_from(self.bpf.map_mut("TARGET_PIDS").context("TARGET_PIDS map")?)?;
+        let _ = map.remove(&pid);
+        Ok(())
+    }
+
+    /// Updates the kernel's port table: adds the sockets in `now`, removes
+    /// those that were in `before` and are gone. Entries the BPF side added
+    /// itself (at bind, at autobind) and /proc does not show yet are left
+    /// alone. Returns the ports the table had no room for (their receive
+    /// device points are missing; the run goes on).
+    pub fn sync_ports(
+        &mut self,
+        before: &crate::targets::PortOwners,
+        now: &crate::targets::PortOwners,
+    ) -> Result<Vec<(u32, u16)>> {
+        let mut full = Vec::new();
+        {
+            let mut map: BpfHashMap<&mut MapData, PortKey, u32> = BpfHashMap::try_from(
+                self.bpf
+                    .map_mut("TARGET_PORTS")
+                    .context("TARGET_PORTS map")?,
+            )?;
+            let key = |(netns, port): (u32, u16)| {
+                PortKey(xlap_abi::xlap_port_key {
+                    netns,
+                    port,
+                    ..Default::default()
+                })
+            };
+            for gone in before.keys().filter(|k| !now.contains_key(k)) {
+                let _ = map.remove(&key(*gone));
+            }
+            for (sock, pid) in now {
+                if map.insert(key(*sock), pid, 0).is_err() {
+                    full.push(*sock);
+                }
+            }
+        }
+        let mut any: Array<&mut MapData, u8> =
+            Array::try_from(self.bpf.map_mut("PORTS_ANY").context("PORTS_ANY map")?)?;
+        for (_, port) in now.keys() {
+            any.set(*port as u32, 1, 0)
+                .context("cannot note a traced port")?;
+        }
+        Ok(full)
+    }
+
+    pub fn take_ring(&mut self) -> Result<RingBuf<MapData>> {
+        let map = self.bpf.take_map("STAMPS").context("STAMPS ring buffer")?;
+        Ok(RingBuf::try_from(map)?)
+    }
+
+    /// The per-CPU stamp batches, to read what is still waiting in them once
+    /// the programs are detached (`drain_batches`).
+    pub fn take_batches(&mut self) -> Result<PerCpuArray<MapData, Batch>> {
+        let map = self.bpf.take_map("BATCH").context("BATCH map")?;
+        Ok(PerCpuArray::try_from(map)?)
+    }
+
+    /// The loss counters, to read once the programs are detached (`losses`):
+    /// nothing counts any more then.
+    pub fn take_losses(&mut self) -> Result<PerCpuArray<MapData, u64>> {
+        let map = self.bpf.take_map("LOSSES").context("LOSSES map")?;
+        Ok(PerCpuArray::try_from(map)?)
+    }
+
+    /// The flow table's maps, to be read once the programs are gone.
+    pub fn take_flows(&mut self) -> Result<FlowMaps> {
+        let tuples = self.bpf.take_map("FLOWS").context("FLOWS map")?;
+        let full = self.bpf.take_map("FLOWS_FULL").context("FLOWS_FULL map")?;
+        Ok(FlowMaps {
+            tuples: BpfHashMap::try_from(tuples)?,
+            full: PerCpuArray::try_from(full)?,
+        })
+    }
+}
+
+/// The maps behind [`flows`].
+pub struct FlowMaps {
+    tuples: BpfHashMap<MapData, u64, FlowTuple>,
+    full: PerCpuArray<MapData, u64>,
+}
+
+/// The addresses and sockets behind the run's flows.
+#[derive(Debug, Default)]
+pub struct Flows {
+    pub table: xlap_records::writer::FlowTable,
+    /// Flow keys two address pairs shared (their stamps get no addresses).
+    pub collided: u64,
+    /// Times a flow found the table full (its stamps get no addresses).
+    pub not_noted: u64,
+}
+
+pub fn flows(maps: &FlowMaps) -> Result<Flows> {
+    use std::net::{Ipv4Addr, Ipv6Addr};
+    let mut out = Flows {
+        not_noted: maps.full.get(&0, 0)?.iter().sum(),
+        ..Default::default()
+    };
+    for entry in maps.tuples.iter() {
+        let (flow, FlowTuple(t)) = entry?;
+        if t.collided != 0 {
+            out.collided += 1;
+            continue;
+        }
+        let addr = |b: [u8; 16]| -> String {
+            if t.family == 6 {
+                Ipv6Addr::from(b).to_string()
+            } else {
+                Ipv4Addr::new(b[0], b[1], b[2], b[3]).to_string()
+            }
+        };
+        out.table.insert(
+            flow,
+            xlap_records::writer::FlowInfo {
+                src_addr: addr(t.saddr),
+                dst_addr: addr(t.daddr),
+                tx_cookie: (t.tx_cookie != 0).then_some(t.tx_cookie),
+                rx_cookie: (t.rx_cookie != 0).then_some(t.rx_cookie),
+            },
+        );
+    }
+    Ok(out)
+}
+
+/// Loss counters summed over CPUs: `[point row][reason]`; the last row
+/// counts app points.
+pub fn losses(
+    map: &PerCpuArray<MapData, u64>,
+) -> Result<Vec<[u64; xlap_loss::XLAP_LOSS_COUNT as usize]>> {
+    let reasons = xlap_loss::XLAP_LOSS_COUNT as usize;
+    let rows = xlap_point::XLAP_POINT_KERNEL_COUNT as usize + 1;
+    let mut out = vec![[0u64; xlap_loss::XLAP_LOSS_COUNT as usize]; rows];
+    for (row, counts) in out.iter_mut().enumerate() {
+        for (reason, slot) in counts.iter_mut().enumerate() {
+            let idx = (row * reasons + reason) as u32;
+            *slot = map.get(&idx, 0)?.iter().sum();
+        }
+    }
+    Ok(out)
+}
+
+impl Capture {
+    /// (program, run count, run time ns) of every program, from the kernel's
+    /// BPF statistics (non-zero only while stats are enabled).
+    /// And the runs the kernel skipped because the program was already
+    /// running on that CPU (`recursion_misses`: a tracepoint hit inside one
+    /// of our own programs); their stamps are missing.
+    pub fn program_stats(&self) -> Vec<(String, crate::runmeta::ProgramStats)> {
+        self.bpf
+            .programs()
+            .filter_map(|(name, prog)| {
+                let info = prog.info().ok()?;
+                let recursion_misses = prog.fd().ok().and_then(|fd| recursion_misses(fd.as_fd()));
+                Some((
+                    name.to_string(),
+                    crate::runmeta::ProgramStats {
+                        run_count: info.run_count(),
+                        run_time_ns: info.run_time().as_nanos() as u64,
+                        recursion_misses,
+                        verified_insns: info.verified_instruction_count(),
+                    },
+                ))
+            })
+            .collect()
+    }
+}
+
+/// A program's `recursion_misses` (Linux >= 5.12), which aya's program info
+/// does not expose: BPF_OBJ_GET_INFO_BY_FD on its fd.
+fn recursion_misses(fd: std::os::fd::BorrowedFd) -> Option<u64> {
+    const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
+    #[repr(C)]
+    struct InfoAttr {
+        bpf_fd: u32,
+        info_len: u32,
+        info: u64,
+    }
+    // SAFETY: bpf_prog_info is plain old data; all zeroes is valid.
+    let mut info: aya_obj::generated::bpf_prog_info = unsafe { std::mem::zeroed() };
+    let attr = InfoAttr {
+        bpf_fd: std::os::fd::AsRawFd::as_raw_fd(&fd) as u32,
+        info_len: std::mem::size_of_val(&info) as u32,
+        info: &mut info as *mut _ as u64,
+    };
+    // SAFETY: the kernel writes at most info_len bytes into `info`, which
+    // outlives the call; `attr` is read only.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            BPF_OBJ_GET_INFO_BY_FD,
+            &attr as *const InfoAttr,
+            std::mem::size_of::<InfoAttr>() as u32,
+        )
+    };
+    (rc == 0).then_some(info.recursion_misses)
+}
+
+/// The socket hooks, at the cgroup2 root: socket creation (follows the
+/// traced processes' new sockets) and socket ingress (the sock.queue point,
+/// which reads the datagram through a dynptr: not on kernels without).
+fn attach_socket_hooks(
+    bpf: &mut Ebpf,
+    dynptr: &Result<(), String>,
+    unattached: &mut Vec<Unattached>,
+) -> Result<()> {
+    // Attach mode `Single`: aya attaches through a BPF link (Linux >= 5.7),
+    // which coexists with every other program on the cgroup anyway, and
+    // passes the mode on as link flags, where the kernel refuses
+    // BPF_F_ALLOW_MULTI with EINVAL.
+    let root = crate::cgroup::open_root().map_err(|e| {
+        failure(
+            Code::Kernel,
+            format!("cannot attach the socket hooks: {e:#}"),
+        )
+    })?;
+    let create: &mut CgroupSock = bpf
+        .program_mut("on_sock_create")
+        .context("program on_sock_create is missing from the object")?
+        .try_into()?;
+    create.load()?;
+    create
+        .attach(&root, CgroupAttachMode::Single)
+        .map_err(|e| {
+            failure(
+                Code::Kernel,
+                format!(
+                    "cannot attach to cgroup sock_create: {:#}",
+                    anyhow::Error::from(e)
+                ),
+            )
+        })?;
+    // A traced socket's port is registered once its bind succeeded.
+    for (prog, attach_type) in [
+        ("on_post_bind4", "post_bind4"),
+        ("on_post_bind6", "post_bind6"),
+    ] {
+        let hook: &mut CgroupSock = bpf
+            .program_mut(prog)
+            .with_context(|| format!("program {prog} is missing from the object"))?
+            .try_into()?;
+        hook.load()?;
+        hook.attach(&root, CgroupAttachMode::Single).map_err(|e| {
+            failure(
+                Code::Kernel,
+                format!(
+                    "cannot attach to cgroup {attach_type}: {:#}",
+                    anyhow::Error::from(e)
+                ),
+            )
+        })?;
+    }
+    if let Err(why) = dynptr {
+        unattached.push(Unattached {
+            program: "on_sock_ingress",
+            hook: "cgroup_skb/ingress",
+            why: format!("it reads datagrams through skb dynptrs: {why}"),
+        });
+        return Ok(());
+    }
+    let ingress: &mut CgroupSkb = bpf
+        .program_mut("on_sock_ingress")
+        .context("program on_sock_ingress is missing from the object")?
+        .try_into()?;
+    ingress.load()?;
+    if let Err(e) = ingress.attach(
+        &root,
+        CgroupSkbAttachType::Ingress,
+        CgroupAttachMode::Single,
+    ) {
+        unattached.push(Unattached {
+            program: "on_sock_ingress",
+            hook: "cgroup_skb/ingress",
+            why: format!("{:#}", anyhow::Error::from(e)),
+        });
+    }
+    Ok(())
+}
+
+fn attach(bpf: &mut Ebpf, btf: &Btf, prog: &str, kind: Kind, target: &str) -> Result<()> {
+    let program = bpf
+        .program_mut(prog)
+        .with_context(|| format!("program {prog} is missing from the object"))?;
+    match kind {
+        Kind::TpBtf => {
+            let p: &mut BtfTracePoint = program.try_into()?;
+            p.load(target, btf)?;
+            p.attach()?;
+        }
+    }
+    Ok(())
+}
+
+/// Keeps the kernel's BPF run-time statistics on while alive
+/// (`BPF_ENABLE_STATS`); the kernel turns them off when the fd closes.
+pub struct StatsGuard(#[allow(dead_code)] std::os::fd::OwnedFd);
+
+pub fn enable_stats() -> Option<StatsGuard> {
+    const BPF_ENABLE_STATS: libc::c_long = 32;
+    const BPF_STATS_RUN_TIME: u32 = 0;
+    let attr = [BPF_STATS_RUN_TIME, 0, 0, 0];
+    // SAFETY: BPF_ENABLE_STATS reads a u32 stats type from `attr`, which
+    // outlives the call; the returned fd is owned by us.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            BPF_ENABLE_STATS,
+            attr.as_ptr(),
+            std::mem::size_of_val(&attr) as u32,
+        )
+    };
+    if fd < 0 {
+        return None;
+    }
+    // SAFETY: the kernel just returned this fd to us.
+    Some(StatsGuard(unsafe {
+        std::os::fd::FromRawFd::from_raw_fd(fd as i32)
+    }))
+}
+
+/// The stamps left in the per-CPU batches (call after detaching: nothing
+/// appends any more). An unreadable map is an error: those stamps would be
+/// lost without a count.
+pub fn drain_batches(batches: &PerCpuArray<MapData, Batch>) -> Result<Vec<xlap_abi::xlap_stamp>> {
+    let per_cpu = batches
+        .get(&0, 0)
+        .context("cannot read the stamps left in the per-CPU batches")?;
+    let mut out = Vec::new();
+    for batch in per_cpu.iter() {
+        out.extend_from_slice(batch.0.pending());
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    /// The points table names only optional programs of the object (the
+    /// socket ingress hook is attached on its own), so what a run lacks
+    /// follows what this kernel refused.
+    #[test]
+    fn every_program_of_the_points_table_is_an_optional_program() {
+        for pp in crate::point_sets::PROGRAM_POINTS {
+            let known = pp.program == "on_sock_ingress"
+                || pp.program == crate::point_sets::SKB_DYNPTR
+                || super::PROGRAMS
+                    .iter()
+                    .any(|(prog, _, _, required)| *prog == pp.program && !required);
+            assert!(known, "{} is not an optional program", pp.program);
+        }
+    }
+}

@@ -1,0 +1,839 @@
+//! `record --live` and `--metrics ADDR:PORT`: what the run sees while it
+//! records, once a second, in the terminal and as OpenMetrics.
+//!
+//! The recording keeps every stamp for the exact analysis afterwards; this
+//! view is a streaming approximation of it, cheap enough for the poll loop:
+//! stamps are grouped per packet by (kind, seq) on the one clock of this
+//! host, a packet is complete when none of its stamps came for
+//! [`QUIET_NS`]. Its stages are those of the packets table, by the same
+//! definition ([`xlap_records::stages`]): per side, consecutive points
+//! present along the kind's path order, inferred from the pairwise
+//! precedence of the points in the packets so far (`a__b`, never a stage
+//! between the two ends' points), and the `channel` from the sender's wire
+//! point to the receiver's. Its end-to-end is the sender's first point to
+//! the receiver's last (first to last when one end is not traced here). Durations go into log-bucketed histograms (~4 % resolution):
+//! the terminal shows the last 10–20 s, the metrics count since the start
+//! (Prometheus computes rates and windows from cumulative histograms).
+
+use super::tally::FastHasher;
+use std::collections::{BTreeMap, HashMap};
+use std::fmt::Write as _;
+use std::hash::BuildHasherDefault;
+use std::io::{IsTerminal, Read, Write};
+use std::net::{SocketAddr, TcpListener};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use xlap_records::points::{column_stem, point_info, Side};
+use xlap_records::stages::{self, Part, Precedence};
+
+/// Maps on the per-stamp path hash with [`FastHasher`] (SipHash would be
+/// most of a stamp's cost here).
+type FastMap<K, V> = HashMap<K, V, BuildHasherDefault<FastHasher>>;
+use xlap_records::Stamp;
+
+/// A packet is complete when its newest stamp is this much older than the
+/// newest stamp of the run.
+const QUIET_NS: u64 = 200_000_000;
+/// Packets waiting for completion at most; beyond, the oldest complete
+/// early (a burst of millions of packets stays bounded).
+const MAX_PENDING: usize = 200_000;
+/// The terminal's window: the current one and the one before.
+const WINDOW: Duration = Duration::from_secs(10);
+/// Sub-buckets per power of two: 16 (~4.4 % wide).
+const SUB: f64 = 16.0;
+const BUCKETS: usize = 64 * SUB as usize;
+/// The metrics' histogram bounds, seconds.
+const BOUNDS_S: [f64; 16] = [
+    1e-6, 2e-6, 5e-6, 1e-5, 2e-5, 5e-5, 1e-4, 2e-4, 5e-4, 1e-3, 2e-3, 5e-3, 1e-2, 2e-2, 5e-2, 0.1,
+];
+/// Stages shown per kind in the terminal.
+const SHOWN_STAGES: usize = 20;
+
+/// Durations in log buckets: `i = ⌊16·log2(ns)⌋`.
+#[derive(Clone)]
+struct Hist {
+    counts: Vec<u64>,
+    n: u64,
+    sum_ns: f64,
+}
+
+impl Hist {
+    fn new() -> Hist {
+        Hist {
+            counts: vec![0; BUCKETS],
+            n: 0,
+            sum_ns: 0.0,
+        }
+    }
+
+    fn bucket(ns: u64) -> usize {
+        ((ns.max(1) as f64).log2() * SUB) as usize
+    }
+
+    fn add(&mut self, ns: u64) {
+        self.counts[Self::bucket(ns).min(BUCKETS - 1)] += 1;
+        self.n += 1;
+        self.sum_ns += ns as f64;
+    }
+
+    fn merge(&mut self, other: &Hist) {
+        for (a, b) in self.counts.iter_mut().zip(&other.counts) {
+            *a += b;
+        }
+        self.n += other.n;
+        self.sum_ns += other.sum_ns;
+    }
+
+    /// The p-quantile, ns (the bucket's middle).
+    fn quantile(&self, p: f64) -> Option<f64> {
+        if self.n == 0 {
+            return None;
+        }
+        let rank = (p * (self.n - 1) as f64).floor() as u64;
+        let mut seen = 0;
+        for (i, c) in self.counts.iter().enumerate() {
+            seen += c;
+            if seen > rank {
+                return Some(2f64.powf((i as f64 + 0.5) / SUB));
+            }
+        }
+        None
+    }
+
+    /// Packets at or below `ns` (whole buckets below it).
+    fn at_or_below(&self, ns: f64) -> u64 {
+        let upper = |i: usize| 2f64.powf((i + 1) as f64 / SUB);
+        self.counts
+            .iter()
+            .enumerate()
+            .take_while(|(i, _)| upper(*i) <= ns * 1.000_001)
+            .map(|(_, c)| c)
+            .sum()
+    }
+
+    /// Tukey's upper fence, Q3 + 1.5·IQR.
+    fn fence(&self) -> Option<f64> {
+        let (q1, q3) = (self.quantile(0.25)?, self.quantile(0.75)?);
+        Some(q3 + 1.5 * (q3 - q1))
+    }
+}
+
+/// Per kind: the end-to-end and every stage seen.
+#[derive(Clone, Default)]
+struct KindStats {
+    e2e: Option<Hist>,
+    stages: FastMap<StageKey, Hist>,
+    /// Per stage, the sum of its start's offset into the packet (ns): the
+    /// mean puts the stages in path order.
+    offsets: FastMap<StageKey, f64>,
+    /// Stages above their fence in end-to-end outliers.
+    causes: FastMap<StageKey, u64>,
+    outliers: u64,
+}
+
+/// A stage by its side and its two points' ids (named only when shown: a
+/// packet of 28 stamps would otherwise format 27 names). The channel is
+/// [`CHANNEL`].
+type StageKey = (StageSide, u16, u16);
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+enum StageSide {
+    Tx,
+    Channel,
+    Rx,
+}
+
+const CHANNEL: StageKey = (StageSide::Channel, 0, 0);
+
+fn side_index(side: Side) -> usize {
+    match side {
+        Side::Tx => 0,
+        Side::Rx => 1,
+    }
+}
+
+impl KindStats {
+    fn e2e(&mut self) -> &mut Hist {
+        self.e2e.get_or_insert_with(Hist::new)
+    }
+
+    fn merge(&mut self, other: &KindStats) {
+        if let Some(h) = &other.e2e {
+            self.e2e().merge(h);
+        }
+        for (s, h) in &other.stages {
+            self.stages.entry(*s).or_insert_with(Hist::new).merge(h);
+        }
+        for (s, n) in &other.causes {
+            *self.causes.entry(*s).or_default() += n;
+        }
+        for (s, o) in &other.offsets {
+            *self.offsets.entry(*s).or_default() += o;
+        }
+        self.outliers += other.outliers;
+    }
+}
+
+type Stats = BTreeMap<u64, KindStats>;
+
+struct Pending {
+    newest_ns: u64,
+    /// (time, point, pid): the pid gives an app point its side.
+    stamps: Vec<(u64, u16, u32)>,
+}
+
+/// A complete packet's first pass of each point, by side, in time order.
+struct Complete {
+    kind: u64,
+    sides: [Vec<(u16, i64)>; 2],
+}
+
+pub struct LiveView {
+    app_names: Vec<String>,
+    pending: FastMap<(u64, u64), Pending>,
+    newest_ns: u64,
+    total: Stats,
+    current: Stats,
+    previous: Stats,
+    window_start: Instant,
+    started: Instant,
+    stamps: u64,
+    packets: u64,
+    last_stamps: u64,
+    last_packets: u64,
+    last_tick: Instant,
+    terminal: bool,
+    /// Print the view (else only serve the metrics).
+    print: bool,
+    metrics: Option<Arc<Mutex<String>>>,
+    /// Pairwise precedence of the points per (kind, side) since the start,
+    /// and the path order inferred from it.
+    precedence: FastMap<(u64, usize), Precedence<u16>>,
+    orders: FastMap<(u64, usize), Vec<u16>>,
+    /// App points seen on both sides: named `<point>_tx` / `_rx`, as the
+    /// packets table names them.
+    app_both: Vec<u16>,
+    app_side: FastMap<u16, usize>,
+}
+
+impl LiveView {
+    /// The app point names when points were added during the run.
+    pub fn set_app_names(&mut self, app_names: Vec<String>) {
+        self.app_names = app_names;
+    }
+
+    /// `print`: the terminal view on stdout; `metrics`: serve OpenMetrics
+    /// on that address (bound now: a taken port fails the run at start).
+    pub fn new(
+        app_names: Vec<String>,
+        print: bool,
+        metrics: Option<SocketAddr>,
+    ) -> anyhow::Result<LiveView> {
+        let metrics = match metrics {
+            Some(addr) => Some(serve(addr)?),
+            None => None,
+        };
+        let now = Instant::now();
+        Ok(LiveView {
+            app_names,
+            pending: FastMap::default(),
+            newest_ns: 0,
+            total: Stats::new(),
+            current: Stats::new(),
+            previous: Stats::new(),
+            window_start: now,
+            started: now,
+            stamps: 0,
+            packets: 0,
+            last_stamps: 0,
+            last_packets: 0,
+            last_tick: now,
+            terminal: std::io::stdout().is_terminal(),
+            print,
+            metrics,
+            precedence: FastMap::default(),
+            orders: FastMap::default(),
+            app_both: Vec::new(),
+            app_side: FastMap::default(),
+        })
+    }
+
+    pub fn note(&mut self, stamp: &Stamp) {
+        self.stamps += 1;
+        let Some(seq) = stamp.seq.filter(|_| !stamp.fragment) else {
+            return;
+        };
+        // A layout without a kind field: one kind, `all`, as in the analyses.
+        let kind = stamp.kind.map_or(xlap_analyze::KIND_ALL, u64::from);
+        self.newest_ns = self.newest_ns.max(stamp.ts_ns);
+        let p = self.pending.entry((kind, seq)).or_insert(Pending {
+            newest_ns: 0,
+            stamps: Vec::new(),
+        });
+        p.newest_ns = p.newest_ns.max(stamp.ts_ns);
+        p.stamps.push((stamp.ts_ns, stamp.point, stamp.pid));
+    }
+
+    /// A second has passed since the last render.
+    pub fn due(&self) -> bool {
+        self.last_tick.elapsed() >= Duration::from_secs(1)
+    }
+
+    /// Completes the quiet packets; every second, renders the view and the
+    /// metrics. `losses`: the tracer's losses so far, by reason.
+    pub fn tick(&mut self, losses: &[(&str, u64)]) {
+        if !self.due() {
+            return;
+        }
+        self.complete(false);
+        self.render(losses);
+    }
+
+    /// At the end: every packet still pending completes, and the view and
+    /// metrics show the whole run.
+    pub fn finish(&mut self, losses: &[(&str, u64)]) {
+        self.complete(true);
+        self.render(losses);
+    }
+
+    fn complete(&mut self, all: bool) {
+        let cutoff = self.newest_ns.saturating_sub(QUIET_NS);
+        let mut done: Vec<(u64, u64)> = self
+            .pending
+            .iter()
+            .filter(|(_, p)| all || p.newest_ns < cutoff)
+            .map(|(k, _)| *k)
+            .collect();
+        if !all && self.pending.len() - done.len() > MAX_PENDING {
+            let mut rest: Vec<(u64, (u64, u64))> = self
+                .pending
+                .iter()
+                .filter(|(_, p)| p.newest_ns >= cutoff)
+                .map(|(k, p)| (p.newest_ns, *k))
+                .collect();
+            rest.sort_unstable();
+            let over = self.pending.len() - done.len() - MAX_PENDING;
+            done.extend(rest.into_iter().take(over).map(|(_, k)| k));
+        }
+        // The batch's packets join the precedence counts first, so the
+        // order they are staged by has seen them (the first packets too).
+        let batch: Vec<Complete> = done
+            .into_iter()
+            .filter_map(|key| self.pending.remove(&key).map(|p| self.prepare(key.0, p)))
+            .collect();
+        let mut touched = Vec::new();
+        for c in &batch {
+            for (i, side) in c.sides.iter().enumerate() {
+                if side.len() > 1 {
+                    self.precedence
+                        .entry((c.kind, i))
+                        .or_default()
+                        .add_packet(side);
+                } else if let Some((p, _)) = side.first() {
+                    self.precedence.entry((c.kind, i)).or_default().point(p);
+                }
+                if !side.is_empty() && !touched.contains(&(c.kind, i)) {
+                    touched.push((c.kind, i));
+                }
+            }
+        }
+        for key in touched {
+            let order = self.precedence[&key].order(|a, b| a.cmp(b)).order;
+            self.orders.insert(key, order);
+        }
+        for c in batch {
+            self.account(c);
+        }
+    }
+
+    /// A packet's points by side, first pass of each, in time order. An
+    /// app point takes the side of the kernel points of its process.
+    fn prepare(&mut self, kind: u64, mut p: Pending) -> Complete {
+        p.stamps.sort_unstable();
+        let mut pids: [Vec<u32>; 2] = [Vec::new(), Vec::new()];
+        for (_, pt, pid) in &p.stamps {
+            if let Some((_, _, Some(side))) = point_info(*pt, &self.app_names) {
+                pids[side_index(side)].push(*pid);
+            }
+        }
+        let mut sides: [Vec<(u16, i64)>; 2] = [Vec::new(), Vec::new()];
+        for (ts, pt, pid) in &p.stamps {
+            let side = match point_info(*pt, &self.app_names) {
+                Some((_, _, Some(side))) => side_index(side),
+                // The sender's process, else the receiver's; an app point
+                // of a packet no kernel point saw: one side, the sender's.
+                _ if pids[1].contains(pid) && !pids[0].contains(pid) => 1,
+                _ => 0,
+            };
+            if point_info(*pt, &self.app_names).is_some_and(|i| i.2.is_none()) {
+                match self.app_side.get(pt) {
+                    Some(s) if *s != side && !self.app_both.contains(pt) => self.app_both.push(*pt),
+                    Some(_) => {}
+                    None => {
+                        self.app_side.insert(*pt, side);
+                    }
+                }
+            }
+            // A point passed twice (a retransmission, a copy): its first pass.
+            if !sides[side].iter().any(|(q, _)| q == pt) {
+                sides[side].push((*pt, *ts as i64));
+            }
+        }
+        Complete { kind, sides }
+    }
+
+    fn point_name(&self, id: u16) -> String {
+        point_info(id, &self.app_names).map_or(format!("unknown.{id}"), |p| p.0)
+    }
+
+    /// The packets table's column stem of a point on a side.
+    fn column(&self, id: u16, side: StageSide) -> String {
+        let stem = column_stem(&self.point_name(id));
+        match side {
+            StageSide::Tx if self.app_both.contains(&id) => stem + "_tx",
+            StageSide::Rx if self.app_both.contains(&id) => stem + "_rx",
+            _ => stem,
+        }
+    }
+
+    /// `a__b`, as the packets table names stages, or `channel`.
+    fn stage_name(&self, (side, a, b): StageKey) -> String {
+        if side == StageSide::Channel {
+            return "channel".into();
+        }
+        stages::stage_name(&self.column(a, side), &self.column(b, side))
+    }
+
+    /// A point's rank among the wire points of its side (best first).
+    fn wire_rank(&self, side: Side, id: u16) -> Option<usize> {
+        point_info(id, &self.app_names)
+            .filter(|i| i.2 == Some(side))
+            .and_then(|i| stages::wire_rank(side, &column_stem(&i.0)))
+    }
+
+    /// One complete packet into the histograms.
+    fn account(&mut self, c: Complete) {
+        let kind = c.kind;
+        let n: usize = c.sides.iter().map(|s| s.len()).sum();
+        if n < 2 {
+            return;
+        }
+        self.packets += 1;
+        let all = || c.sides.iter().flatten().map(|(_, t)| *t);
+        let first = all().min().unwrap_or(0);
+        let [tx, rx] = &c.sides;
+        let e2e = if !tx.is_empty() && !rx.is_empty() {
+            rx.iter().map(|(_, t)| *t).max().unwrap_or(0)
+                - tx.iter().map(|(_, t)| *t).min().unwrap_or(0)
+        } else {
+            all().max().unwrap_or(0) - first
+        }
+        .max(0) as u64;
+        // (stage, ns, offset of its start into the packet, on the path)
+        let mut stages: Vec<(StageKey, u64, u64, bool)> = Vec::new();
+        let mut wires = [None, None];
+        for (i, (side, ss)) in [(Side::Tx, StageSide::Tx), (Side::Rx, StageSide::Rx)]
+            .into_iter()
+            .enumerate()
+        {
+            let points = &c.sides[i];
+            let Some(order) = self.orders.get(&(kind, i)) else {
+                continue;
+            };
+            let time = |p: &u16| points.iter().find(|(q, _)| q == p).map(|(_, t)| *t);
+            let wire = |p: &u16| self.wire_rank(side, *p);
+            wires[i] = points
+                .iter()
+                .filter_map(|(p, t)| wire(p).map(|r| (r, *t)))
+                .min()
+                .map(|(_, t)| t);
+            for (a, b) in stages::stages(order, |p| time(p).is_some()) {
+                let (ta, tb) = (time(a).unwrap_or(0), time(b).unwrap_or(0));
+                let on_path = stages::part(side, order, wire, a, b) == Part::Path;
+                // A packet that contradicts the order (the run says so in
+                // its packets table) counts as 0 here: the histogram has no
+                // negative buckets.
+                stages.push((
+                    (ss, *a, *b),
+                    (tb - ta).max(0) as u64,
+                    (ta - first).max(0) as u64,
+                    on_path,
+                ));
+            }
+        }
+        if let [Some(t), Some(r)] = wires {
+            stages.push((
+                CHANNEL,
+                (r - t).max(0) as u64,
+                (t - first).max(0) as u64,
+                true,
+            ));
+        }
+        // Causes against the window's fences before this packet joins it.
+        let window = self.current.entry(kind).or_default();
+        let outlier = window
+            .e2e
+            .as_ref()
+            .and_then(|h| h.fence())
+            .is_some_and(|f| e2e as f64 > f);
+        let mut causes = Vec::new();
+        if outlier {
+            // Only stages on the path cause: one after the sender's wire runs
+            // alongside the channel, whose time it already is.
+            for (s, ns, _, _) in stages.iter().filter(|s| s.3) {
+                if window
+                    .stages
+                    .get(s)
+                    .and_then(|h| h.fence())
+                    .is_some_and(|f| *ns as f64 > f)
+                {
+                    causes.push(*s);
+                }
+            }
+        }
+        for stats in [&mut self.total, &mut self.current] {
+            let k = stats.entry(kind).or_default();
+            k.e2e().add(e2e);
+            for (s, ns, offset, _) in &stages {
+                k.stages.entry(*s).or_insert_with(Hist::new).add(*ns);
+                *k.offsets.entry(*s).or_default() += *offset as f64;
+            }
+            if outlier {
+                k.outliers += 1;
+                for c in &causes {
+                    *k.causes.entry(*c).or_default() += 1;
+                }
+            }
+        }
+    }
+
+    fn render(&mut self, losses: &[(&str, u64)]) {
+        let secs = self.last_tick.elapsed().as_secs_f64().max(1e-3);
+        let stamp_rate = (self.stamps - self.last_stamps) as f64 / secs;
+        let packet_rate = (self.packets - self.last_packets) as f64 / secs;
+        self.last_stamps = self.stamps;
+        self.last_packets = self.packets;
+        self.last_tick = Instant::now();
+        if self.window_start.elapsed() >= WINDOW {
+            self.previous = std::mem::take(&mut self.current);
+            self.window_start = Instant::now();
+        }
+        if let Some(m) = &self.metrics {
+            let text = openmetrics(&self.total, self.stamps, self.packets, losses, &|k| {
+                self.stage_name(k)
+            });
+            if let Ok(mut slot) = m.lock() {
+                *slot = text;
+            }
+        }
+        if self.print {
+            let mut shown = self.previous.clone();
+            for (k, s) in &self.current {
+                shown.entry(*k).or_default().merge(s);
+            }
+            let text = self.view(&shown, stamp_rate, packet_rate, losses);
+            let mut out = std::io::stdout().lock();
+            if self.terminal {
+                // Home and clear: the view redraws in place.
+                let _ = write!(out, "\x1b[H\x1b[2J{text}");
+            } else {
+                let _ = writeln!(out, "{text}");
+            }
+            let _ = out.flush();
+        }
+    }
+
+    fn view(
+        &self,
+        stats: &Stats,
+        stamp_rate: f64,
+        packet_rate: f64,
+        losses: &[(&str, u64)],
+    ) -> String {
+        let mut s = String::new();
+        let lost: u64 = losses.iter().map(|(_, n)| n).sum();
+        let _ = writeln!(
+            s,
+            "xlap-trace live  {:.0} s  stamps {} ({:.0}/s)  packets {} ({:.0}/s)  pending {}  lost {}{}",
+            self.started.elapsed().as_secs_f64(),
+            self.stamps,
+            stamp_rate,
+            self.packets,
+            packet_rate,
+            self.pending.len(),
+            lost,
+            if lost == 0 {
+                String::new()
+            } else {
+                format!(
+                    " ({})",
+                    losses
+                        .iter()
+                        .filter(|(_, n)| *n > 0)
+                        .map(|(r, n)| format!("{r} {n}"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )
+            }
+        );
+        let us = |h: &Hist, p: f64| {
+            h.quantile(p)
+                .map_or("-".to_string(), |ns| format!("{:.1}", ns / 1e3))
+        };
+        for (kind, k) in stats {
+            let Some(e2e) = &k.e2e else { continue };
+            let top = k
+                .causes
+                .iter()
+                .max_by_key(|(s, n)| (**n, std::cmp::Reverse(**s)))
+                .map(|(s, n)| (self.stage_name(*s), n));
+            let _ = writeln!(
+                s,
+                "{}: {} packets (last 10-20 s), e2e p50 {} µs  p99 {} µs  outliers {}{}",
+                xlap_analyze::kind_label(*kind, None),
+                e2e.n,
+                us(e2e, 0.5),
+                us(e2e, 0.99),
+                k.outliers,
+                top.map_or(String::new(), |(c, n)| format!(
+                    ", top cause {c} ({:.0} %)",
+                    100.0 * *n as f64 / k.outliers.max(1) as f64
+                ))
+            );
+            // The most common stages: the sender's, the channel, the
+            // receiver's, each side by mean offset into the packet.
+            let mut stages: Vec<(String, StageKey, &Hist)> = k
+                .stages
+                .iter()
+                .map(|(key, h)| (self.stage_name(*key), *key, h))
+                .collect();
+            stages.sort_by(|a, b| b.2.n.cmp(&a.2.n).then(a.0.cmp(&b.0)));
+            stages.truncate(SHOWN_STAGES);
+            let offset = |key: &StageKey, h: &Hist| {
+                k.offsets.get(key).copied().unwrap_or(0.0) / h.n.max(1) as f64
+            };
+            stages.sort_by(|a, b| {
+                (a.1 .0)
+                    .cmp(&b.1 .0)
+                    .then(offset(&a.1, a.2).total_cmp(&offset(&b.1, b.2)))
+            });
+            for (name, _, h) in stages {
+                let _ = writeln!(
+                    s,
+                    "  {name:<48} {:>9} p50 {:>9} p99 {:>9} µs",
+                    h.n,
+                    us(h, 0.5),
+                    us(h, 0.99)
+                );
+            }
+        }
+        s
+    }
+}
+
+/// The metrics as OpenMetrics text.
+fn openmetrics(
+    stats: &Stats,
+    stamps: u64,
+    packets: u64,
+    losses: &[(&str, u64)],
+    name: &dyn Fn(StageKey) -> String,
+) -> String {
+    let mut s = String::new();
+    let _ = writeln!(s, "# TYPE xlap_stamps counter\n# HELP xlap_stamps Stamps recorded.\nxlap_stamps_total {stamps}");
+    let _ = writeln!(s, "# TYPE xlap_packets counter\n# HELP xlap_packets Packets completed (two or more stamps).\nxlap_packets_total {packets}");
+    let _ = writeln!(s, "# TYPE xlap_lost_stamps counter\n# HELP xlap_lost_stamps Stamps the tracer lost, by reason.");
+    for (reason, n) in losses {
+        let _ = writeln!(s, "xlap_lost_stamps_total{{reason=\"{reason}\"}} {n}");
+    }
+    let _ = writeln!(s, "# TYPE xlap_latency_seconds histogram\n# HELP xlap_latency_seconds End-to-end (stage e2e) and stage latency per packet kind.\n# UNIT xlap_latency_seconds seconds");
+    for (kind, k) in stats {
+        let mut stages: Vec<(String, &Hist)> =
+            k.stages.iter().map(|(key, h)| (name(*key), h)).collect();
+        stages.sort_by(|a, b| a.0.cmp(&b.0));
+        let hists = k.e2e.iter().map(|h| ("e2e".to_string(), h)).chain(stages);
+        for (stage, h) in hists {
+            let labels = format!("kind=\"{}\",stage=\"{stage}\"", kind_value(*kind));
+            for b in BOUNDS_S {
+                let _ = writeln!(
+                    s,
+                    "xlap_latency_seconds_bucket{{{labels},le=\"{b:e}\"}} {}",
+                    h.at_or_below(b * 1e9)
+                );
+            }
+            let _ = writeln!(
+                s,
+                "xlap_latency_seconds_bucket{{{labels},le=\"+Inf\"}} {}",
+                h.n
+            );
+            let _ = writeln!(s, "xlap_latency_seconds_count{{{labels}}} {}", h.n);
+            let _ = writeln!(
+                s,
+                "xlap_latency_seconds_sum{{{labels}}} {:e}",
+                h.sum_ns / 1e9
+            );
+        }
+    }
+    s.push_str("# EOF\n");
+    s
+}
+
+/// Serves the latest metrics text on `addr` from a thread (one request per
+/// connection, any path).
+fn serve(addr: SocketAddr) -> anyhow::Result<Arc<Mutex<String>>> {
+    let listener = TcpListener::bind(addr).map_err(|e| {
+        xlap_exit::failure(
+            xlap_exit::Code::Usage,
+            format!("--metrics {addr}: cannot listen there ({e}); give a free ADDR:PORT"),
+        )
+    })?;
+    let text = Arc::new(Mutex::new("# EOF\n".to_string()));
+    spawn_server(listener, text.clone())?;
+    Ok(text)
+}
+
+/// How long one client may take to send its request, and to take the
+/// answer: the network is not trusted (README: Threat model), and a client
+/// that sends nothing or reads nothing must not hold the others for long.
+const CLIENT_READ_TIMEOUT: Duration = Duration::from_millis(500);
+const CLIENT_WRITE_TIMEOUT: Duration = Duration::from_secs(2);
+
+fn spawn_server(listener: TcpListener, shared: Arc<Mutex<String>>) -> std::io::Result<()> {
+    std::thread::Builder::new()
+        .name("xlap-metrics".into())
+        .spawn(move || {
+            // Serving text to the network needs no capability at all.
+            let _ = crate::capabilities::keep_only(&[]);
+            for conn in listener.incoming() {
+                let Ok(mut conn) = conn else { continue };
+                let _ = conn.set_read_timeout(Some(CLIENT_READ_TIMEOUT));
+                let _ = conn.set_write_timeout(Some(CLIENT_WRITE_TIMEOUT));
+                // The request is not looked at beyond its first read, of
+                // a bounded size: any request, malformed or huge, gets the
+                // same answer.
+                let mut buf = [0u8; 2048];
+                let _ = conn.read(&mut buf);
+                let body = shared.lock().map(|t| t.clone()).unwrap_or_default();
+                let _ = write!(
+                    conn,
+                    "HTTP/1.1 200 OK\r\nContent-Type: application/openmetrics-text; version=1.0.0; charset=utf-8\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+            }
+        })?;
+    Ok(())
+}
+
+/// A kind as an OpenMetrics label value: its number, or `all` for the
+/// packets of a layout without a kind field (as the analyses name them).
+fn kind_value(kind: u64) -> String {
+    if kind == xlap_analyze::KIND_ALL {
+        xlap_analyze::KIND_ALL_NAME.to_string()
+    } else {
+        kind.to_string()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Clients that send nothing, garbage, or far too much, and one that
+    /// never reads: the server still answers a plain request after them.
+    #[test]
+    fn hostile_clients_do_not_stop_the_metrics_server() {
+        use std::io::Write as _;
+        use std::net::TcpStream;
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let body = "x".repeat(8 << 20) + "\n# EOF\n";
+        spawn_server(listener, Arc::new(Mutex::new(body.clone()))).unwrap();
+        let silent = TcpStream::connect(addr).unwrap();
+        let mut garbage = TcpStream::connect(addr).unwrap();
+        garbage.write_all(&[0xff; 300]).unwrap();
+        let mut huge = TcpStream::connect(addr).unwrap();
+        let _ = huge.write_all(&vec![b'G'; 1 << 20]);
+        // Asks, then never reads an 8 MiB answer.
+        let mut stalled = TcpStream::connect(addr).unwrap();
+        stalled.write_all(b"GET / HTTP/1.1\r\n\r\n").unwrap();
+        let mut ok = TcpStream::connect(addr).unwrap();
+        // Only a guard against hanging the suite, not a timing claim.
+        ok.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+        ok.write_all(b"GET /metrics HTTP/1.1\r\n\r\n").unwrap();
+        let mut answer = Vec::new();
+        ok.read_to_end(&mut answer).unwrap();
+        let answer = String::from_utf8_lossy(&answer);
+        assert!(
+            answer.starts_with("HTTP/1.1 200 OK"),
+            "{}",
+            &answer[..answer.len().min(200)]
+        );
+        assert!(answer.ends_with("# EOF\n"), "the whole body");
+        drop((silent, garbage, huge, stalled));
+    }
+
+    #[test]
+    fn histogram_quantiles_are_within_a_bucket() {
+        let mut h = Hist::new();
+        for ns in 1..=10_000u64 {
+            h.add(ns * 100);
+        }
+        for (p, want) in [(0.5, 500_000.0), (0.99, 990_000.0)] {
+            let got = h.quantile(p).unwrap();
+            assert!((got / want - 1.0).abs() < 0.05, "p{p}: {got} vs {want}");
+        }
+        // Cumulative counts grow with the bound and end at the total.
+        let counts: Vec<u64> = BOUNDS_S.iter().map(|b| h.at_or_below(b * 1e9)).collect();
+        assert!(counts.windows(2).all(|w| w[0] <= w[1]));
+        assert!(h.at_or_below(1e12) == h.n);
+    }
+
+    #[test]
+    fn packets_complete_into_stages_in_time_order() {
+        let mut v = LiveView::new(vec!["send".into(), "deliver".into()], false, None).unwrap();
+        let app = xlap_abi::xlap_point::XLAP_POINT_APP_BASE as u16;
+        let stamp = |ts: u64, point: u16, seq: u64| Stamp {
+            ts_ns: ts,
+            point,
+            seq: Some(seq),
+            kind: Some(1),
+            flow: 0,
+            pid: 1,
+            tid: 1,
+            cpu: 0,
+            len: 0,
+            ifindex: None,
+            queue: None,
+            hw_ts_ns: None,
+            priority: None,
+            from_user: false,
+            fragment: false,
+        };
+        for seq in 0..100u64 {
+            let t0 = seq * 1_000_000;
+            // Out of order on purpose: the view sorts by time.
+            v.note(&stamp(t0 + 30_000, app + 1, seq));
+            v.note(&stamp(t0, app, seq));
+        }
+        v.finish(&[]);
+        let k = &v.total[&1];
+        assert_eq!(v.packets, 100);
+        let e2e = k.e2e.as_ref().unwrap();
+        assert!((e2e.quantile(0.5).unwrap() / 30_000.0 - 1.0).abs() < 0.05);
+        let key = (StageSide::Tx, app, app + 1);
+        assert_eq!(k.stages[&key].n, 100);
+        assert_eq!(v.stage_name(key), "app_send__app_deliver");
+        let text = openmetrics(
+            &v.total,
+            v.stamps,
+            v.packets,
+            &[("ringbuf_full", 0)],
+            &|k| v.stage_name(k),
+        );
+        assert!(
+            text.contains("xlap_latency_seconds_count{kind=\"1\",stage=\"e2e\"} 100"),
+            "{text}"
+        );
+        assert!(text.ends_with("# EOF\n"));
+    }
+}

@@ -1,0 +1,534 @@
+//! `xlap-trace compare BASELINE CANDIDATE`: per metric (a quantile of the
+//! end-to-end latency or of a stage, per kind), the candidate's change
+//! against the baseline with a bootstrap interval, and a verdict.
+
+use super::stats::{
+    block_noise, quantile_change, relative_means_something, separation, verdict, widen_by_blocks,
+    widen_by_runs, Change, Dist, Rng, Verdict,
+};
+use super::summary::at_level;
+use super::summary::{StageSummary, Summary};
+use anyhow::Result;
+use serde::Serialize;
+use xlap_exit::{failure, Code};
+
+/// A metric: `e2e.p99`, `stage:NAME.p50` (p with up to two decimals, e.g.
+/// `p99.9`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Metric {
+    pub stage: String,
+    pub p: f64,
+}
+
+impl std::str::FromStr for Metric {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Metric, String> {
+        let usage = || {
+            format!("--metric wants e2e.pNN or stage:NAME.pNN (e.g. e2e.p99, stage:sock_queue__sock_recv_exit.p50), got {s:?}")
+        };
+        let (what, q) = s.rsplit_once(".p").ok_or_else(usage)?;
+        // "p99.9": the split found ".p" before "99" only if no later one.
+        let (what, q) = match what.rsplit_once(".p") {
+            Some((w, q0)) if q0.chars().all(|c| c.is_ascii_digit()) && !q0.is_empty() => {
+                (w, format!("{q0}.{}", q.trim_start_matches('p')))
+            }
+            _ => (what, q.to_string()),
+        };
+        let pct: f64 = q.parse().map_err(|_| usage())?;
+        if !(0.0..=100.0).contains(&pct) {
+            return Err(usage());
+        }
+        let stage = match what {
+            "e2e" => "e2e".to_string(),
+            _ => what
+                .strip_prefix("stage:")
+                .filter(|n| !n.is_empty())
+                .ok_or_else(usage)?
+                .to_string(),
+        };
+        Ok(Metric {
+            stage,
+            p: pct / 100.0,
+        })
+    }
+}
+
+impl Metric {
+    pub fn label(&self) -> String {
+        let pct = format!("{}", (self.p * 1e4).round() / 1e2);
+        if self.stage == "e2e" {
+            format!("e2e.p{pct}")
+        } else {
+            format!("stage:{}.p{pct}", self.stage)
+        }
+    }
+}
+
+/// Box statistics of a distribution (µs).
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct BoxStats {
+    pub packets: u64,
+    pub p25_us: f64,
+    pub p50_us: f64,
+    pub p75_us: f64,
+    pub p99_us: f64,
+}
+
+fn dist<'a>(levels: &'a [f64], s: &'a StageSummary) -> Dist<'a> {
+    Dist {
+        levels,
+        values: &s.quantiles_ns,
+        packets: s.packets,
+    }
+}
+
+/// Nanoseconds as µs with ns resolution (the JSON carries no digits the
+/// clock does not have).
+fn us(ns: f64) -> f64 {
+    (ns).round() / 1e3
+}
+
+/// A relative change to 1e-6.
+fn frac(x: f64) -> f64 {
+    (x * 1e6).round() / 1e6
+}
+
+fn box_of(levels: &[f64], s: &StageSummary) -> BoxStats {
+    let d = dist(levels, s);
+    BoxStats {
+        packets: s.packets,
+        p25_us: us(d.quantile(0.25)),
+        p50_us: us(d.quantile(0.5)),
+        p75_us: us(d.quantile(0.75)),
+        p99_us: us(d.quantile(0.99)),
+    }
+}
+
+/// One compared metric.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct Row {
+    pub metric: String,
+    pub kind: u64,
+    pub stage: String,
+    pub side: String,
+    pub quantile: f64,
+    pub baseline_us: f64,
+    pub candidate_us: f64,
+    /// (candidate − baseline) / baseline.
+    pub change: f64,
+    /// The interval of the difference over the baseline (a base under
+    /// 1 ns taken as 1 ns): `relative` says whether it means anything.
+    pub ci_low: f64,
+    pub ci_high: f64,
+    /// Whether the relative figures mean something: a baseline quantile
+    /// of at least 1 µs (below, read the µs).
+    pub relative: bool,
+    /// The interval of candidate − baseline, µs: what the verdict tests
+    /// against the allowed regression (the larger of --min-change and
+    /// --max-regression of the baseline).
+    pub ci_low_us: f64,
+    pub ci_high_us: f64,
+    /// How far the change stands out of the packets around the quantile
+    /// (stats::separation): at 1 or more the two runs' packets there no
+    /// longer overlap. A single-run baseline needs [`MIN_EFFECT`] for a
+    /// verdict.
+    pub effect: f64,
+    /// Whether the metric can decide the verdict: enough packets beyond
+    /// its quantile in both runs (and, for a single-run baseline, the
+    /// blocks that measure the machine's noise).
+    pub decides: bool,
+    pub verdict: Verdict,
+    /// Why the interval alone would have said regression (or improvement)
+    /// but the verdict does not; null otherwise.
+    pub limit: Option<Limit>,
+    pub baseline: BoxStats,
+    pub candidate: BoxStats,
+}
+
+/// The whole comparison (`--json` prints it as is: a stable format).
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct Comparison {
+    pub format_version: u32,
+    /// regression if any metric regressed, else inconclusive if any is,
+    /// else pass.
+    pub verdict: Verdict,
+    pub max_regression: f64,
+    pub min_change_us: f64,
+    /// Family-wise: the chance that an unchanged candidate gets no
+    /// regression verdict on any metric.
+    pub confidence: f64,
+    /// The confidence of each metric's interval: `confidence` shared out
+    /// over the metrics that can decide (Bonferroni), so that a hundred
+    /// metrics do not make a false alarm likely.
+    pub metric_confidence: f64,
+    /// The metrics that can decide the verdict (`Row::decides`).
+    pub deciding: usize,
+    pub baseline_runs: Vec<String>,
+    pub candidate_runs: Vec<String>,
+    /// Runs pooled in the baseline; with two or more, their spread widens
+    /// every interval (a single-run baseline knows no machine noise).
+    pub baseline_run_count: usize,
+    /// What the intervals hold besides the packets' own sampling noise:
+    /// `runs` (the spread between a pooled baseline's runs), `blocks` (the
+    /// spread between blocks of each run in send order), `packets` (nothing
+    /// more: summaries without blocks).
+    pub noise: Noise,
+    /// Stages of the baseline the candidate does not have.
+    pub not_compared: Vec<String>,
+    /// What the reader should know about the verdict's limits.
+    pub notes: Vec<String>,
+    /// Worst first: regressions, inconclusive, pass, improvements; within
+    /// each, by the interval's lower end, highest first.
+    pub rows: Vec<Row>,
+}
+
+/// Why a metric whose interval clears the allowed regression is not
+/// called one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Limit {
+    /// Fewer than [`MIN_TAIL_PACKETS`] packets beyond the quantile in a
+    /// run: one stall of the machine delays that many consecutive packets.
+    Packets,
+    /// A single-run comparison where a side has no blocks for the stage
+    /// (under 500 packets): the machine's noise is not measured.
+    Blocks,
+    /// A single-run baseline, and the two runs' packets around the
+    /// quantile are not far apart (effect under [`MIN_EFFECT`]): a change
+    /// of the machine's state for a whole run looks the same, and one
+    /// baseline run cannot tell.
+    Overlap,
+}
+
+/// Fewest packets beyond a quantile (on its nearer side) in each run for
+/// the metric to decide: five per block. The bootstrap takes packets as
+/// independent, but a stall delays consecutive packets together (3 ms at
+/// 10 k packets/s: 30 of them, a whole p99 of a 3 000-packet run), and
+/// blocks with fewer tell nothing of how the tail varies.
+pub const MIN_TAIL_PACKETS: f64 = 50.0;
+
+/// The separation a single-run comparison needs for a verdict (see
+/// `Row::effect`): three times the room of the packets around the
+/// quantile. At 1 they merely stop overlapping, and a queue that grows
+/// through a whole run (the receiver falling behind on a loaded machine)
+/// does that to every stage that queues: 1 to 2.2 measured on the
+/// example's e2e and receiver totals, with and without a change. A delay
+/// added to a stage moves its tight packets by 150 to 700 times their room.
+pub const MIN_EFFECT: f64 = 3.0;
+
+/// Where a comparison's intervals take the machine's noise from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Noise {
+    Runs,
+    Blocks,
+    Packets,
+}
+
+/// A single run shorter than this is said to be short: noise that persists
+/// longer than its blocks is not in its spread.
+const SHORT_RUN_S: f64 = 2.0;
+
+/// The metrics when none are named (compare, history): p50 and p99 of the
+/// end-to-end latency and of every stage of `base`.
+pub fn default_metrics(base: &Summary) -> Vec<Metric> {
+    let mut names: Vec<&str> = Vec::new();
+    for s in &base.stages {
+        if !names.contains(&s.stage.as_str()) {
+            names.push(&s.stage);
+        }
+    }
+    names
+        .iter()
+        .flat_map(|n| {
+            [0.5, 0.99].map(|p| Metric {
+                stage: n.to_string(),
+                p,
+            })
+        })
+        .collect()
+}
+
+/// The thresholds and confidence of a comparison.
+#[derive(Clone, Copy, Debug)]
+pub struct Thresholds {
+    /// Relative change allowed (0.1 = 10 %).
+    pub max_regression: f64,
+    /// Absolute change allowed, ns.
+    pub min_change_ns: f64,
+    /// Family-wise over the metrics compared (see `Comparison`).
+    pub confidence: f64,
+}
+
+pub fn compare(
+    base: &Summary,
+    cand: &Summary,
+    metrics: &[Metric],
+    th: Thresholds,
+) -> Result<Comparison> {
+    let Thresholds {
+        max_regression,
+        min_change_ns,
+        confidence,
+    } = th;
+    if base.levels != cand.levels {
+        return Err(failure(
+            Code::BadInput,
+            "the two summaries use different quantile levels (written by different xlap-trace versions): summarize both runs with one version",
+        ));
+    }
+    let named = !metrics.is_empty();
+    let metrics = if named {
+        metrics.to_vec()
+    } else {
+        default_metrics(base)
+    };
+    let mut not_compared: Vec<String> = Vec::new();
+    let levels = &base.levels;
+    let mut rows = Vec::new();
+    // One generator per comparison, seeded by what is compared: the same
+    // inputs give the same intervals.
+    let mut rng = Rng::new(0x5EED_C0DE);
+    let pooled = base.stages.iter().any(|s| s.runs_ns.len() >= 2);
+    let blocked = base.stages.iter().any(|s| !s.blocks_ns.is_empty())
+        && cand.stages.iter().any(|s| !s.blocks_ns.is_empty());
+    let noise = if pooled {
+        Noise::Runs
+    } else if blocked {
+        Noise::Blocks
+    } else {
+        Noise::Packets
+    };
+    // Whether a metric can decide, from the data alone (never from its
+    // change): enough packets beyond the quantile in both runs, and for a
+    // single-run comparison with blocks, blocks on both sides.
+    let can_decide = |b: &StageSummary, c: &StageSummary, p: f64| -> Option<Limit> {
+        let beyond = |n: u64| n as f64 * p.min(1.0 - p);
+        if beyond(b.packets) < MIN_TAIL_PACKETS || beyond(c.packets) < MIN_TAIL_PACKETS {
+            Some(Limit::Packets)
+        } else if noise == Noise::Blocks && (b.blocks_ns.is_empty() || c.blocks_ns.is_empty()) {
+            Some(Limit::Blocks)
+        } else {
+            None
+        }
+    };
+    let pairs: Vec<(&Metric, &StageSummary, &StageSummary)> = metrics
+        .iter()
+        .flat_map(|m| {
+            base.stages
+                .iter()
+                .filter(move |b| b.stage == m.stage)
+                .filter_map(move |b| cand.stage(b.kind, &b.stage).map(|c| (m, b, c)))
+        })
+        .collect();
+    // Bonferroni over the metrics that can decide: only they can make a
+    // false alarm.
+    let deciding = pairs
+        .iter()
+        .filter(|(m, b, c)| can_decide(b, c, m.p).is_none())
+        .count();
+    let family_confidence = confidence;
+    let confidence = 1.0 - (1.0 - family_confidence) / deciding.max(1) as f64;
+    for &(m, b, c) in &pairs {
+        let ch: Change =
+            quantile_change(dist(levels, b), dist(levels, c), m.p, confidence, &mut rng);
+        let ch = if b.runs_ns.len() >= 2 {
+            let per_run: Vec<f64> = b.runs_ns.iter().map(|g| at_level(levels, g, m.p)).collect();
+            widen_by_runs(ch, &per_run, confidence)
+        } else {
+            let noise = |s: &Summary, st: &StageSummary| {
+                block_noise(
+                    levels,
+                    &st.quantiles_ns,
+                    &s.block_levels,
+                    &st.blocks_ns,
+                    m.p,
+                )
+            };
+            widen_by_blocks(ch, noise(base, b), noise(cand, c), confidence)
+        };
+        let effect = separation(levels, &b.quantiles_ns, &c.quantiles_ns, m.p);
+        let unfit = can_decide(b, c, m.p);
+        // A pooled baseline measures the spread between runs; a single
+        // run does not, so its change must also stand out of the packets.
+        let limit = unfit.or((!pooled && effect.abs() < MIN_EFFECT).then_some(Limit::Overlap));
+        let (verdict, limit) = match (verdict(&ch, max_regression, min_change_ns), limit) {
+            (Verdict::Regression, Some(l)) => (Verdict::Inconclusive, Some(l)),
+            // Not worse by more than allowed: a pass, if no improvement.
+            (Verdict::Improvement, Some(l)) => (Verdict::Pass, Some(l)),
+            (v, _) => (v, None),
+        };
+        let rel_of = |ns: f64| frac(ns / ch.base.max(1.0));
+        rows.push(Row {
+            metric: m.label(),
+            kind: b.kind,
+            stage: b.stage.clone(),
+            side: b.side.clone(),
+            quantile: m.p,
+            baseline_us: us(ch.base),
+            candidate_us: us(ch.cand),
+            change: frac(ch.rel),
+            ci_low: rel_of(ch.abs_low),
+            ci_high: rel_of(ch.abs_high),
+            relative: relative_means_something(ch.base),
+            ci_low_us: us(ch.abs_low),
+            ci_high_us: us(ch.abs_high),
+            effect: frac(effect),
+            decides: unfit.is_none(),
+            verdict,
+            limit,
+            baseline: box_of(levels, b),
+            candidate: box_of(levels, c),
+        });
+    }
+    for m in &metrics {
+        if pairs.iter().any(|(pm, _, _)| pm.stage == m.stage) {
+            continue;
+        }
+        if !named {
+            // A stage of the baseline the candidate lacks (its points
+            // differ: a marker that moved, a point set): said, not compared.
+            if !not_compared.contains(&m.stage) {
+                not_compared.push(m.stage.clone());
+            }
+        } else {
+            let mut stages: Vec<&str> = base.stages.iter().map(|s| s.stage.as_str()).collect();
+            stages.sort_unstable();
+            stages.dedup();
+            return Err(failure(
+                Code::Usage,
+                format!(
+                    "no stage {} in both runs; the stages are: {}",
+                    m.stage,
+                    stages.join(", ")
+                ),
+            ));
+        }
+    }
+    let rank = |v: Verdict| match v {
+        Verdict::Regression => 0,
+        Verdict::Inconclusive => 1,
+        Verdict::Pass => 2,
+        Verdict::Improvement => 3,
+    };
+    // Within a verdict, the change that stands out most first: a delay
+    // added to one stage moves its tight packets far past the baseline's,
+    // while the stages that queue behind it (e2e, the receiver's total)
+    // are spread out; the origin is named first.
+    rows.sort_by(|a, b| {
+        rank(a.verdict)
+            .cmp(&rank(b.verdict))
+            .then(b.effect.total_cmp(&a.effect))
+    });
+    let overall = rows
+        .iter()
+        .map(|r| r.verdict)
+        .min_by_key(|v| rank(*v).min(2))
+        .map_or(Verdict::Pass, |v| match v {
+            Verdict::Improvement => Verdict::Pass,
+            v => v,
+        });
+    let mut notes = Vec::new();
+    match noise {
+        Noise::Runs => {}
+        Noise::Blocks => {
+            let short = [base.duration_s, cand.duration_s]
+                .into_iter()
+                .flatten()
+                .fold(f64::INFINITY, f64::min);
+            if short < SHORT_RUN_S {
+                notes.push(format!(
+                    "a run lasts only {short:.1} s: noise that lasts longer than its blocks ({:.0} ms) is not measured, so a change counts only where the runs' packets no longer overlap; record runs of several seconds or pool baseline runs (xlap-trace summary RUN... -o FILE) to find smaller ones",
+                    short * 1e3 / super::summary::BLOCKS as f64
+                ));
+            }
+        }
+        Noise::Packets => notes.push(
+            "the summaries have no blocks (written by an older xlap-trace): the intervals hold the packets' sampling noise only; pool baseline runs to account for the machine's".into(),
+        ),
+    }
+    Ok(Comparison {
+        format_version: 1,
+        verdict: overall,
+        max_regression,
+        min_change_us: min_change_ns / 1e3,
+        confidence: family_confidence,
+        metric_confidence: confidence,
+        deciding,
+        baseline_runs: base.runs.clone(),
+        candidate_runs: cand.runs.clone(),
+        baseline_run_count: base
+            .stages
+            .iter()
+            .map(|s| s.runs_ns.len().max(1))
+            .max()
+            .unwrap_or(1),
+        noise,
+        not_compared,
+        notes,
+        rows,
+    })
+}
+
+/// `--min-change 10us` (also `ns`, `ms`; a bare number is µs), in ns.
+pub fn parse_duration_ns(s: &str) -> Result<f64, String> {
+    let t = s.trim();
+    let (num, scale) = if let Some(n) = t.strip_suffix("ns") {
+        (n, 1.0)
+    } else if let Some(n) = t.strip_suffix("us").or_else(|| t.strip_suffix("µs")) {
+        (n, 1e3)
+    } else if let Some(n) = t.strip_suffix("ms") {
+        (n, 1e6)
+    } else {
+        (t, 1e3)
+    };
+    let v: f64 = num
+        .trim()
+        .parse()
+        .map_err(|_| format!("{s:?}: give a duration such as 10us, 500ns or 1ms"))?;
+    if v < 0.0 || !v.is_finite() {
+        return Err(format!("{s:?}: out of range"));
+    }
+    Ok(v * scale)
+}
+
+/// `--max-regression 5%` or `0.05`.
+pub fn parse_fraction(s: &str) -> Result<f64, String> {
+    let v = match s.strip_suffix('%') {
+        Some(p) => p.trim().parse::<f64>().map(|v| v / 100.0),
+        None => s.trim().parse::<f64>(),
+    }
+    .map_err(|_| format!("{s:?}: give a fraction (0.05) or a percentage (5%)"))?;
+    if !(0.0..10.0).contains(&v) {
+        return Err(format!("{s:?}: out of range"));
+    }
+    Ok(v)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn metrics_parse() {
+        let m: Metric = "e2e.p99".parse().unwrap();
+        assert_eq!((m.stage.as_str(), m.p), ("e2e", 0.99));
+        let m: Metric = "stage:sock_queue__sock_recv_exit.p50".parse().unwrap();
+        assert_eq!(m.stage, "sock_queue__sock_recv_exit");
+        assert_eq!(m.label(), "stage:sock_queue__sock_recv_exit.p50");
+        let m: Metric = "e2e.p99.9".parse().unwrap();
+        assert!((m.p - 0.999).abs() < 1e-12);
+        assert_eq!(m.label(), "e2e.p99.9");
+        for bad in ["e2e", "p99", "stage:.p50", "x.p50", "e2e.p101", "e2e.pxx"] {
+            assert!(bad.parse::<Metric>().is_err(), "{bad}");
+        }
+        assert_eq!(parse_duration_ns("10us"), Ok(10_000.0));
+        assert_eq!(parse_duration_ns("2"), Ok(2_000.0));
+        assert_eq!(parse_duration_ns("1ms"), Ok(1e6));
+        assert!(parse_duration_ns("fast").is_err());
+        assert_eq!(parse_fraction("5%"), Ok(0.05));
+        assert_eq!(parse_fraction("0.1"), Ok(0.1));
+        assert!(parse_fraction("x").is_err());
+    }
+}

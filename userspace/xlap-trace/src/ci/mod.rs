@@ -1,9 +1,0 @@
-//! The CI workflow: a run's compact summary, and the comparison of two
-//! (a baseline and a candidate) with statistical verdicts, and their
-//! history over a series of runs.
-
-pub mod compare;
-pub mod history;
-pub mod render;
-pub mod stats;
-pub mod summary;

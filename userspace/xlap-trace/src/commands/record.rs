@@ -1,0 +1,172 @@
+//! `record`, `run -- CMD` and the hidden `finish`: the command line turned
+//! into the recorder's options, the recording, and the end of the run.
+
+use crate::cli::{BpfStats, Endian, FinishArgs, RecordArgs, RunArgs};
+use anyhow::Result;
+use std::process::ExitCode;
+use xlap_analyze::finish::{finish_run, FinishOptions};
+use xlap_capture::proto::{self, Layout, Layouts};
+use xlap_capture::record::{self, RecordOptions, StatsMode};
+
+impl TryFrom<&RecordArgs> for RecordOptions {
+    type Error = anyhow::Error;
+
+    fn try_from(a: &RecordArgs) -> Result<Self> {
+        let layouts = Layouts {
+            default: layout(a)?,
+            ports: a.port_layouts.clone(),
+        };
+        layouts.to_abi()?; // the limits, checked before anything starts
+        Ok(RecordOptions {
+            pids: a.pids.clone(),
+            started_here: a.started_here,
+            output: a.output.clone(),
+            duration: a.duration,
+            count: a.count,
+            rotate: a.rotate,
+            max_size: a.max_size,
+            ready_file: a.ready_file.clone(),
+            umask: a.umask,
+            skip_capability_check: a.skip_capability_check,
+            layouts,
+            usdt: a.usdt.clone(),
+            points: a.points.clone(),
+            no_usdt: a.no_usdt,
+            marker_path: a.marker_path.into(),
+            ringbuf_kib: a.ringbuf_kib,
+            host: a.host.clone(),
+            full_priority: a.full_priority,
+            per_stamp_records: a.per_stamp_records,
+            stats_mode: match (a.no_bpf_stats, a.bpf_stats) {
+                (true, _) | (false, BpfStats::Off) => StatsMode::Off,
+                (false, BpfStats::Sampled) => StatsMode::Sampled,
+                (false, BpfStats::Full) => StatsMode::Full,
+            },
+            quiet: a.quiet,
+            live: a.live,
+            metrics: a.metrics,
+            ifaces: a.ifaces.clone(),
+            tunnel_ports: a.tunnel_ports.clone(),
+            no_correlate: a.no_correlate,
+            deadline_ms: a.deadline_ms,
+        })
+    }
+}
+
+/// The preset, with any explicit field options applied over it. A layout
+/// given only by --seq-* options takes no kind from the default preset:
+/// its byte 0 would split a third-party protocol's packets into "kinds".
+fn layout(a: &RecordArgs) -> Result<Layout> {
+    let mut l = proto::preset(a.proto.as_deref().unwrap_or(proto::DEFAULT_PRESET))?;
+    let explicit_seq = a.seq_offset.is_some() || a.seq_size.is_some() || a.seq_endian.is_some();
+    if a.proto.is_none() && explicit_seq {
+        l.kind_size = 0;
+        l.kind_offset = 0;
+        l.kind_names = &[];
+    }
+    if let Some(v) = a.seq_offset {
+        l.seq_offset = v;
+    }
+    if let Some(v) = a.seq_size {
+        l.seq_size = v;
+    }
+    if let Some(e) = a.seq_endian {
+        l.big_endian = e == Endian::Big;
+    }
+    if let Some(v) = a.kind_offset {
+        l.kind_offset = v;
+        l.kind_names = &[];
+    }
+    if let Some(v) = a.kind_size {
+        l.kind_size = v;
+        l.kind_names = &[];
+    }
+    l.validate()?;
+    Ok(l)
+}
+
+/// `record` (and `xlap-trace --pid PID`).
+pub fn record(args: &RecordArgs) -> Result<()> {
+    let opts = RecordOptions::try_from(args)?;
+    let meta = record::run(&opts)?;
+    record::print_summary(&meta, &record::segments::final_dir(&opts.output));
+    if !opts.no_correlate {
+        record::finish(&opts);
+    }
+    Ok(())
+}
+
+/// `run -- CMD`: traced like `record`, then the command's own status.
+pub fn run(a: &RunArgs) -> Result<ExitCode> {
+    let opts = RecordOptions::try_from(&a.record)?;
+    let (meta, status) = record::command::run(&opts, &a.command)?;
+    record::print_summary(&meta, &record::segments::final_dir(&opts.output));
+    if meta.packets == 0 && meta.stamps == 0 {
+        eprintln!(
+            "xlap-trace: {} sent and received no UDP datagram on a traced socket: nothing was stamped",
+            a.command[0]
+        );
+    } else if !opts.no_correlate {
+        record::finish(&opts);
+    }
+    Ok(ExitCode::from(record::command::exit_code(status)))
+}
+
+/// `finish RUN`: a segment's packets table and summary.json, in the
+/// child process the recorder's finisher starts.
+pub fn finish(a: &FinishArgs) -> Result<()> {
+    let opts = FinishOptions {
+        deadline_ms: a.deadline_ms,
+        analysis: false,
+    };
+    finish_run(&a.run, &opts)?.summary?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cli::Cli;
+    use clap::Parser;
+
+    fn options(args: &[&str]) -> RecordOptions {
+        let cli = Cli::parse_from(std::iter::once("xlap-trace").chain(args.iter().copied()));
+        RecordOptions::try_from(&cli.record).unwrap()
+    }
+
+    #[test]
+    fn the_recorders_defaults_are_the_command_lines() {
+        assert_eq!(options(&[]), RecordOptions::default());
+    }
+
+    #[test]
+    fn no_bpf_stats_turns_them_off() {
+        assert_eq!(options(&["--no-bpf-stats"]).stats_mode, StatsMode::Off);
+        assert_eq!(
+            options(&["--bpf-stats", "full"]).stats_mode,
+            StatsMode::Full
+        );
+    }
+
+    #[test]
+    fn explicit_seq_options_alone_give_no_kind() {
+        let layout = |args: &[&str]| options(args).layouts.default;
+        let default = layout(&[]);
+        assert_eq!((default.kind_offset, default.kind_size), (0, 1));
+        let third_party = layout(&["--seq-offset", "8", "--seq-size", "4"]);
+        assert_eq!((third_party.seq_offset, third_party.kind_size), (8, 0));
+        assert!(third_party.kind_names.is_empty());
+        let with_kind = layout(&[
+            "--seq-offset",
+            "8",
+            "--kind-offset",
+            "2",
+            "--kind-size",
+            "1",
+        ]);
+        assert_eq!((with_kind.kind_offset, with_kind.kind_size), (2, 1));
+        // Over a named preset, the preset's kind stays.
+        let over = layout(&["--proto", "xlap-example", "--seq-offset", "8"]);
+        assert_eq!((over.seq_offset, over.kind_size), (8, 1));
+    }
+}
