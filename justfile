@@ -22,7 +22,7 @@ test: lint build
     @# checked even when tests failed.
     {{xlap}} stage sweep >/dev/null
     @# Then the tests of what a kernel before 6.12 lacks, run as on Debian
-    @# 12's 6.1 (XLAP_KERNEL_AS: README, minimum kernel per feature).
+    @# 12's 6.1 (XLAP_KERNEL_AS: docs/stamp-points.md, minimum kernel per feature).
     status=0; cargo test --workspace --no-fail-fast || status=$?; \
     XLAP_KERNEL_AS=6.1 cargo test -p xlap-tests --no-fail-fast --test kernel_features --test attribution \
         --test event_loops --test io_uring --test iperf3 --test path_matrix --test capture --test least_privilege || status=$?; \

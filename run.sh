@@ -21,8 +21,8 @@ die() {
 	die "needs root (it loads BPF and builds network namespaces): run it as root, e.g. sudo -E ./run.sh ${1:-demo}" 3
 [ -e /sys/kernel/btf/vmlinux ] ||
 	die "this kernel has no BTF (/sys/kernel/btf/vmlinux is missing): xlap-trace needs a kernel built with CONFIG_DEBUG_INFO_BTF=y" 4
-# bpf_loop: the capture loads on Linux 5.17 and later (README: minimum
-# kernel per feature).
+# bpf_loop: the capture loads on Linux 5.17 and later (docs/stamp-points.md:
+# minimum kernel per feature).
 IFS=. read -r kmajor kminor _ <<<"$(uname -r)"
 kminor=${kminor%%[!0-9]*}
 ((kmajor > 5 || (kmajor == 5 && kminor >= 17))) ||

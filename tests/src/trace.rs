@@ -155,7 +155,7 @@ pub fn run_meta(dir: &Path) -> Value {
 /// `unavailable_points` names the others (a point needing a later kernel, a
 /// tracepoint that changed), and each left out is said. Tests check a
 /// point's stamps only where the run says it took them; the
-/// `kernel_features` test holds this kernel to the README's minimums, so
+/// `kernel_features` test holds this kernel to docs/stamp-points.md's minimums, so
 /// on a kernel that has them nothing is left out.
 pub fn traced<'a>(meta: &Value, points: &[&'a str]) -> Vec<&'a str> {
     points

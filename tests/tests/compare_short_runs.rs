@@ -4,7 +4,7 @@
 //! regression with that stage named first, and an unchanged check is none.
 //! On this shared machine whole-run states of the scheduler (the receiver
 //! behind its queue, the peer preempting the sender) used to make seven of
-//! ten unchanged pairs regressions (README, `just bench-compare`); two pairs
+//! ten unchanged pairs regressions (docs/ci.md, `just bench-compare`); two pairs
 //! of each keep the fix honest at CI cost. The intervals it prints stay
 //! bounded numbers.
 

@@ -7,7 +7,7 @@
 //!
 //! - **record**: the program ran, and `xlap-trace record` exited 0;
 //! - **a**: every datagram the program says it received carries every core
-//!   point of the veth path (README: stamp points, real paths): the
+//!   point of the veth path (docs/stamp-points.md: real paths): the
 //!   sender's `sock.send_enter`/`send_exit`, `dev.queue`/`start_xmit`/
 //!   `xmit`, the receiver's `dev.netif_rx`/`receive_skb`, `sock.queue`,
 //!   `sock.recv_exit` (those the run says it could take on this kernel), or
@@ -40,7 +40,7 @@ use xlap_tests::trace::{read_stamps, run_meta, traced, Recorder, Row};
 use xlap_tests::{bin, privileged, target_dir, Scratch};
 
 /// The points every datagram carries on the stage's veth path, by side
-/// (README: "Real paths", veth row).
+/// (docs/stamp-points.md: "Real paths", veth row).
 const TX_POINTS: [&str; 5] = [
     "sock.send_enter",
     "sock.send_exit",

@@ -1,5 +1,5 @@
-//! Privileged: traced processes that attack the recorder (README: Threat
-//! model). The targets run as `nobody` and do what a hostile process can:
+//! Privileged: traced processes that attack the recorder
+//! (docs/threat-model.md). The targets run as `nobody` and do what a hostile process can:
 //! scribble its marker ring's header and records, truncate or remove the
 //! ring file, declare a marker whose name is SQL, bind-mount a directory it
 //! cannot write over its `/dev/shm`. Each test checks the recorder against

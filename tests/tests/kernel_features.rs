@@ -1,4 +1,4 @@
-//! Portability, stated and checked: the README's minimum kernel per feature
+//! Portability, stated and checked: the docs' minimum kernel per feature
 //! against the tool's own table of what each optional program needs
 //! (`point_sets::PROGRAM_POINTS`, `preflight::MIN_KERNEL`) and `run.sh`'s
 //! check; and (privileged) a run on this kernel, which must lack exactly
@@ -27,18 +27,18 @@ fn point_name(id: u32) -> &'static str {
 
 #[test]
 fn the_readme_states_every_minimum_kernel_the_tool_holds() {
-    let readme = repo_file("README.md");
-    let start = readme
+    let doc = repo_file("docs/stamp-points.md");
+    let start = doc
         .find("Minimum kernel per feature:")
-        .expect("the README's minimum kernel paragraph");
-    let paragraph = &readme[start..];
+        .expect("docs/stamp-points.md's minimum kernel paragraph");
+    let paragraph = &doc[start..];
     let paragraph =
         paragraph[..paragraph.find("\n\n").unwrap_or(paragraph.len())].replace('\n', " ");
     let paragraph = paragraph.as_str();
     let (major, minor) = MIN_KERNEL;
     assert!(
         paragraph.contains(&format!("{major}.{minor} for the capture as a whole")),
-        "the README does not state the capture's minimum {major}.{minor}: {paragraph}"
+        "docs/stamp-points.md does not state the capture's minimum {major}.{minor}: {paragraph}"
     );
     for pp in PROGRAM_POINTS {
         let Some((major, minor)) = pp.min_kernel else {
@@ -50,7 +50,7 @@ fn the_readme_states_every_minimum_kernel_the_tool_holds() {
                 .any(|phrase| pp.what().contains(phrase) && paragraph.contains(phrase));
             assert!(
                 said,
-                "the README does not say that before Linux {major}.{minor} {}: {paragraph}",
+                "docs/stamp-points.md does not say that before Linux {major}.{minor} {}: {paragraph}",
                 pp.what()
             );
             continue;
@@ -60,7 +60,7 @@ fn the_readme_states_every_minimum_kernel_the_tool_holds() {
             assert!(
                 paragraph.contains(&format!("`{name}`"))
                     && paragraph.contains(&format!("{major}.{minor}")),
-                "the README does not say that {name} needs Linux {major}.{minor}: {paragraph}"
+                "docs/stamp-points.md does not say that {name} needs Linux {major}.{minor}: {paragraph}"
             );
         }
     }
@@ -120,7 +120,7 @@ fn a_run_lacks_exactly_the_points_this_kernel_is_too_old_for() {
             } else {
                 assert!(
                     said.is_none(),
-                    "Linux {release} meets the README's minimum for {name}, but {} did not attach: {said:?}",
+                    "Linux {release} meets the docs' minimum for {name}, but {} did not attach: {said:?}",
                     pp.program
                 );
             }

@@ -1,20 +1,21 @@
-//! The README's lists of the vocabulary are the code's: every kernel stamp
-//! point (with its side) in the stamp-point table, every fixed column of
-//! the packets table in its section, and nothing the code does not have.
+//! The reference's lists of the vocabulary are the code's: every kernel stamp
+//! point (with its side) in the stamp-point table (docs/stamp-points.md),
+//! every fixed column of the packets table in its section (docs/tables.md),
+//! and nothing the code does not have.
 
 use std::collections::BTreeSet;
 use xlap_records::points::kernel_points;
 use xlap_records::schema;
 
-fn readme() -> String {
-    std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md")).unwrap()
+fn doc(name: &str) -> String {
+    std::fs::read_to_string(format!("{}/../docs/{name}", env!("CARGO_MANIFEST_DIR"))).unwrap()
 }
 
 /// The text from `heading` to the next heading of its level or above.
 fn section(text: &str, heading: &str) -> String {
     let start = text
         .find(&format!("\n{heading}\n"))
-        .unwrap_or_else(|| panic!("README has no {heading:?}"));
+        .unwrap_or_else(|| panic!("the doc has no {heading:?}"));
     let level = heading.split(' ').next().unwrap().len();
     let body = &text[start + heading.len() + 2..];
     let end = body
@@ -43,7 +44,7 @@ fn ticked(text: &str) -> BTreeSet<String> {
 
 #[test]
 fn the_stamp_point_table_lists_every_kernel_point_with_its_side() {
-    let table = section(&readme(), "### Stamp points");
+    let table = section(&doc("stamp-points.md"), "## Stamp points");
     let mut listed = Vec::new();
     for row in table.lines().filter(|l| l.starts_with("| `")) {
         let cells: Vec<&str> = row.split('|').map(str::trim).collect();
@@ -57,12 +58,12 @@ fn the_stamp_point_table_lists_every_kernel_point_with_its_side() {
         .collect();
     listed.sort();
     expected.sort();
-    assert_eq!(listed, expected, "README's stamp-point table vs points.rs");
+    assert_eq!(listed, expected, "the stamp-point table vs points.rs");
 }
 
 #[test]
 fn the_packets_table_section_names_every_fixed_column() {
-    let text = ticked(&section(&readme(), "### The packets table"));
+    let text = ticked(&section(&doc("tables.md"), "## The packets table"));
     let fixed: Vec<String> = schema::packets(&[], &[])
         .fields()
         .iter()
@@ -71,7 +72,7 @@ fn the_packets_table_section_names_every_fixed_column() {
     let missing: Vec<&String> = fixed.iter().filter(|c| !text.contains(*c)).collect();
     assert!(
         missing.is_empty(),
-        "README's packets table section does not name {missing:?}"
+        "docs/tables.md's packets table section does not name {missing:?}"
     );
     // Names that look like columns are columns.
     for word in &text {
@@ -81,7 +82,7 @@ fn the_packets_table_section_names_every_fixed_column() {
                 || word.starts_with("app_");
             assert!(
                 is_point || fixed.contains(word),
-                "README's packets section names {word}, which the schema lacks"
+                "docs/tables.md's packets section names {word}, which the schema lacks"
             );
         }
     }

@@ -1,7 +1,7 @@
 //! Privileged: the seams a newcomer crosses with a program of their own,
 //! each checked against the program's own log.
 //!
-//! - A kind-less layout (`--seq-*` only, the README's way for third-party
+//! - A kind-less layout (`--seq-*` only, docs/usage.md's way for third-party
 //!   programs) from a socket created before tracing began and bound only by
 //!   its first send: every datagram the program received carries the send
 //!   and receive points from the first one, and `analyze`, `report` and

@@ -64,7 +64,7 @@ pub struct ProgramPoints {
     pub stamp_only: bool,
     pub without: Without,
     /// The oldest kernel it attaches on, where later than the capture's
-    /// (`preflight::MIN_KERNEL`); the README's list is checked against it.
+    /// (`preflight::MIN_KERNEL`); docs/stamp-points.md's list is checked against it.
     pub min_kernel: Option<(u32, u32)>,
 }
 

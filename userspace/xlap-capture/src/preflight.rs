@@ -23,7 +23,7 @@ pub fn check_btf() -> Result<()> {
 }
 
 /// The oldest kernel the capture loads on (`bpf_loop`: Linux 5.17; the
-/// README lists what each feature needs beyond it).
+/// docs/stamp-points.md lists what each feature needs beyond it).
 pub const MIN_KERNEL: (u32, u32) = (5, 17);
 
 /// (major, minor) of a kernel release string (`6.18.44-fc-v657`).

@@ -1,7 +1,7 @@
 //! Paths inside a traced process's root (`/proc/PID/root/...`), walked the
 //! way the process would walk them: a symlink it planted, absolute ones
 //! included, resolves inside its root, never against the recorder's, and
-//! no `/proc` magic link is followed on the way (README: Threat model).
+//! no `/proc` magic link is followed on the way (docs/threat-model.md).
 
 use std::ffi::CString;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};

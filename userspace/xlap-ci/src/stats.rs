@@ -902,7 +902,7 @@ mod tests {
     }
 
     /// Power and false positives on distributions with a known shift (the
-    /// figures the README states): 200 trials each.
+    /// figures docs/ci.md states): 200 trials each.
     #[test]
     fn power_and_false_positive_rate_on_known_shifts() {
         let levels = grid();

@@ -12,7 +12,7 @@
 //! exits, unused).
 //!
 //! The ring is the traced process's to write, so nothing in it is trusted
-//! (README: Threat model): the capacity is ours, the reader's position is
+//! (docs/threat-model.md): the capacity is ours, the reader's position is
 //! ours (the shared `tail` only tells the markers), a head the ring cannot
 //! have is a header fault, a record that cannot be the process's is
 //! counted corrupt, the file shrunk under us is survived ([`shm_guard`]),

@@ -693,7 +693,7 @@ fn serve(addr: SocketAddr) -> anyhow::Result<Arc<Mutex<String>>> {
 }
 
 /// How long one client may take to send its request, and to take the
-/// answer: the network is not trusted (README: Threat model), and a client
+/// answer: the network is not trusted (docs/threat-model.md), and a client
 /// that sends nothing or reads nothing must not hold the others for long.
 const CLIENT_READ_TIMEOUT: Duration = Duration::from_millis(500);
 const CLIENT_WRITE_TIMEOUT: Duration = Duration::from_secs(2);

@@ -1,6 +1,6 @@
 //! Files the recorder places in a traced process's `/dev/shm` (its marker
 //! rings), made so that the process gets nothing it could not have made
-//! itself (README: Threat model).
+//! itself (docs/threat-model.md).
 //!
 //! - The directory is reached through `/proc/PID/root` inside the process's
 //!   root ([`crate::proc_root`]).
