@@ -51,7 +51,7 @@ fuzz CASES="200000":
 lint:
     cargo fmt --all --check
     cargo clippy --workspace --all-targets -- -D warnings
-    clang-format --dry-run --Werror bpf/*.c bpf/*.h bpf/capture/*.h examples/markers/c/*.h examples/markers/c/*.c tests/c/*.c
+    clang-format --dry-run --Werror bpf/*.c bpf/*.h bpf/lib/*.h bpf/hooks/*.h examples/markers/c/*.h examples/markers/c/*.c tests/c/*.c
     cargo run -q -p xlap-trace -- schema --check schemas
 
 # Regenerate the committed schema files.

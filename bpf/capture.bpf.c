@@ -8,9 +8,14 @@
  * number and kind, read from the UDP payload (CFG) in the skb or the
  * syscall's user buffer. Traffic of other processes costs one map lookup.
  *
- * One file per hook family, in the order a datagram meets them; common.h
- * holds identity and the stamp path, packet.h the packet reader, layout.h
- * where a datagram keeps its seq and kind, flows.h its addresses:
+ * Libraries apart from programs. lib/ holds no program: common.h identity
+ * and the stamp path, packet.h the packet reader, layout.h where a
+ * datagram keeps its seq and kind, flows.h its addresses, task.h per-thread
+ * call state. hooks/ has one file per hook family, in the order a datagram
+ * meets them (a hook that shares another's state includes it: qdisc.h the
+ * transmit slots of dev_tx.h, uring.h the call state of syscall.h); the
+ * recorder's hook table (userspace/xlap-capture/src/hooks.rs) names each
+ * program, and a test checks it against the SEC() lines here:
  *
  *   syscall.h   app/socket boundary: send and receive syscalls
  *   uring.h     the same for io_uring send and receive requests
@@ -24,20 +29,20 @@
  *   holds.h     processes held at exec and library loads for their markers
  *   flush.h     the per-CPU batches exported on a timer
  */
-#include "capture/common.h"
-#include "capture/packet.h"
-#include "capture/task.h"
+#include "lib/common.h"
+#include "lib/packet.h"
+#include "lib/task.h"
 
-#include "capture/dev_rx.h"
-#include "capture/dev_tx.h"
-#include "capture/flush.h"
-#include "capture/holds.h"
-#include "capture/qdisc.h"
-#include "capture/sched.h"
-#include "capture/sock_rx.h"
-#include "capture/sockets.h"
-#include "capture/syscall.h"
-#include "capture/uring.h"
-#include "capture/usdt.h"
+#include "hooks/dev_rx.h"
+#include "hooks/dev_tx.h"
+#include "hooks/flush.h"
+#include "hooks/holds.h"
+#include "hooks/qdisc.h"
+#include "hooks/sched.h"
+#include "hooks/sock_rx.h"
+#include "hooks/sockets.h"
+#include "hooks/syscall.h"
+#include "hooks/uring.h"
+#include "hooks/usdt.h"
 
 char LICENSE[] SEC("license") = "GPL";

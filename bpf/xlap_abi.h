@@ -201,7 +201,7 @@ struct xlap_iface_key {
  * its own point. */
 #define XLAP_BATCH_STAMPS 32
 #define XLAP_BATCH_MAX_AGE_NS 2000000ULL
-/* Userspace also exports every CPU's batch this often (bpf/capture/flush.h),
+/* Userspace also exports every CPU's batch this often (bpf/hooks/flush.h),
  * so a batch never waits longer for the reader, whatever the CPU does. */
 #define XLAP_FLUSH_INTERVAL_MS 100
 

@@ -1,11 +1,11 @@
 //! Portability, stated and checked: the docs' minimum kernel per feature
 //! against the tool's own table of what each optional program needs
-//! (`point_sets::PROGRAM_POINTS`, `preflight::MIN_KERNEL`) and `run.sh`'s
+//! (`hooks::HOOKS`, `preflight::MIN_KERNEL`) and `run.sh`'s
 //! check; and (privileged) a run on this kernel, which must lack exactly
 //! the points whose minimum is above it and say so in run.json, where the
 //! other tests read which points to check.
 
-use xlap_capture::point_sets::{Without, PROGRAM_POINTS};
+use xlap_capture::hooks::{program_points, Without};
 use xlap_capture::preflight::{release_version, MIN_KERNEL};
 use xlap_records::points::kernel_point;
 use xlap_stage::Stage;
@@ -40,7 +40,7 @@ fn the_readme_states_every_minimum_kernel_the_tool_holds() {
         paragraph.contains(&format!("{major}.{minor} for the capture as a whole")),
         "docs/stamp-points.md does not state the capture's minimum {major}.{minor}: {paragraph}"
     );
-    for pp in PROGRAM_POINTS {
+    for pp in program_points() {
         let Some((major, minor)) = pp.min_kernel else {
             continue;
         };
@@ -100,7 +100,7 @@ fn a_run_lacks_exactly_the_points_this_kernel_is_too_old_for() {
     let partial = t.meta["degraded_points"]
         .as_object()
         .expect("degraded_points");
-    for pp in PROGRAM_POINTS {
+    for pp in program_points() {
         let too_old = pp.min_kernel.is_some_and(|min| kernel < min);
         for id in pp.points {
             let name = point_name(*id);

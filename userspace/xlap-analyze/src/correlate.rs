@@ -444,11 +444,13 @@ fn build_packets(
         })
         .collect::<Vec<_>>()
         .join(",\n  ");
-    // The priority of the skb on the wire device (the qdisc's class input).
-    let wire_device_cols: Vec<String> = ["dev_queue_ns", "qdisc_enqueue_ns", "dev_start_xmit_ns"]
-        .into_iter()
+    // The priority of the skb on the wire device (the qdisc's class input):
+    // the earliest stamp of the points that carry it.
+    let wire_device_cols: Vec<String> = xlap_records::points::kernel_points()
+        .filter(|p| p.carries_priority)
+        .map(|p| format!("{}_ns", xlap_records::points::column_stem(p.name)))
         .filter(|n| cols.iter().any(|(c, _)| c == n))
-        .map(sql::literal)
+        .map(|n| sql::literal(&n))
         .collect();
     let priority = if !wire_device_cols.is_empty() {
         format!(

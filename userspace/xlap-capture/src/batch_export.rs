@@ -1,4 +1,4 @@
-//! Exporting every CPU's batch of stamps on a timer (`bpf/capture/flush.h`):
+//! Exporting every CPU's batch of stamps on a timer (`bpf/hooks/flush.h`):
 //! the BPF program is never attached; it is run on each CPU in turn with
 //! `BPF_PROG_TEST_RUN` and `BPF_F_TEST_RUN_ON_CPU` (Linux 5.10+), so a batch
 //! waits at most `XLAP_FLUSH_INTERVAL_MS` for the reader, even on a CPU that

@@ -75,70 +75,6 @@ pub struct Batch(pub xlap_abi::xlap_batch);
 // bit pattern is valid.
 unsafe impl aya::Pod for Batch {}
 
-/// (program, kind, attach target, required). Optional points are missing on
-/// some kernels or devices; a run records which ones could not attach.
-const PROGRAMS: &[(&str, Kind, &str, bool)] = &[
-    ("on_sys_enter", Kind::TpBtf, "sys_enter", true),
-    ("on_sys_exit", Kind::TpBtf, "sys_exit", true),
-    (
-        "on_sock_recv_length",
-        Kind::TpBtf,
-        "sock_recv_length",
-        false,
-    ),
-    ("on_net_dev_queue", Kind::TpBtf, "net_dev_queue", true),
-    ("on_qdisc_enqueue", Kind::TpBtf, "qdisc_enqueue", false),
-    ("on_qdisc_dequeue", Kind::TpBtf, "qdisc_dequeue", false),
-    (
-        "on_net_dev_start_xmit",
-        Kind::TpBtf,
-        "net_dev_start_xmit",
-        false,
-    ),
-    ("on_net_dev_xmit", Kind::TpBtf, "net_dev_xmit", false),
-    ("on_netif_rx", Kind::TpBtf, "netif_rx", false),
-    (
-        "on_napi_gro_receive_entry",
-        Kind::TpBtf,
-        "napi_gro_receive_entry",
-        false,
-    ),
-    (
-        "on_netif_receive_skb",
-        Kind::TpBtf,
-        "netif_receive_skb",
-        false,
-    ),
-    (
-        "on_napi_gro_frags_entry",
-        Kind::TpBtf,
-        "napi_gro_frags_entry",
-        false,
-    ),
-    ("on_kfree_skb", Kind::TpBtf, "kfree_skb", false),
-    ("on_consume_skb", Kind::TpBtf, "consume_skb", false),
-    ("on_sched_waking", Kind::TpBtf, "sched_waking", false),
-    ("on_sched_switch", Kind::TpBtf, "sched_switch", false),
-    (
-        "on_io_uring_submit_req",
-        Kind::TpBtf,
-        "io_uring_submit_req",
-        false,
-    ),
-    (
-        "on_io_uring_complete",
-        Kind::TpBtf,
-        "io_uring_complete",
-        false,
-    ),
-    (
-        "on_sched_process_fork",
-        Kind::TpBtf,
-        "sched_process_fork",
-        true,
-    ),
-];
-
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Kind {
     TpBtf,
@@ -202,7 +138,7 @@ impl Capture {
                 self.dynptr
                     .as_ref()
                     .err()
-                    .map(|why| (crate::point_sets::SKB_DYNPTR, why.as_str())),
+                    .map(|why| (crate::hooks::SKB_DYNPTR, why.as_str())),
             )
             .collect();
         self.points.lacking(&unattached)
@@ -223,7 +159,7 @@ pub struct Settings {
     /// Device and qdisc points only on the devices set with `set_ifaces`.
     pub iface_filter: bool,
     /// Hold a traced process at its exec until its markers are attached
-    /// (bpf/capture/holds.h): markers are traced.
+    /// (bpf/hooks/holds.h): markers are traced.
     pub hold_at_exec: bool,
 }
 
@@ -285,13 +221,13 @@ impl Capture {
                 }
             })?;
         let mut unattached = Vec::new();
-        for (prog, kind, target, required) in PROGRAMS {
+        for (prog, target, required) in crate::hooks::tracepoints() {
             if !settings.points.needs_program(prog) {
                 continue;
             }
-            let result = attach(&mut bpf, &btf, prog, *kind, target);
+            let result = attach(&mut bpf, &btf, prog, Kind::TpBtf, target);
             if let Err(e) = result {
-                if *required {
+                if required {
                     return Err(failure(
                         Code::Kernel,
                         format!("cannot attach to the {target} tracepoint: {e:#}"),
@@ -305,18 +241,17 @@ impl Capture {
             }
         }
         if settings.hold_at_exec {
-            if let Err(e) = attach(
-                &mut bpf,
-                &btf,
-                "on_sched_process_exec",
-                Kind::TpBtf,
-                "sched_process_exec",
-            ) {
-                unattached.push(Unattached {
-                    program: "on_sched_process_exec",
-                    hook: "sched_process_exec",
-                    why: format!("{e:#}"),
-                });
+            for hook in crate::hooks::HOOKS {
+                let crate::hooks::Attach::TpBtfForHolds(tp) = hook.attach else {
+                    continue;
+                };
+                if let Err(e) = attach(&mut bpf, &btf, hook.program, Kind::TpBtf, tp) {
+                    unattached.push(Unattached {
+                        program: hook.program,
+                        hook: tp,
+                        why: format!("{e:#}"),
+                    });
+                }
             }
         }
         let dynptr = dynptr.map(|_| ());
@@ -475,7 +410,7 @@ impl Capture {
         Ok(())
     }
 
-    /// The ring buffer of held processes (bpf/capture/holds.h).
+    /// The ring buffer of held processes (bpf/hooks/holds.h).
     pub fn take_holds(&mut self) -> Result<RingBuf<MapData>> {
         let map = self.bpf.take_map("HOLDS").context("HOLDS map")?;
         Ok(RingBuf::try_from(map)?)
@@ -846,22 +781,4 @@ pub fn drain_batches(batches: &PerCpuArray<MapData, Batch>) -> Result<Vec<xlap_a
         out.extend_from_slice(batch.0.pending());
     }
     Ok(out)
-}
-
-#[cfg(test)]
-mod tests {
-    /// The points table names only optional programs of the object (the
-    /// socket ingress hook is attached on its own), so what a run lacks
-    /// follows what this kernel refused.
-    #[test]
-    fn every_program_of_the_points_table_is_an_optional_program() {
-        for pp in crate::point_sets::PROGRAM_POINTS {
-            let known = pp.program == "on_sock_ingress"
-                || pp.program == crate::point_sets::SKB_DYNPTR
-                || super::PROGRAMS
-                    .iter()
-                    .any(|(prog, _, _, required)| *prog == pp.program && !required);
-            assert!(known, "{} is not an optional program", pp.program);
-        }
-    }
 }

@@ -6,6 +6,7 @@
 //! program whose points are all left out and that keeps no state another
 //! point needs is not attached at all: then it costs nothing.
 
+use crate::hooks::{program_points, ProgramPoints, Without};
 use anyhow::Result;
 use xlap_abi::xlap_point as p;
 use xlap_exit::{failure, Code};
@@ -37,227 +38,6 @@ const STANDARD: &[u32] = &[
     p::XLAP_POINT_SOCK_RECV_EXIT,
 ];
 
-/// What a run loses without a program (it is left out, or could not be
-/// attached on this kernel).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Without {
-    /// Its points are not stamped at all.
-    Missing,
-    /// Its points lose some of their stamps (another program stamps the
-    /// rest: what is lost, said here).
-    Degraded(&'static str),
-    /// One of several programs that stamp a point (what it stamps, said
-    /// here): the point is missing when all of them are absent, degraded
-    /// when some are.
-    OneOf(&'static str),
-    /// Its points keep their stamps but lose what it adds to them (a
-    /// filter, a field: said here); it stamps none of them itself.
-    Weakened(&'static str),
-}
-
-/// A program and the points it stamps.
-pub struct ProgramPoints {
-    pub program: &'static str,
-    pub points: &'static [u32],
-    /// Nothing else reads what it does: left unattached when none of its
-    /// points is wanted.
-    pub stamp_only: bool,
-    pub without: Without,
-    /// The oldest kernel it attaches on, where later than the capture's
-    /// (`preflight::MIN_KERNEL`); docs/stamp-points.md's list is checked against it.
-    pub min_kernel: Option<(u32, u32)>,
-}
-
-impl ProgramPoints {
-    /// What a run without it loses ("" for missing points: the points).
-    pub fn what(&self) -> &'static str {
-        match self.without {
-            Without::Missing => "",
-            Without::Degraded(what) | Without::OneOf(what) | Without::Weakened(what) => what,
-        }
-    }
-}
-
-const fn stamps(
-    program: &'static str,
-    points: &'static [u32],
-    stamp_only: bool,
-    without: Without,
-) -> ProgramPoints {
-    ProgramPoints {
-        program,
-        points,
-        stamp_only,
-        without,
-        min_kernel: None,
-    }
-}
-
-/// The name [`Capture::lacking`](crate::capture::Capture::lacking) gives
-/// the skb dynptr kfunc when the kernel lacks it for tracing programs.
-pub const SKB_DYNPTR: &str = "bpf_dynptr_from_skb";
-
-/// Every optional program that stamps points (the required ones fail the
-/// run when they do not attach).
-pub const PROGRAM_POINTS: &[ProgramPoints] = &[
-    stamps(
-        "on_qdisc_enqueue",
-        &[p::XLAP_POINT_QDISC_ENQUEUE],
-        true,
-        Without::Missing,
-    ),
-    stamps(
-        "on_qdisc_dequeue",
-        &[p::XLAP_POINT_QDISC_DEQUEUE],
-        true,
-        Without::Missing,
-    ),
-    stamps(
-        "on_net_dev_start_xmit",
-        &[p::XLAP_POINT_DEV_START_XMIT],
-        true,
-        Without::Missing,
-    ),
-    stamps(
-        "on_net_dev_xmit",
-        &[p::XLAP_POINT_DEV_XMIT],
-        false,
-        Without::Missing,
-    ),
-    stamps(
-        "on_netif_rx",
-        &[p::XLAP_POINT_DEV_NETIF_RX],
-        true,
-        Without::Missing,
-    ),
-    stamps(
-        "on_napi_gro_receive_entry",
-        &[p::XLAP_POINT_DEV_GRO_RECEIVE],
-        true,
-        Without::OneOf("skbs built by napi_gro_receive are not stamped"),
-    ),
-    stamps(
-        "on_napi_gro_frags_entry",
-        &[p::XLAP_POINT_DEV_GRO_RECEIVE],
-        true,
-        Without::OneOf("skbs built by napi_gro_frags are not stamped"),
-    ),
-    stamps(
-        "on_netif_receive_skb",
-        &[p::XLAP_POINT_DEV_RECEIVE_SKB],
-        true,
-        Without::Missing,
-    ),
-    // The switch-in stamp needs the wake-up's record.
-    stamps(
-        "on_sched_waking",
-        &[p::XLAP_POINT_SCHED_WAKEUP, p::XLAP_POINT_SCHED_SWITCH_IN],
-        true,
-        Without::Missing,
-    ),
-    stamps(
-        "on_sched_switch",
-        &[p::XLAP_POINT_SCHED_SWITCH_IN],
-        true,
-        Without::Missing,
-    ),
-    // The socket queue point is also what tells the wake-up which
-    // datagram woke the reader (RX_LAST in bpf/capture/sched.h).
-    ProgramPoints {
-        min_kernel: Some(crate::kfunc::DYNPTR_TRACING_KERNEL),
-        ..stamps(
-            "on_sock_ingress",
-            &[
-                p::XLAP_POINT_SOCK_QUEUE,
-                p::XLAP_POINT_SCHED_WAKEUP,
-                p::XLAP_POINT_SCHED_SWITCH_IN,
-            ],
-            false,
-            Without::Missing,
-        )
-    },
-    // It also marks datagrams to untraced sockets on a traced port, whose
-    // device stamps (taken by port, before any socket is known) the
-    // recorder then drops.
-    ProgramPoints {
-        min_kernel: Some(crate::kfunc::DYNPTR_TRACING_KERNEL),
-        ..stamps(
-            "on_sock_ingress",
-            &[
-                p::XLAP_POINT_DEV_NETIF_RX,
-                p::XLAP_POINT_DEV_GRO_RECEIVE,
-                p::XLAP_POINT_DEV_RECEIVE_SKB,
-            ],
-            false,
-            Without::Weakened(
-                "stamps of datagrams to untraced sockets sharing a traced port are kept",
-            ),
-        )
-    },
-    // And it notes the flow of what a socket receives, which its reads
-    // take (bpf/capture/sock_rx.h, note_flow).
-    ProgramPoints {
-        min_kernel: Some(crate::kfunc::DYNPTR_TRACING_KERNEL),
-        ..stamps(
-            "on_sock_ingress",
-            &[p::XLAP_POINT_SOCK_RECV_EXIT],
-            false,
-            Without::Weakened("reads carry no flow (no addresses or ports)"),
-        )
-    },
-    // Not a program: the kfunc the skb-reading programs call for bytes in
-    // page fragments (`kfunc.rs`). The send points take the device's
-    // reading of the datagrams a call sent.
-    ProgramPoints {
-        min_kernel: Some(crate::kfunc::DYNPTR_TRACING_KERNEL),
-        ..stamps(
-            SKB_DYNPTR,
-            &[
-                p::XLAP_POINT_SOCK_SEND_ENTER,
-                p::XLAP_POINT_SOCK_SEND_EXIT,
-                p::XLAP_POINT_DEV_QUEUE,
-                p::XLAP_POINT_QDISC_ENQUEUE,
-                p::XLAP_POINT_QDISC_DEQUEUE,
-                p::XLAP_POINT_DEV_START_XMIT,
-                p::XLAP_POINT_DEV_XMIT,
-                p::XLAP_POINT_DEV_NETIF_RX,
-                p::XLAP_POINT_DEV_GRO_RECEIVE,
-                p::XLAP_POINT_DEV_RECEIVE_SKB,
-            ],
-            false,
-            Without::Degraded(
-                "datagrams in page fragments (GSO and GRO skbs, zero-copy sends, NIC drivers) are not stamped but counted lost ('frag') at every point",
-            ),
-        )
-    },
-    stamps(
-        "on_sock_recv_length",
-        &[p::XLAP_POINT_SOCK_RECV_EXIT],
-        false,
-        Without::Degraded("receive calls that began before the run are not stamped"),
-    ),
-    stamps(
-        "on_io_uring_submit_req",
-        &[
-            p::XLAP_POINT_SOCK_SEND_ENTER,
-            p::XLAP_POINT_SOCK_SEND_EXIT,
-            p::XLAP_POINT_SOCK_RECV_EXIT,
-        ],
-        false,
-        Without::Degraded("io_uring requests are not stamped"),
-    ),
-    stamps(
-        "on_io_uring_complete",
-        &[
-            p::XLAP_POINT_SOCK_SEND_ENTER,
-            p::XLAP_POINT_SOCK_SEND_EXIT,
-            p::XLAP_POINT_SOCK_RECV_EXIT,
-        ],
-        false,
-        Without::Degraded("io_uring requests are not stamped"),
-    ),
-];
-
 /// What a run lacks, by point name, given the programs that could not be
 /// attached (`(program, reason)`): points stamped by none of their programs
 /// (`missing`), and points missing some stamps or a filter (`degraded`).
@@ -277,13 +57,12 @@ impl PointSet {
                 .map(|(_, w)| *w)
         };
         for point in kernel_points().filter(|i| self.contains(i.id as u32)) {
-            let programs: Vec<&ProgramPoints> = PROGRAM_POINTS
-                .iter()
+            let programs: Vec<ProgramPoints> = program_points()
                 .filter(|pp| pp.points.contains(&(point.id as u32)))
                 .collect();
             let absent: Vec<(&ProgramPoints, &str)> = programs
                 .iter()
-                .filter_map(|pp| Some((*pp, why(pp.program)?)))
+                .filter_map(|pp| Some((pp, why(pp.program)?)))
                 .collect();
             if absent.is_empty() {
                 continue;
@@ -381,10 +160,7 @@ impl PointSet {
 
     /// Whether program `prog` has to be attached.
     pub fn needs_program(&self, prog: &str) -> bool {
-        match PROGRAM_POINTS
-            .iter()
-            .find(|pp| pp.program == prog && pp.stamp_only)
-        {
+        match program_points().find(|pp| pp.program == prog && pp.stamp_only) {
             Some(pp) => pp.points.iter().any(|id| self.contains(*id)),
             None => true,
         }
@@ -407,9 +183,7 @@ mod tests {
     fn sets_names_and_the_programs_they_need() {
         let all = PointSet::all();
         assert_eq!(all.off_mask(), 0);
-        assert!(PROGRAM_POINTS
-            .iter()
-            .all(|pp| all.needs_program(pp.program)));
+        assert!(program_points().all(|pp| all.needs_program(pp.program)));
 
         let minimal = PointSet::parse("minimal").unwrap();
         assert_eq!(

@@ -45,6 +45,10 @@ pub struct PointInfo {
     pub name: &'static str,
     pub layer: Layer,
     pub side: Side,
+    /// Its stamps carry `skb->priority` (the qdisc's class input): the
+    /// transmit points that read the skb before the driver has it
+    /// (dev.xmit does not read the skb: the driver may have freed it).
+    pub carries_priority: bool,
 }
 
 /// Name, layer and side of a kernel point id (`enum xlap_point` of the C
@@ -71,11 +75,19 @@ pub const fn kernel_point(id: u32) -> Option<PointInfo> {
         XLAP_POINT_SOCK_RECV_EXIT => ("sock.recv_exit", Sock, Rx),
         _ => return None,
     };
+    let carries_priority = matches!(
+        id,
+        XLAP_POINT_DEV_QUEUE
+            | XLAP_POINT_QDISC_ENQUEUE
+            | XLAP_POINT_QDISC_DEQUEUE
+            | XLAP_POINT_DEV_START_XMIT
+    );
     Some(PointInfo {
         id: id as u16,
         name,
         layer,
         side,
+        carries_priority,
     })
 }
 

@@ -36,19 +36,6 @@ pub struct Stamp {
     pub fragment: bool,
 }
 
-/// The points whose stamps carry `skb->priority` (dev.xmit does not read
-/// the skb: the driver may have freed it).
-fn carries_priority(point: u16) -> bool {
-    use xlap_abi::xlap_point as p;
-    [
-        p::XLAP_POINT_DEV_QUEUE,
-        p::XLAP_POINT_QDISC_ENQUEUE,
-        p::XLAP_POINT_QDISC_DEQUEUE,
-        p::XLAP_POINT_DEV_START_XMIT,
-    ]
-    .contains(&(point as u32))
-}
-
 impl Stamp {
     pub fn decode(raw: &xlap_stamp) -> Stamp {
         let flags = raw.flags as u32;
@@ -66,7 +53,9 @@ impl Stamp {
             ifindex: (raw.ifindex != 0).then_some(raw.ifindex),
             queue: (raw.ifindex != 0).then_some(raw.queue),
             hw_ts_ns: (flags & XLAP_FLAG_HW_TS != 0).then_some(raw.hw_ts_ns),
-            priority: carries_priority(raw.point).then_some(raw.priority),
+            priority: crate::points::kernel_point(raw.point as u32)
+                .is_some_and(|p| p.carries_priority)
+                .then_some(raw.priority),
             from_user: flags & XLAP_FLAG_FROM_USER != 0,
             fragment: flags & XLAP_FLAG_FRAGMENT != 0,
         }

@@ -4,7 +4,7 @@
 //! its exec (`bash job.sh` starting the protocol, `env`, `timeout`, `sh -c`)
 //! and where its dynamic loader has mapped objects (the libraries it needs
 //! at start-up, a `dlopen` later). The BPF side stops such a process before
-//! it runs any of that code (bpf/capture/holds.h); here the new files'
+//! it runs any of that code (bpf/hooks/holds.h); here the new files'
 //! markers get their in-process ring or their uprobes, then the process is
 //! resumed. How long each was held is counted in run.json (`holds`).
 

@@ -42,7 +42,7 @@ const FLUSH_EVERY: Duration = Duration::from_millis(500);
 /// run.json is rewritten this often while the run goes on (counts, losses,
 /// a clock pair): what `recover` reports for a recorder that died.
 const CHECKPOINT_EVERY: Duration = Duration::from_secs(1);
-/// Every CPU's batch is exported this often (bpf/capture/flush.h).
+/// Every CPU's batch is exported this often (bpf/hooks/flush.h).
 const FLUSH_BATCHES_EVERY: Duration =
     Duration::from_millis(xlap_abi::XLAP_FLUSH_INTERVAL_MS as u64);
 const FOLLOW_EVERY: Duration = Duration::from_millis(200);

@@ -3,7 +3,7 @@
 #ifndef XLAP_CAPTURE_USDT_H
 #define XLAP_CAPTURE_USDT_H
 
-#include "common.h"
+#include "lib/common.h"
 
 struct {
   __uint(type, BPF_MAP_TYPE_ARRAY);

@@ -10,8 +10,8 @@
 #ifndef XLAP_CAPTURE_DEV_RX_H
 #define XLAP_CAPTURE_DEV_RX_H
 
-#include "common.h"
-#include "packet.h"
+#include "lib/common.h"
+#include "lib/packet.h"
 
 /* First fragments of traced datagrams, for their later fragments (which
  * carry no UDP header): fragment key -> identity. */

@@ -10,10 +10,10 @@
 #ifndef XLAP_CAPTURE_DEV_TX_H
 #define XLAP_CAPTURE_DEV_TX_H
 
-#include "common.h"
-#include "flows.h"
-#include "packet.h"
-#include "task.h"
+#include "lib/common.h"
+#include "lib/flows.h"
+#include "lib/packet.h"
+#include "lib/task.h"
 
 #define NETDEV_TX_BUSY_ 0x10
 /* Devices one skb may be stacked through before we stop counting. */

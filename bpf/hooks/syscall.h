@@ -4,9 +4,9 @@
 #ifndef XLAP_CAPTURE_SYSCALL_H
 #define XLAP_CAPTURE_SYSCALL_H
 
-#include "common.h"
-#include "packet.h"
-#include "task.h"
+#include "lib/common.h"
+#include "lib/packet.h"
+#include "lib/task.h"
 
 /* Syscall numbers (x86-64). */
 #define NR_READ 0

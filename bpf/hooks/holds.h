@@ -9,7 +9,7 @@
 #ifndef XLAP_CAPTURE_HOLDS_H
 #define XLAP_CAPTURE_HOLDS_H
 
-#include "common.h"
+#include "lib/common.h"
 
 #define SIGSTOP_ 19
 

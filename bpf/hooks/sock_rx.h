@@ -9,10 +9,10 @@
 #ifndef XLAP_CAPTURE_SOCK_RX_H
 #define XLAP_CAPTURE_SOCK_RX_H
 
-#include "common.h"
-#include "flows.h"
-#include "packet.h"
-#include "task.h"
+#include "lib/common.h"
+#include "lib/flows.h"
+#include "lib/packet.h"
+#include "lib/task.h"
 
 /* The flow this CPU last marked foreign: a marker per flow change. */
 struct {

@@ -5,8 +5,8 @@
 #ifndef XLAP_CAPTURE_SCHED_H
 #define XLAP_CAPTURE_SCHED_H
 
-#include "common.h"
-#include "task.h"
+#include "lib/common.h"
+#include "lib/task.h"
 
 /* A waking within this window after a datagram reached a traced socket on
  * the same CPU is the wake-up of the reader by that datagram (the socket's

@@ -6,7 +6,7 @@
 #ifndef XLAP_CAPTURE_SOCKETS_H
 #define XLAP_CAPTURE_SOCKETS_H
 
-#include "common.h"
+#include "lib/common.h"
 
 SEC("cgroup/sock_create")
 int on_sock_create(struct bpf_sock *sk) {

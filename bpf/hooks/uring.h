@@ -18,8 +18,8 @@
 #ifndef XLAP_CAPTURE_URING_H
 #define XLAP_CAPTURE_URING_H
 
-#include "common.h"
-#include "packet.h"
+#include "lib/common.h"
+#include "lib/packet.h"
 #include "syscall.h"
 
 /* A send request between submission and completion. Its file is only
