@@ -1,0 +1,301 @@
+//! Loading the capture and attaching it: probes, targets, their sockets,
+//! the output files and the first run.json.
+
+use super::*;
+
+/// The capture programs loaded (not yet attached to the targets).
+pub struct Session {
+    pub(super) capture: Capture,
+}
+
+impl Session {
+    pub fn load(plan: &Plan) -> Result<Session> {
+        let args = plan.args;
+        let mut capture = Capture::load(&Settings {
+            layouts: plan.layouts.clone(),
+            points: plan.points.clone(),
+            ringbuf_bytes: plan.ringbuf_bytes,
+            per_stamp: args.per_stamp_records,
+            tunnel_ports: plan.tunnel_ports.clone(),
+            iface_filter: !args.ifaces.is_empty(),
+            hold_at_exec: plan.holds(),
+        })?;
+        if !args.ifaces.is_empty() {
+            let devices = crate::ifaces::resolve(&args.pids, &args.ifaces)?;
+            capture.set_ifaces(&devices)?;
+        }
+        for need in &plan.caps_missing {
+            if need.required {
+                eprintln!("xlap-trace: warning: without {} (--skip-capability-check) the run may fail or miss points; it is needed for {}", need.name, need.for_what);
+            } else {
+                plan.note(format!(
+                    "without {}, left out: {}",
+                    need.name, need.for_what
+                ));
+            }
+        }
+        if let (Err(why), false) = (&capture.batch_export, args.per_stamp_records) {
+            plan.note(format!("per-CPU batches are exported only by later stamps and idle CPUs, not every {} ms: a recorder that dies may lose more ({why})", xlap_abi::XLAP_FLUSH_INTERVAL_MS));
+        }
+        if let Some((major, minor)) = preflight::kernel_as() {
+            plan.note(format!("behaving as Linux {major}.{minor} would (XLAP_KERNEL_AS): what it lacks is left out"));
+        }
+        let lacking = capture.lacking();
+        for (point, why) in &lacking.missing {
+            plan.note(format!(
+                "{point} not traced here ({}; run.json has the whole reason)",
+                brief_reason(why)
+            ));
+        }
+        // One line per reason, with the points it weakens.
+        let mut by_reason: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+        for (point, what) in &lacking.degraded {
+            by_reason.entry(what).or_default().push(point);
+        }
+        for (what, points) in by_reason {
+            plan.note(format!("{}: {}", points.join(", "), brief_reason(what)));
+        }
+        Ok(Session { capture })
+    }
+
+    /// Attaches the USDT markers, names the targets to the kernel side,
+    /// marks their sockets, and signals readiness.
+    pub fn attach(mut self, plan: &Plan) -> Result<Live> {
+        let args = plan.args;
+        let holds = if plan.holds() {
+            Some(self.capture.take_holds()?)
+        } else {
+            None
+        };
+        // Markers built with the xlap-marker crate write an in-process ring
+        // (no trap per hit); every other site gets a uprobe.
+        let markers = Markers::start(
+            &mut self.capture,
+            &args.pids,
+            MarkerOptions {
+                selections: &args.usdt,
+                traced: !args.no_usdt,
+                ring_path: args.marker_path == xlap_records::run_meta::SitePath::Ring,
+                started_here: args.started_here,
+                quiet: args.quiet,
+            },
+            holds,
+            &|why| plan.note(why),
+        )?;
+        self.capture.set_targets(&args.pids)?;
+        let following = Following::start(&mut self.capture, &args.pids, args.quiet)?;
+        let ring = self.capture.take_ring()?;
+        let batches = self.capture.take_batches()?;
+        let losses = self.capture.take_losses()?;
+        let flow_maps = self.capture.take_flows()?;
+
+        let run_id = format!(
+            "{}-{}",
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_secs())
+                .unwrap_or(0),
+            std::process::id()
+        );
+        let clock_start = runmeta::sample_clocks();
+        let (segments, files, segment) = open_output(args, &run_id, clock_start.monotonic_ns)?;
+        let run_id = segment.as_ref().map_or(run_id, SegmentOf::run_id);
+        let host = args.host.clone().unwrap_or_else(runmeta::hostname);
+        let comms = args.pids.iter().map(|&p| targets::comm(p)).collect();
+        let timestamping = crate::hwts::survey(&args.pids);
+        if let Some(m) = crate::hwts::message(&timestamping) {
+            plan.note(m);
+        }
+        let view = (args.live || args.metrics.is_some())
+            .then(|| {
+                LiveView::new(
+                    markers.sites.usdt.app_names.clone(),
+                    args.live,
+                    args.metrics,
+                )
+            })
+            .transpose()?;
+        let meta = initial_meta(
+            &self.capture,
+            plan,
+            run_id.clone(),
+            host.clone(),
+            clock_start,
+            segment,
+            timestamping,
+        );
+        let mut live = Live {
+            attached: Attached {
+                capture: self.capture,
+            },
+            following,
+            ring,
+            batches,
+            losses,
+            flow_maps,
+            sink: Sink {
+                batcher: StampBatcher::new(&run_id, &host, markers.sites.usdt.app_names.clone()),
+                stream: StampStream::create(&files.stamps_stream())?,
+                streamed: 0,
+                stream_bytes: 0,
+                stamps_total: 0,
+                packets_total: 0,
+                tally: Tally::default(),
+                foreign: ForeignFlows::default(),
+                stats: StatsSampler::start(args.stats_mode),
+                view,
+            },
+            files,
+            segments,
+            segment_started: Instant::now(),
+            segment_losses: Vec::new(),
+            info: RunInfo {
+                started: Instant::now(),
+                cpu_start: thread_cpu_s(),
+                comms,
+                meta,
+            },
+            markers,
+        };
+        // run.json exists from the start: a run whose recorder dies is
+        // still a run (`xlap-trace recover`).
+        live.info.update_meta(
+            plan,
+            &live.markers.sites,
+            &live.following,
+            &live.sink.tally,
+            &[],
+            &BTreeMap::new(),
+            &HashSet::new(),
+        );
+        live.info.meta.write(&live.files.meta())?;
+        announce_ready(plan, &live)?;
+        Ok(live)
+    }
+}
+
+/// The run's directory, or the first segment's of a rotated recording.
+fn open_output(
+    args: &RecordOptions,
+    run_id: &str,
+    start_monotonic_ns: u64,
+) -> Result<(Option<Segments>, RunDir, Option<SegmentOf>)> {
+    Ok(match args.rotate {
+        Some(rotate) => {
+            let segments = Segments::start(
+                &args.output,
+                rotate,
+                args.max_size,
+                segments::FinishOptions {
+                    correlate: !args.no_correlate,
+                    deadline_ms: args.deadline_ms,
+                    quiet: args.quiet,
+                },
+            )?;
+            let segment = SegmentOf {
+                index: 1,
+                recording_id: run_id.to_string(),
+                rotate: rotate.to_string(),
+            };
+            let files = segments.open(1, &segment.run_id(), start_monotonic_ns)?;
+            (Some(segments), files, Some(segment))
+        }
+        None => (None, RunDir::new(args.output.clone()), None),
+    })
+}
+
+/// run.json as it is written at the start (state `running`).
+fn initial_meta(
+    capture: &Capture,
+    plan: &Plan,
+    run_id: String,
+    host: String,
+    clock_start: runmeta::ClockPair,
+    segment: Option<SegmentOf>,
+    timestamping: Vec<runmeta::DeviceTimestamping>,
+) -> RunMeta {
+    let args = plan.args;
+    let lacking = capture.lacking();
+    RunMeta {
+        schema_version: SchemaVersion::default(),
+        software_version: env!("CARGO_PKG_VERSION").into(),
+        state: RunState::Running,
+        recorder: Some(runmeta::this_recorder()),
+        checkpoint_every_s: Some(CHECKPOINT_EVERY.as_secs_f64()),
+        checkpoint: None,
+        batch_export_every_ms: capture
+            .batch_export
+            .is_ok()
+            .then_some(FLUSH_BATCHES_EVERY.as_millis() as u64),
+        run_id,
+        host,
+        kernel: runmeta::kernel_release(),
+        boot_id: runmeta::boot_id(),
+        clock_sync: runmeta::clock_sync(),
+        clock_start,
+        clock_end: Some(clock_start),
+        clock_steps: Vec::new(),
+        options: RunOptions::default(),
+        targets: Vec::new(),
+        followed: Vec::new(),
+        foreign_stamps_dropped: 0,
+        flows: runmeta::FlowCounts::default(),
+        ports_not_traced: Vec::new(),
+        sockets_not_traced: Default::default(),
+        points: BTreeMap::new(),
+        unavailable_points: lacking.missing,
+        degraded_points: lacking.degraded,
+        unavailable_hooks: capture.unavailable_hooks(),
+        packets: 0,
+        stamps: 0,
+        lost: 0,
+        bpf_programs: BTreeMap::new(),
+        bpf_stats: Some(runmeta::BpfStats {
+            mode: args.stats_mode.into(),
+            ..runmeta::BpfStats::default()
+        }),
+        bpf_ns_per_stamp: None,
+        reader_cpu_s: Some(0.0),
+        stop_reason: String::new(),
+        segment,
+        device_timestamping: timestamping,
+        capabilities_missing: plan.caps_missing.iter().map(|n| n.name.into()).collect(),
+        marker_rings: Vec::new(),
+        holds: None,
+        recovery: None,
+    }
+}
+
+/// Drops what the rest of the run does not need, writes the ready file and
+/// says what is traced.
+fn announce_ready(plan: &Plan, live: &Live) -> Result<()> {
+    let args = plan.args;
+    // Least privilege: the rest of the run needs only these (threads
+    // started from here on inherit it; the metrics server drops all).
+    let kept = if plan.holds() {
+        crate::capabilities::KEPT_WHILE_HOLDING
+    } else {
+        crate::capabilities::KEPT_AFTER_ATTACH
+    };
+    if let Err(e) = crate::capabilities::keep_only(kept) {
+        plan.note(format!(
+            "cannot drop the capabilities the run no longer needs: {e}"
+        ));
+    }
+    if let Some(ready) = &args.ready_file {
+        std::fs::write(ready, format!("{}\n", std::process::id()))
+            .with_context(|| format!("cannot write the ready file {}", ready.display()))?;
+    }
+    if !args.quiet {
+        eprintln!(
+            "xlap-trace: tracing pid {} (UDP ports {:?}); Ctrl-C to stop",
+            args.pids
+                .iter()
+                .map(u32::to_string)
+                .collect::<Vec<_>>()
+                .join(", "),
+            live.following.ports()
+        );
+    }
+    Ok(())
+}
