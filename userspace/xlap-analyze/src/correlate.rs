@@ -412,27 +412,20 @@ fn build_packets(
     columns: &StampColumns,
     cols: SidedColumns,
 ) -> Result<(SidedColumns, Vec<String>)> {
-    let deadline = opts
-        .deadline_ns
-        .map_or("NULL::BOOLEAN".to_string(), |d| format!("e2e_ns > {d}"));
-    // Copies of a packet: how often its first receive-side device point fired.
-    let rx_count_point = RX_WIRE
-        .iter()
-        .find(|p| cols.iter().any(|(c, _)| c == &format!("{p}_ns")));
-    let dup_source = rx_count_point.map_or(
-        "SELECT NULL::UBIGINT flow, NULL::BIGINT kind, NULL::HUGEINT useq, 0 AS copies, NULL::BIGINT AS skew WHERE false".to_string(),
-        |p| format!("SELECT flow, kind, useq, count(*) AS copies, max(t) - min(t) AS skew FROM s5 WHERE col = {} GROUP BY ALL", sql::literal(&format!("{p}_ns"))),
-    );
-    let sends_source = "SELECT flow, kind, useq, count(*) AS sends FROM s5 WHERE point = 'sock.send_enter' GROUP BY ALL";
-    let addr_source = if columns.has_addresses {
-        "SELECT flow, any_value(src_addr) AS src_addr, any_value(dst_addr) AS dst_addr,
-                max(socket_cookie) FILTER (WHERE side = 'tx') AS tx_socket_cookie,
-                max(socket_cookie) FILTER (WHERE side = 'rx') AS rx_socket_cookie
-         FROM stamps WHERE flow <> 0 GROUP BY flow"
-    } else {
-        "SELECT NULL::UBIGINT flow, NULL::VARCHAR src_addr, NULL::VARCHAR dst_addr,
-                NULL::UBIGINT tx_socket_cookie, NULL::UBIGINT rx_socket_cookie WHERE false"
-    };
+    pivot(conn, &cols)?;
+    let paths = path_orders(conn, &cols)?;
+    let cols = paths.layout;
+    let stage_cols = paths.stages;
+    check_point_columns(conn, runs, &cols, &stage_cols)?;
+    write_packets(conn, opts, columns, &cols, &stage_cols)?;
+    mark_untraced(conn, &cols)?;
+    mark_partial(conn, &cols)?;
+    Ok((cols, paths.conflicts))
+}
+
+/// The pivot: `pk`, a row per packet with a column per point (its first
+/// stamp there) and the skb priority on the wire device.
+fn pivot(conn: &Connection, cols: &[(String, String)]) -> Result<()> {
     let pivot_cols = cols
         .iter()
         .map(|(c, _)| {
@@ -465,10 +458,39 @@ fn build_packets(
          SELECT flow, kind, useq, {priority}::UINTEGER AS __priority, {pivot_cols}
          FROM s5 GROUP BY flow, kind, useq;"
     ))?;
-    let paths = path_orders(conn, &cols)?;
-    let cols = paths.layout;
-    let stage_cols = paths.stages;
-    check_point_columns(conn, runs, &cols, &stage_cols)?;
+    Ok(())
+}
+
+/// The `packets` table from the pivot: the columns of the schema in
+/// order, the point columns in path order, stages and flags.
+fn write_packets(
+    conn: &Connection,
+    opts: &CorrelateOptions,
+    columns: &StampColumns,
+    cols: &[(String, String)],
+    stage_cols: &[StageColumn],
+) -> Result<()> {
+    let deadline = opts
+        .deadline_ns
+        .map_or("NULL::BOOLEAN".to_string(), |d| format!("e2e_ns > {d}"));
+    // Copies of a packet: how often its first receive-side device point fired.
+    let rx_count_point = RX_WIRE
+        .iter()
+        .find(|p| cols.iter().any(|(c, _)| c == &format!("{p}_ns")));
+    let dup_source = rx_count_point.map_or(
+        "SELECT NULL::UBIGINT flow, NULL::BIGINT kind, NULL::HUGEINT useq, 0 AS copies, NULL::BIGINT AS skew WHERE false".to_string(),
+        |p| format!("SELECT flow, kind, useq, count(*) AS copies, max(t) - min(t) AS skew FROM s5 WHERE col = {} GROUP BY ALL", sql::literal(&format!("{p}_ns"))),
+    );
+    let sends_source = "SELECT flow, kind, useq, count(*) AS sends FROM s5 WHERE point = 'sock.send_enter' GROUP BY ALL";
+    let addr_source = if columns.has_addresses {
+        "SELECT flow, any_value(src_addr) AS src_addr, any_value(dst_addr) AS dst_addr,
+                max(socket_cookie) FILTER (WHERE side = 'tx') AS tx_socket_cookie,
+                max(socket_cookie) FILTER (WHERE side = 'rx') AS rx_socket_cookie
+         FROM stamps WHERE flow <> 0 GROUP BY flow"
+    } else {
+        "SELECT NULL::UBIGINT flow, NULL::VARCHAR src_addr, NULL::VARCHAR dst_addr,
+                NULL::UBIGINT tx_socket_cookie, NULL::UBIGINT rx_socket_cookie WHERE false"
+    };
     // The flows some traced socket received: a packet of another flow that
     // nothing received is `untraced` (its receiver was not recorded), not
     // lost.
@@ -485,10 +507,10 @@ fn build_packets(
         }
     };
     let columns = PointColumns {
-        cols: &cols,
+        cols,
         alias: "p",
     }
-    .select_list_stages(&stage_cols, |column, d| match column {
+    .select_list_stages(stage_cols, |column, d| match column {
         "run_id" => "e.tx_run".into(),
         "flow" => "p.flow".into(),
         "kind" => "nullif(p.kind, -1)".into(),
@@ -522,9 +544,7 @@ fn build_packets(
          LEFT JOIN (SELECT DISTINCT flow FROM pk p WHERE {rx_seen}) rs ON rs.flow = p.flow
          ORDER BY p.flow, p.kind, p.useq;"
     ))?;
-    mark_untraced(conn, &cols)?;
-    mark_partial(conn, &cols)?;
-    Ok((cols, paths.conflicts))
+    Ok(())
 }
 
 /// Packets, lost, untraced, recovered, duplicates, reordered.
