@@ -104,11 +104,15 @@ fn load_run_tables(conn: &Connection, runs: &[Run]) -> Result<()> {
     let mut domain = conn.prepare("INSERT INTO run_domain VALUES (?, ?, ?)")?;
     let mut port = conn.prepare("INSERT INTO port_span VALUES (?, ?, ?)")?;
     for r in runs {
-        domain.execute(duckdb::params![r.run_id, r.boot_id, span_of(r.seq_size)])?;
+        domain.execute(duckdb::params![
+            r.run_id(),
+            r.boot_id(),
+            span_of(r.seq_size())
+        ])?;
         // Datagrams of a port with a layout of its own wrap at its seq size
         // (a flow's destination port first, as in the capture).
-        for (p, size) in &r.port_seq_sizes {
-            port.execute(duckdb::params![r.run_id, p, span_of(*size)])?;
+        for (p, size) in r.port_seq_sizes() {
+            port.execute(duckdb::params![r.run_id(), p, span_of(size)])?;
         }
     }
     Ok(())
@@ -144,7 +148,7 @@ fn check_point_columns(
     )?;
     let file = runs
         .iter()
-        .find(|r| r.run_id == run_id)
+        .find(|r| r.run_id() == run_id)
         .unwrap_or(&runs[0])
         .stamps();
     Err(AnalyzeError::Input {
@@ -299,13 +303,13 @@ fn map_clocks(conn: &Connection, runs: &[Run]) -> Result<Vec<Mapping>> {
         tx = sql::literals(TX_WIRE),
         rx = sql::literals(RX_WIRE)
     ))?;
-    let reference = runs[0].boot_id.clone();
+    let reference = runs[0].boot_id().to_string();
     let mut clocks = vec![Mapping::identity(&reference, "reference clock (first run)")];
     for run in &runs[1..] {
-        if clocks.iter().any(|m| m.domain == run.boot_id) {
+        if clocks.iter().any(|m| m.domain == run.boot_id()) {
             continue;
         }
-        let mapping = match clock::estimate(conn, &reference, &run.boot_id)? {
+        let mapping = match clock::estimate(conn, &reference, run.boot_id())? {
             Some(m) => m,
             None => realtime_mapping(&runs[0], run),
         };
@@ -817,8 +821,8 @@ fn path_orders(conn: &Connection, hint: &[(String, String)]) -> Result<Paths> {
 /// The fallback mapping: both hosts' (monotonic, realtime) pairs, exact only
 /// as far as their realtime clocks agree.
 fn realtime_mapping(reference: &Run, other: &Run) -> Mapping {
-    let (ma, ra) = reference.clock_pair;
-    let (mb, rb) = other.clock_pair;
+    let (ma, ra) = reference.clock_pair();
+    let (mb, rb) = other.clock_pair();
     // mono_B − mono_A at one instant = (ra − ma) − (rb − mb).
     let sync = |r: &Run| {
         let s = r.meta.clock_sync;
@@ -841,7 +845,7 @@ fn realtime_mapping(reference: &Run, other: &Run) -> Mapping {
             r.meta.clock_steps.iter().map(move |s| {
                 format!(
                     "{}'s realtime clock stepped {:+.6} s during its run",
-                    r.host,
+                    r.host(),
                     s.step_ns as f64 / 1e9
                 )
             })
@@ -854,7 +858,7 @@ fn realtime_mapping(reference: &Run, other: &Run) -> Mapping {
         );
     }
     Mapping {
-        domain: other.boot_id.clone(),
+        domain: other.boot_id().to_string(),
         offset_ns: ((ra - ma) - (rb - mb)) as f64,
         drift_ppm: 0.0,
         t0_ns: 0,

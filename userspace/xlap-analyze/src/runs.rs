@@ -5,24 +5,51 @@ use std::path::{Path, PathBuf};
 use xlap_records::run_meta::{RunMeta, RunState};
 use xlap_records::RunDir;
 
+/// A run directory and its typed `run.json` (the only copy of what it
+/// says: the accessors below read it).
 #[derive(Clone, Debug)]
 pub struct Run {
     pub dir: PathBuf,
-    pub run_id: String,
-    pub host: String,
-    /// Runs with equal boot ids share one monotonic clock.
-    pub boot_id: String,
-    /// Bytes of the protocol's sequence number (wrap-around span).
-    pub seq_size: u8,
-    /// Bytes of the sequence number of datagrams to or from these ports
-    /// (`--layout PORT=...`), where it differs from the default layout.
-    pub port_seq_sizes: Vec<(u16, u8)>,
-    /// (monotonic, realtime) ns of the run's first clock pair.
-    pub clock_pair: (i64, i64),
     pub meta: RunMeta,
 }
 
 impl Run {
+    pub fn run_id(&self) -> &str {
+        &self.meta.run_id
+    }
+
+    pub fn host(&self) -> &str {
+        &self.meta.host
+    }
+
+    /// Runs with equal boot ids share one monotonic clock.
+    pub fn boot_id(&self) -> &str {
+        &self.meta.boot_id
+    }
+
+    /// Bytes of the protocol's sequence number (wrap-around span).
+    pub fn seq_size(&self) -> u8 {
+        self.meta.options.layout.seq_size
+    }
+
+    /// Bytes of the sequence number of datagrams to or from these ports
+    /// (`--layout PORT=...`), where it differs from the default layout.
+    pub fn port_seq_sizes(&self) -> impl Iterator<Item = (u16, u8)> + '_ {
+        self.meta
+            .options
+            .port_layouts
+            .iter()
+            .map(|l| (l.port, l.layout.seq_size))
+    }
+
+    /// (monotonic, realtime) ns of the run's first clock pair.
+    pub fn clock_pair(&self) -> (i64, i64) {
+        (
+            self.meta.clock_start.monotonic_ns as i64,
+            self.meta.clock_start.realtime_ns as i64,
+        )
+    }
+
     pub fn stamps(&self) -> PathBuf {
         RunDir::new(&self.dir).stamps()
     }
@@ -52,20 +79,6 @@ impl Run {
         stamps_whole(dir).map_err(err)?;
         Ok(Run {
             dir: dir.to_path_buf(),
-            run_id: meta.run_id.clone(),
-            host: meta.host.clone(),
-            boot_id: meta.boot_id.clone(),
-            seq_size: meta.options.layout.seq_size,
-            port_seq_sizes: meta
-                .options
-                .port_layouts
-                .iter()
-                .map(|l| (l.port, l.layout.seq_size))
-                .collect(),
-            clock_pair: (
-                meta.clock_start.monotonic_ns as i64,
-                meta.clock_start.realtime_ns as i64,
-            ),
             meta,
         })
     }
