@@ -1,9 +1,13 @@
 //! xlap-trace's integration and privileged end-to-end tests, one module per
 //! area. One binary rather than one per file: each test binary links DuckDB,
-//! and linking ~40 of them dominated an incremental build (issue 30).
+//! and linking ~45 of them dominated an incremental build (issue 30).
 //! Pick an area with a name filter: `cargo test -p xlap-tests --test it --
 //! analyze::` (a filter matches anywhere in the name, so `capture::` also
 //! takes `usdt_capture::`; `--skip` or `--exact` when that matters).
+//!
+//! Privileged tests still run one at a time, and now also apart from the
+//! unprivileged tests that run programs or DuckDB (`xlap_tests::privileged`
+//! and `xlap_tests::unprivileged` say why).
 
 mod analyze;
 mod attribution;
