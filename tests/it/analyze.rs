@@ -207,7 +207,7 @@ fn every_query_has_a_snapshot() {
         ]));
         // The fixture has one path per packet: `redundancy` (streams over
         // several paths) finds none here; its rows are checked on the stage
-        // against the protocol's logs (tests/tests/redundancy.rs).
+        // against the protocol's logs (tests/it/redundancy.rs).
         if name != "redundancy" {
             assert!(out.lines().count() > 1, "{name} returned no rows");
         }
