@@ -22,10 +22,12 @@ test: lint build
     @# checked even when tests failed.
     {{xlap}} stage sweep >/dev/null
     @# Then the tests of what a kernel before 6.12 lacks, run as on Debian
-    @# 12's 6.1 (XLAP_KERNEL_AS: docs/stamp-points.md, minimum kernel per feature).
+    @# 12's 6.1 (XLAP_KERNEL_AS: docs/stamp-points.md, minimum kernel per
+    @# feature): areas of the `it` binary by name (a filter matches anywhere
+    @# in a test's name, hence the skip: capture:: would also take usdt_capture::).
     status=0; cargo test --workspace --no-fail-fast || status=$?; \
-    XLAP_KERNEL_AS=6.1 cargo test -p xlap-tests --no-fail-fast --test kernel_features --test attribution \
-        --test event_loops --test io_uring --test iperf3 --test path_matrix --test capture --test least_privilege || status=$?; \
+    XLAP_KERNEL_AS=6.1 cargo test -p xlap-tests --no-fail-fast --test it -- kernel_features:: attribution:: \
+        event_loops:: io_uring:: iperf3:: path_matrix:: capture:: least_privilege:: --skip usdt_capture:: || status=$?; \
     {{xlap}} stage sweep --check; exit $status
 
 # The conformance matrix: programs we did not write (iperf3, sockperf, Go,
@@ -34,18 +36,19 @@ test: lint build
 # target/debug/conformance.md). XLAP_CONFORMANCE=go,iperf3 picks rows.
 conformance:
     cargo build --workspace --all-targets
-    cargo test --workspace --test conformance -- --nocapture
+    cargo test -p xlap-tests --test it -- conformance:: --nocapture
 
 # The fuzz targets run long: CASES per property, a fresh seed (printed).
 fuzz CASES="200000":
-    @# The proptest targets tests/fuzz_*.rs (USDT notes and argument specs,
-    @# ring-buffer records, the correlator), which `just test` runs briefly
-    @# on a fixed seed; the correlator (DuckDB per case) gets a hundredth of
-    @# the cases; PROPTEST_RNG_SEED=N repeats a run. Dev profile and the
-    @# usual target directory: a release build would rebuild DuckDB (~40 min).
+    @# The proptest targets, binary fuzz of tests/fuzz/ (USDT notes and
+    @# argument specs, ring-buffer records, the correlator), which `just test`
+    @# runs briefly on a fixed seed; the correlator (DuckDB per case) gets a
+    @# hundredth of the cases; PROPTEST_RNG_SEED=N repeats a run. Dev profile
+    @# and the usual target directory: a release build would rebuild DuckDB
+    @# (~40 min).
     seed=${PROPTEST_RNG_SEED:-$RANDOM$RANDOM}; echo "fuzz: seed $seed, {{CASES}} cases"; \
-    PROPTEST_RNG_SEED=$seed PROPTEST_CASES={{CASES}} cargo test -p xlap-usdt -p xlap-records --test 'fuzz_*'; \
-    PROPTEST_RNG_SEED=$seed PROPTEST_CASES=$(( {{CASES}} / 100 > 16 ? {{CASES}} / 100 : 16 )) cargo test -p xlap-tests --test fuzz_correlate
+    PROPTEST_RNG_SEED=$seed PROPTEST_CASES={{CASES}} cargo test -p xlap-tests --test fuzz -- --skip fuzz_correlate::; \
+    PROPTEST_RNG_SEED=$seed PROPTEST_CASES=$(( {{CASES}} / 100 > 16 ? {{CASES}} / 100 : 16 )) cargo test -p xlap-tests --test fuzz -- fuzz_correlate::
 
 # Formatting, clippy, clang-format, and the committed schemas.
 lint:

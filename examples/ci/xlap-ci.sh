@@ -1,6 +1,6 @@
 #!/bin/sh
 # The steps of the example CI jobs (github-actions.yml and gitlab-ci.yml call
-# exactly these; tests/tests/ci_example.rs runs them the same way).
+# exactly these; tests/it/ci_example.rs runs them the same way).
 #
 #   xlap-ci.sh baseline DIR [RUNS]      record RUNS runs (default 5) of the
 #                                       protocol and pool them: DIR/baseline.json

@@ -1,5 +1,5 @@
 /* hostile_target.c: a traced program that attacks its tracer, for the
- * security tests (tests/tests/hostile_targets.rs). It is udp_loop (the same
+ * security tests (tests/it/hostile_targets.rs). It is udp_loop (the same
  * datagrams, markers and log) plus:
  *
  * - a marker whose name is SQL (`xlap:send_start';COPY ...;--`): the tracer

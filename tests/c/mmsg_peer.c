@@ -1,6 +1,6 @@
 /* mmsg_peer.c: a UDP sender and receiver that move datagrams in batches with
  * sendmmsg(2) and recvmmsg(2), for the conformance matrix
- * (tests/tests/conformance.rs). Each end logs what it did, one line per
+ * (tests/it/conformance.rs). Each end logs what it did, one line per
  * datagram: its own account, against which the tracer is checked.
  *
  *   mmsg_peer recv ADDR PORT COUNT LOG READY [echo]

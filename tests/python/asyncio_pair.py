@@ -1,6 +1,6 @@
 """A UDP sender and receiver on Python's asyncio (DatagramProtocol: the
 event loop waits in epoll and reads when the socket is readable), for the
-conformance matrix (tests/tests/conformance.rs). Standard library only.
+conformance matrix (tests/it/conformance.rs). Standard library only.
 
     asyncio_pair.py recv ADDR PORT COUNT LOG READY
     asyncio_pair.py send ADDR PORT COUNT PERIOD_US LOG READY START

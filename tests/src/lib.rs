@@ -3,7 +3,7 @@
 //! stage.
 
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 pub mod bench_args;
 pub mod c_programs;
@@ -49,16 +49,39 @@ pub fn privileged_unavailable() -> Option<String> {
     None
 }
 
+/// Taken exclusively by each privileged test ([`privileged`]) and shared by
+/// the unprivileged tests that run programs or DuckDB ([`unprivileged`]).
+///
+/// Privileged tests run one at a time: they share the kernel's probes, and
+/// one of them sets `XLAP_KERNEL_AS` in this process for the recorder it
+/// starts. All tests are one binary (`it`), so without the shared side an
+/// analysis or a CLI run of another area could run beside a privileged
+/// test on a 2-core machine, and the traced protocol's timing and the
+/// recorder's losses would depend on what else the suite happens to be
+/// doing (when each area was its own binary, Cargo ran them one after
+/// another and only a file's own unprivileged tests could overlap). The
+/// unprivileged tests still run beside each other.
+static SERIAL: RwLock<()> = RwLock::new(());
+
 /// Start of every privileged test: `None` means skip ([`may_skip`]). The
-/// guard it returns serialises privileged tests (they share the kernel's
-/// probes).
-pub fn privileged(test: &str) -> Option<MutexGuard<'static, ()>> {
-    static SERIAL: Mutex<()> = Mutex::new(());
+/// guard it returns keeps every other privileged test and every
+/// [`unprivileged`] test waiting (`SERIAL`).
+pub fn privileged(test: &str) -> Option<RwLockWriteGuard<'static, ()>> {
     if let Some(reason) = privileged_unavailable() {
         may_skip(test, &format!("{reason}; privileged tests need root"));
         return None;
     }
-    Some(SERIAL.lock().unwrap_or_else(|p| p.into_inner()))
+    // A failed privileged test poisons the lock; the next one still runs.
+    Some(SERIAL.write().unwrap_or_else(|p| p.into_inner()))
+}
+
+/// Start of an unprivileged test that runs programs (the CLI, a compiler,
+/// a browser) or DuckDB: the guard keeps privileged tests from running
+/// beside it (`SERIAL`), not other unprivileged tests. Tests that only
+/// read files or compute need none. Never held together with
+/// [`privileged`]'s (a test waiting for both would wait forever).
+pub fn unprivileged() -> RwLockReadGuard<'static, ()> {
+    SERIAL.read().unwrap_or_else(|p| p.into_inner())
 }
 
 /// The workspace's build directory for this test binary's profile

@@ -41,7 +41,7 @@
  * /proc/PID/mem), a marker writes its stamp into a shared-memory ring that
  * xlap-trace created and reads, with no trap; untraced, a marker costs one
  * load and a predictable branch. The layout is checked against the Rust
- * definition by a test (tests/tests/usdt_notes.rs). One control block per
+ * definition by a test (tests/it/usdt_notes.rs). One control block per
  * executable or shared object (weak, hidden: the files of one binary share
  * it); its address is in the xlap_ring:control note every marker writes. */
 #include <fcntl.h>

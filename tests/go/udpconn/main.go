@@ -1,6 +1,6 @@
 // udpconn: a UDP sender and receiver on Go's net.UDPConn (the runtime's
 // netpoller: non-blocking sockets, reads parked in epoll), for the
-// conformance matrix (tests/tests/conformance.rs). Standard library only;
+// conformance matrix (tests/it/conformance.rs). Standard library only;
 // built at test time with the system's Go (Debian's golang-go).
 //
 //	udpconn recv ADDR:PORT COUNT LOG READY

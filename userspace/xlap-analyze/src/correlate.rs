@@ -336,7 +336,7 @@ fn place_stamps(conn: &Connection) -> Result<i64> {
          -- the range below that one's: the field wrapped before the stream's
          -- first stamp (its point missed the first packets, or they were
          -- lost). Starting every stream in epoch 0 split such packets in
-         -- two rows (found by fuzzing: tests/tests/fuzz_correlate.rs).
+         -- two rows (found by fuzzing: tests/fuzz/fuzz_correlate.rs).
          CREATE OR REPLACE TEMP TABLE s3 AS
            SELECT * EXCLUDE (d, step, stream_first, flow_first),
                   seq + span * (sum(step) OVER (PARTITION BY run_id, flow, kind, point ORDER BY ts_ns ROWS UNBOUNDED PRECEDING)

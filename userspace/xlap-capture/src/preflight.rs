@@ -36,7 +36,7 @@ pub fn release_version(release: &str) -> Option<(u32, u32)> {
 /// wherever the tool tells kernels apart by version: what it lacks is left
 /// out, said at start and listed in run.json, by the same code that runs
 /// there. The degraded paths are tested so on a newer kernel
-/// (`tests/tests/kernel_features.rs`). Unset or unreadable: `None`
+/// (`tests/it/kernel_features.rs`). Unset or unreadable: `None`
 /// ([`check_kernel`] refuses an unreadable value).
 pub fn kernel_as() -> Option<(u32, u32)> {
     release_version(&std::env::var("XLAP_KERNEL_AS").ok()?)

@@ -334,7 +334,7 @@ mod tests {
         }
     }
 
-    /// Inputs the fuzz target (tests/fuzz_args.rs) found.
+    /// Inputs the fuzz target (tests/fuzz/fuzz_args.rs) found.
     #[test]
     fn fuzz_regressions() {
         // Negating i64::MIN overflowed (a panic in debug builds).

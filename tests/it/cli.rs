@@ -20,6 +20,7 @@ fn text(out: &std::process::Output) -> String {
 
 #[test]
 fn help_texts() {
+    let _guard = xlap_tests::unprivileged();
     for args in [
         &["--help"][..],
         &["record", "--help"],
@@ -39,6 +40,7 @@ fn help_texts() {
 
 #[test]
 fn points_and_presets() {
+    let _guard = xlap_tests::unprivileged();
     let out = xlap(&["points"]);
     assert!(out.status.success());
     insta::assert_snapshot!(text(&out));
@@ -46,6 +48,7 @@ fn points_and_presets() {
 
 #[test]
 fn the_committed_schemas_are_current() {
+    let _guard = xlap_tests::unprivileged();
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../schemas");
     let out = xlap(&["schema", "--check", dir.to_str().unwrap()]);
     assert!(out.status.success(), "{}", text(&out));
@@ -53,6 +56,7 @@ fn the_committed_schemas_are_current() {
 
 #[test]
 fn a_stale_schema_file_is_reported_with_the_fix() {
+    let _guard = xlap_tests::unprivileged();
     let scratch = xlap_tests::Scratch::new("stale_schema");
     std::fs::write(scratch.path("stamps.schema.json"), "{}").unwrap();
     let out = xlap(&["schema", "--check", scratch.0.to_str().unwrap()]);
@@ -62,6 +66,7 @@ fn a_stale_schema_file_is_reported_with_the_fix() {
 
 #[test]
 fn usage_errors_exit_2_and_say_what_to_do() {
+    let _guard = xlap_tests::unprivileged();
     let cases: &[(&[&str], &str)] = &[
         (&["record"], "--pid"),
         (&[], "--pid"),

@@ -41,6 +41,7 @@ const METRICS: &[&str] = &[
 
 #[test]
 fn compare_outputs_on_fixed_runs() {
+    let _guard = xlap_tests::unprivileged();
     let scratch = Scratch::new("compare-cli");
     let (a, b) = (scratch.path("a"), scratch.path("b"));
     synth(&a, "1");
@@ -92,6 +93,7 @@ fn compare_outputs_on_fixed_runs() {
 
 #[test]
 fn compare_bad_input_is_said_with_its_code() {
+    let _guard = xlap_tests::unprivileged();
     let scratch = Scratch::new("compare-bad");
     let junk = scratch.path("junk.json");
     std::fs::write(&junk, "{\"hello\": 1}").unwrap();
@@ -119,6 +121,7 @@ fn compare_bad_input_is_said_with_its_code() {
 
 #[test]
 fn history_over_a_series() {
+    let _guard = xlap_tests::unprivileged();
     let scratch = Scratch::new("history-cli");
     let dirs: Vec<_> = ["1", "2", "3"]
         .iter()

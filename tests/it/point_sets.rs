@@ -98,6 +98,7 @@ fn minimal_points_stamp_every_packet_at_four_points_only() {
 
 #[test]
 fn an_unknown_point_is_a_usage_error() {
+    let _guard = xlap_tests::unprivileged();
     let out = std::process::Command::new(bin("xlap-trace"))
         .args(["record", "--pid", "1", "--points", "dev.xmit,dev.nope"])
         .output()

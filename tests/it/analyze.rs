@@ -154,6 +154,7 @@ fn num(row: &serde_json::Map<String, Value>, key: &str) -> f64 {
 
 #[test]
 fn fixture_is_what_the_seeded_generator_makes() {
+    let _guard = xlap_tests::unprivileged();
     let scratch = Scratch::new("synth");
     let out = scratch.path("run");
     stdout(&xlap(&[
@@ -192,6 +193,7 @@ fn fixture_is_what_the_seeded_generator_makes() {
 
 #[test]
 fn every_query_has_a_snapshot() {
+    let _guard = xlap_tests::unprivileged();
     let dir = fixture();
     for name in xlap_analyze::queries::names() {
         let out = stdout(&xlap(&[
@@ -205,7 +207,7 @@ fn every_query_has_a_snapshot() {
         ]));
         // The fixture has one path per packet: `redundancy` (streams over
         // several paths) finds none here; its rows are checked on the stage
-        // against the protocol's logs (tests/tests/redundancy.rs).
+        // against the protocol's logs (tests/it/redundancy.rs).
         if name != "redundancy" {
             assert!(out.lines().count() > 1, "{name} returned no rows");
         }
@@ -215,6 +217,7 @@ fn every_query_has_a_snapshot() {
 
 #[test]
 fn query_headers_are_complete_and_listed() {
+    let _guard = xlap_tests::unprivileged();
     let queries = xlap_analyze::queries::all();
     assert!(queries.len() >= 9);
     let list = stdout(&xlap(&["analyze", "--list"]));
@@ -230,6 +233,7 @@ fn query_headers_are_complete_and_listed() {
 
 #[test]
 fn jitter_matches_an_independent_computation() {
+    let _guard = xlap_tests::unprivileged();
     let cols = columns(&fixture().join("packets.parquet"));
     let rows = query("jitter", &[]);
     let mut checked = 0;
@@ -294,6 +298,7 @@ fn jitter_matches_an_independent_computation() {
 
 #[test]
 fn outlier_causes_match_an_independent_computation_and_name_the_planted_stage() {
+    let _guard = xlap_tests::unprivileged();
     let cols = columns(&fixture().join("packets.parquet"));
     let (kind, e2e, seq) = (&cols["kind"], &cols["e2e_ns"], &cols["seq"]);
     let fence = |v: &mut Vec<f64>| {
@@ -373,6 +378,7 @@ fn outlier_causes_match_an_independent_computation_and_name_the_planted_stage() 
 
 #[test]
 fn correlation_matches_an_independent_computation() {
+    let _guard = xlap_tests::unprivileged();
     let cols = columns(&fixture().join("packets.parquet"));
     let rows = query("correlation", &[]);
     let (kind, e2e) = (&cols["kind"], &cols["e2e_ns"]);
@@ -421,6 +427,7 @@ fn correlation_matches_an_independent_computation() {
 
 #[test]
 fn kind_parameter_filters_and_unknown_kinds_are_refused() {
+    let _guard = xlap_tests::unprivileged();
     let rows = query("jitter", &["--kind", "1"]);
     assert!(!rows.is_empty() && rows.iter().all(|r| r["kind"] == 1));
     // Kinds by the names run.json gives them.
@@ -437,6 +444,7 @@ fn kind_parameter_filters_and_unknown_kinds_are_refused() {
 
 #[test]
 fn sql_runs_statements_from_the_command_line_and_stdin() {
+    let _guard = xlap_tests::unprivileged();
     let dir = fixture();
     let out = stdout(&xlap(&[
         "sql",
@@ -477,6 +485,7 @@ fn refused(args: &[&str]) -> (i32, String) {
 
 #[test]
 fn bad_inputs_get_a_message_and_an_exit_code() {
+    let _guard = xlap_tests::unprivileged();
     let scratch = Scratch::new("badinput");
     let s = |p: &Path| p.to_str().unwrap().to_string();
     let sql = |q: &str| {
@@ -575,6 +584,7 @@ fn chromium() -> Option<PathBuf> {
 
 #[test]
 fn report_renders_every_plot_in_headless_chromium() {
+    let _guard = xlap_tests::unprivileged();
     let Some(browser) = chromium() else {
         xlap_tests::may_skip(
             "report_renders_every_plot_in_headless_chromium",
@@ -649,6 +659,7 @@ fn report_renders_every_plot_in_headless_chromium() {
 
 #[test]
 fn perfetto_export_matches_the_packets_table() {
+    let _guard = xlap_tests::unprivileged();
     let scratch = Scratch::new("perfetto");
     let out = scratch.path("trace.json");
     let text = stdout(&xlap(&[
@@ -712,6 +723,7 @@ fn perfetto_export_matches_the_packets_table() {
 
 #[test]
 fn xlap_end_to_end_and_inliers_match_an_independent_computation() {
+    let _guard = xlap_tests::unprivileged();
     let cols = columns(&fixture().join("packets.parquet"));
     let (kind, e2e) = (&cols["kind"], &cols["e2e_ns"]);
     let (tx, rx) = (&cols["sender_total_ns"], &cols["receiver_total_ns"]);
@@ -763,6 +775,7 @@ fn xlap_end_to_end_and_inliers_match_an_independent_computation() {
 
 #[test]
 fn deadline_and_activation_match_an_independent_computation() {
+    let _guard = xlap_tests::unprivileged();
     let cols = columns(&fixture().join("packets.parquet"));
     let (kind, e2e) = (&cols["kind"], &cols["e2e_ns"]);
     // 300 µs: the fixture's planted qdisc inflation (250 µs, data packets
@@ -809,6 +822,7 @@ fn deadline_and_activation_match_an_independent_computation() {
 
 #[test]
 fn latency_profile_runs_from_the_fastest_to_the_slowest_packet() {
+    let _guard = xlap_tests::unprivileged();
     let cols = columns(&fixture().join("packets.parquet"));
     let rows = query("latency_profile", &[]);
     for (k, mut v) in by_kind(&cols["kind"], &cols["e2e_ns"], &cols["e2e_ns"]) {
@@ -839,6 +853,7 @@ fn latency_profile_runs_from_the_fastest_to_the_slowest_packet() {
 
 #[test]
 fn qdisc_classes_match_an_independent_computation() {
+    let _guard = xlap_tests::unprivileged();
     let cols = columns(&fixture().join("packets.parquet"));
     let (priority, e2e) = (&cols["priority"], &cols["e2e_ns"]);
     let queue = &cols["qdisc_enqueue__qdisc_dequeue_ns"];
@@ -894,6 +909,7 @@ fn kinds_and_losses(cols: &BTreeMap<String, Vec<Option<f64>>>) -> BTreeMap<u64, 
 
 #[test]
 fn loss_matches_the_planted_loss_and_the_tracers_own_counters() {
+    let _guard = xlap_tests::unprivileged();
     let cols = columns(&fixture().join("packets.parquet"));
     let rows = query("loss", &[]);
     let row = |scope: &str, measure: &str, what: &str| {
@@ -968,6 +984,7 @@ fn loss_matches_the_planted_loss_and_the_tracers_own_counters() {
 
 #[test]
 fn histogram_bins_and_edges_match_an_independent_count() {
+    let _guard = xlap_tests::unprivileged();
     let cols = columns(&fixture().join("packets.parquet"));
     let bins = 25;
     let rows = query("histogram", &["-p", &format!("bins={bins}")]);
@@ -1086,6 +1103,7 @@ fn with_step(scratch: &Scratch, step_ns: i64) -> PathBuf {
 
 #[test]
 fn trend_finds_a_planted_step_as_an_independent_regression_does() {
+    let _guard = xlap_tests::unprivileged();
     let scratch = Scratch::new("trend-step");
     let step = 2_000_000i64; // 2 ms, above every e2e of the fixture
     let stepped = with_step(&scratch, step);
@@ -1187,6 +1205,7 @@ fn trend_finds_a_planted_step_as_an_independent_regression_does() {
 
 #[test]
 fn summary_matches_an_independent_computation() {
+    let _guard = xlap_tests::unprivileged();
     let cols = columns(&fixture().join("packets.parquet"));
     let losses = kinds_and_losses(&cols);
     for k in [0u64, 1] {
@@ -1220,6 +1239,7 @@ fn summary_matches_an_independent_computation() {
 
 #[test]
 fn trace_shows_the_slowest_packets_stamps_as_the_file_has_them() {
+    let _guard = xlap_tests::unprivileged();
     let cols = columns(&fixture().join("packets.parquet"));
     let top = 3;
     let rows = query("trace", &["-p", &format!("top={top}")]);

@@ -12,9 +12,7 @@
 //! reports, its semaphore in a load segment, its arguments are its spec's).
 //! `PROPTEST_CASES` sets the number of cases (`just fuzz` runs many).
 
-mod fuzz_grammar;
-
-use fuzz_grammar::{apply, config, edge_u64, edit, spec};
+use crate::fuzz_grammar::{apply, config, edge_u64, edit, spec};
 use object::elf::{PF_X, PT_LOAD};
 use object::read::elf::{ElfFile64, ProgramHeader};
 use object::Endianness;

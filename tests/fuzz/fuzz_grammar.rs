@@ -1,8 +1,6 @@
-//! Shared by the fuzz targets of this crate: the USDT argument-spec grammar
-//! as generators of (spec text, the argument it means), byte/char mutations,
-//! and the proptest settings.
-
-#![allow(dead_code)] // each target uses its own part
+//! Shared by the USDT fuzz targets (fuzz_notes, fuzz_args): the argument-spec
+//! grammar as generators of (spec text, the argument it means), byte/char
+//! mutations, and the proptest settings.
 
 use proptest::prelude::*;
 use proptest::test_runner::{Config, RngSeed};

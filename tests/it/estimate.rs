@@ -419,6 +419,7 @@ fn rtt_file(dir: &Path, from: &str, to: &str, samples_ns: &[u64]) -> PathBuf {
 
 #[test]
 fn the_command_line_solves_known_rtts_and_refuses_what_it_cannot() {
+    let _guard = xlap_tests::unprivileged();
     let scratch = Scratch::new("estimate_cli");
     // t = 10, 20, 40 us: RTT_ij = 2 t_i + 2 t_j, ±1 us alternating.
     let t = [10_000u64, 20_000, 40_000];
@@ -483,6 +484,7 @@ fn the_command_line_solves_known_rtts_and_refuses_what_it_cannot() {
 
 #[test]
 fn the_delay_knob_adds_twice_its_time_to_every_rtt_over_loopback() {
+    let _guard = xlap_tests::unprivileged();
     let scratch = Scratch::new("probe_loopback");
     // A free port on loopback.
     let port = std::net::UdpSocket::bind("127.0.0.1:0")

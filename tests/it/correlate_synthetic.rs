@@ -154,6 +154,7 @@ fn synthetic() -> Vec<Stamp> {
 
 #[test]
 fn the_packets_table_matches_the_synthetic_truth() {
+    let _guard = xlap_tests::unprivileged();
     let scratch = Scratch::new("synthetic");
     let dir = scratch.path("run");
     write_run(&dir, &synthetic());
@@ -339,6 +340,7 @@ fn hostile_stamps() -> Vec<Stamp> {
 
 #[test]
 fn hostile_names_are_carried_quoted_through_correlation_and_analyses() {
+    let _guard = xlap_tests::unprivileged();
     use xlap_analyze::session;
     let pwn = pwn_file();
     let _ = std::fs::remove_file(&pwn);
@@ -429,6 +431,7 @@ fn hostile_names_are_carried_quoted_through_correlation_and_analyses() {
 
 #[test]
 fn a_point_name_that_cannot_be_a_column_is_named_with_its_file() {
+    let _guard = xlap_tests::unprivileged();
     let scratch = Scratch::new("unusable");
     let dir = scratch.path("run");
     let stamps: Vec<Stamp> = hostile_stamps()

@@ -8,9 +8,7 @@
 //! syntax allows them, with the value they mean. `PROPTEST_CASES` sets the
 //! number of cases (`just fuzz` runs many).
 
-mod fuzz_grammar;
-
-use fuzz_grammar::{config, known_register, spec, symbol_name};
+use crate::fuzz_grammar::{self, config, known_register, spec, symbol_name};
 use proptest::prelude::*;
 use xlap_usdt::{parse_args, Arg, ArgLocation};
 

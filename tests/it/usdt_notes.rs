@@ -117,6 +117,7 @@ fn the_probe_nop_is_where_the_note_says() {
 
 #[test]
 fn the_c_marker_header_emits_the_same_notes() {
+    let _guard = xlap_tests::unprivileged();
     let header_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/markers/c");
     let scratch = Scratch::new("cmarker");
     let src = scratch.path("marker_demo.c");
@@ -230,6 +231,7 @@ fn a_file_that_is_not_elf_is_a_clear_error() {
 /// reads with); the C header's copy is checked against it field by field.
 #[test]
 fn the_c_ring_layout_is_the_rust_one() {
+    let _guard = xlap_tests::unprivileged();
     use std::mem::offset_of;
     use xlap_marker::ring::{Control, Header, Record};
     let header_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/markers/c");

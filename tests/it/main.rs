@@ -1,0 +1,52 @@
+//! xlap-trace's integration and privileged end-to-end tests, one module per
+//! area. One binary rather than one per file: each test binary links DuckDB,
+//! and linking ~45 of them dominated an incremental build (issue 30).
+//! Pick an area with a name filter: `cargo test -p xlap-tests --test it --
+//! analyze::` (a filter matches anywhere in the name, so `capture::` also
+//! takes `usdt_capture::`; `--skip` or `--exact` when that matters).
+//!
+//! Privileged tests still run one at a time, and now also apart from the
+//! unprivileged tests that run programs or DuckDB (`xlap_tests::privileged`
+//! and `xlap_tests::unprivileged` say why).
+
+mod analyze;
+mod attribution;
+mod bpf_stats;
+mod c_markers;
+mod capture;
+mod ci_example;
+mod cli;
+mod compare;
+mod compare_cli;
+mod compare_short_runs;
+mod conformance;
+mod correlate_live;
+mod correlate_synthetic;
+mod crash_recovery;
+mod deadline_activation;
+mod estimate;
+mod event_loops;
+mod example_protocol;
+mod faults;
+mod hostile_targets;
+mod io_uring;
+mod iperf3;
+mod kernel_features;
+mod least_privilege;
+mod live_view;
+mod path_matrix;
+mod point_sets;
+mod qdisc_classes;
+mod readme_vocabulary;
+mod receive_calls;
+mod redundancy;
+mod rotation;
+mod rtp;
+mod run_command;
+mod seams;
+mod stage;
+mod stage_partition;
+mod timestamping;
+mod usdt_capture;
+mod usdt_notes;
+mod wire_gaps;
