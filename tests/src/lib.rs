@@ -5,7 +5,6 @@
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
-pub mod bench_args;
 pub mod c_programs;
 pub mod example;
 pub mod go_programs;

@@ -79,7 +79,7 @@ fn median(v: &mut [f64]) -> f64 {
 
 /// The value of `--name VALUE`, `default` when absent; a bad value is an error.
 fn arg<T: std::str::FromStr>(name: &str, default: T) -> Result<T> {
-    Ok(xlap_tests::bench_args::arg_value(name)?.unwrap_or(default))
+    Ok(xlap_bench::args::arg_value(name)?.unwrap_or(default))
 }
 
 /// The synthetic run, generated once per size and kept in bench-results/.
@@ -119,7 +119,7 @@ fn main() -> Result<()> {
     let packets: u64 = arg("--packets", if quick { 1_000_000 } else { 10_000_000 })?;
     let rounds: usize = arg("--rounds", if quick { 1 } else { 3 })?.max(1);
     let python: String = arg("--python", "python3".to_string())?;
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../bench/xlap_pandas.py");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("xlap_pandas.py");
     let run = dataset(packets)?;
     let size_mib = std::fs::metadata(run.join("packets.parquet"))?.len() as f64 / 1048576.0;
     println!("## Analysis: {packets} packets ({size_mib:.0} MiB of Parquet), {rounds} interleaved rounds\n");

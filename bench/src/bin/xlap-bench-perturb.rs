@@ -6,7 +6,7 @@
 //! latency log (`--full-log`: half the round trip) is the measurement.
 //! Client and server pinned to one CPU (no wake-up IPI noise hides the
 //! cost), and unpinned. Configurations, interleaved round by round:
-//! untraced; a hand-written bpftrace script (tests/bench/diy-net.bt, the
+//! untraced; a hand-written bpftrace script (bench/diy-net.bt, the
 //! anchor a user would otherwise write); `xlap-trace record` of both
 //! processes (every kernel point) with the kernel's BPF run-time statistics
 //! sampled (the default), on all the time (`--bpf-stats full`, which also
@@ -28,13 +28,13 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
+use xlap_bench::args::{arg_value, baseline_binary};
 use xlap_stage::Stage;
-use xlap_tests::bench_args::{arg_value, baseline_binary};
 use xlap_tests::trace::Recorder;
 use xlap_tests::{bin, privileged_unavailable, KillOnDrop, Scratch};
 
 const PORT: u16 = 11_111;
-const DIY_SCRIPT: &str = include_str!("../../bench/diy-net.bt");
+const DIY_SCRIPT: &str = include_str!("../../diy-net.bt");
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Tracer {

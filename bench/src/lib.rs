@@ -1,0 +1,6 @@
+//! xlap-trace's benchmarks: the binaries in `src/bin`, each reporting
+//! ratios measured side by side in one run (README: Performance), and the
+//! scripts beside them (the bpftrace anchor, the pandas baseline, the
+//! compare-verdict study).
+
+pub mod args;
