@@ -178,6 +178,7 @@ fn fixture_is_what_the_seeded_generator_makes() {
     assert_eq!(a["seq"].len(), 2000);
     xlap_tests::packets_file::assert_follows_schema(&out.join("packets.parquet"));
     xlap_tests::packets_file::assert_follows_schema(&fixture().join("packets.parquet"));
+    // Raw JSON: the file itself is the fixture, every key as written.
     let run_json = |dir: &Path| -> Value {
         let mut v: Value =
             serde_json::from_str(&std::fs::read_to_string(dir.join("run.json")).unwrap()).unwrap();
@@ -958,14 +959,12 @@ fn loss_matches_the_planted_loss_and_the_tracers_own_counters() {
         xlap_analyze::synth::LOSS_RATE
     );
     // The tracer's losses are run.json's, point by point.
-    let meta: Value =
-        serde_json::from_str(&std::fs::read_to_string(fixture().join("run.json")).unwrap())
-            .unwrap();
-    let host = meta["host"].as_str().unwrap();
+    let meta = xlap_tests::trace::run_meta(&fixture());
+    let host = &meta.host;
     let mut listed = 0;
-    for (point, counts) in meta["points"].as_object().unwrap() {
-        for (reason, n) in counts.as_object().unwrap() {
-            let (Some(reason), Some(n)) = (reason.strip_prefix("lost_"), n.as_u64()) else {
+    for (point, counts) in &meta.points {
+        for (reason, &n) in &counts.lost {
+            let Some(reason) = reason.strip_prefix("lost_") else {
                 continue;
             };
             if n > 0 {

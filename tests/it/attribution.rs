@@ -15,6 +15,7 @@ use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::process::Stdio;
+use xlap_records::run_meta::RunMeta;
 use xlap_stage::{Host, Stage};
 use xlap_tests::example::events;
 use xlap_tests::example::kind_code;
@@ -112,19 +113,14 @@ fn a_late_autobound_client_forked_by_a_traced_shell_is_traced_from_its_first_dat
     let meta = run_meta(&dir);
     // The kernel's count of skipped (recursive) runs is read for every
     // program: a miss there would be a loss nobody saw.
-    for (name, p) in meta["bpf_programs"].as_object().unwrap() {
-        assert!(p["recursion_misses"].is_u64(), "{name}: {p}");
+    for (name, p) in &meta.bpf_programs {
+        assert!(p.recursion_misses.is_some(), "{name}: {p:?}");
     }
     let rows = read_stamps(&dir.join("stamps.parquet"));
     let sent = read_jsonl(&slog);
     let socket = events(&sent, "socket").next().expect("socket line");
     let child = socket["pid"].as_u64().unwrap() as u32;
-    let followed: Vec<u64> = meta["followed"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|c| c["pid"].as_u64().unwrap())
-        .collect();
+    let followed: Vec<u64> = meta.followed.iter().map(|c| u64::from(c.pid)).collect();
     assert!(
         followed.contains(&(child as u64)),
         "the client (pid {child}) is not among the followed: {followed:?}"
@@ -156,10 +152,10 @@ fn a_late_autobound_client_forked_by_a_traced_shell_is_traced_from_its_first_dat
     for point in traced(&meta, &["dev.receive_skb", "sock.queue", "sock.recv_exit"]) {
         let got = stamped(&rows, point, FEEDBACK, None);
         let missing: Vec<_> = replies.difference(&got).collect();
-        let lost = meta["points"][point]["lost_map_full"].as_u64().unwrap_or(0)
-            + meta["points"][point]["lost_ringbuf_full"]
-                .as_u64()
-                .unwrap_or(0);
+        let lost = meta
+            .points
+            .get(point)
+            .map_or(0, |p| p.lost("map_full") + p.lost("ringbuf_full"));
         assert!(
             missing.is_empty() || lost as usize >= missing.len(),
             "{point}: replies the client read, neither stamped nor counted: {missing:?}"
@@ -262,7 +258,7 @@ fn a_preforked_worker_reads_with_its_own_pid() {
 
 /// Receivers of one flow attempt: (traced receiver log, reuseport peer log,
 /// other-address receiver log, stamps).
-type Attempt = (Vec<Value>, Vec<Value>, Vec<Value>, Vec<Row>, Value);
+type Attempt = (Vec<Value>, Vec<Value>, Vec<Value>, Vec<Row>, RunMeta);
 
 fn shared_port_attempt(stage: &Stage, attempt: u16) -> Attempt {
     let (a, b) = (stage.host(0), stage.host(1));
@@ -380,16 +376,16 @@ fn untraced_sockets_on_a_traced_port_get_no_stamps() {
     // Without that hook (an older kernel) the run says they are kept, and
     // they are.
     let unfiltered = |point: &str| {
-        meta["degraded_points"][point]
-            .as_str()
+        meta.degraded_points
+            .get(point)
             .is_some_and(|why| why.contains("untraced sockets"))
     };
     assert_eq!(
-        meta["foreign_stamps_dropped"].as_u64().unwrap() > 0,
+        meta.foreign_stamps_dropped > 0,
         !unfiltered("dev.receive_skb"),
-        "foreign device stamps dropped: {}, run.json: {}",
-        meta["foreign_stamps_dropped"],
-        meta["degraded_points"]
+        "foreign device stamps dropped: {}, run.json: {:?}",
+        meta.foreign_stamps_dropped,
+        meta.degraded_points
     );
     let (ours, theirs, other) = (by_source(&traced_log), by_source(&peer), by_source(&local));
     assert!(!other.is_empty(), "the other-address receiver got nothing");
@@ -483,12 +479,7 @@ fn two_traced_receivers_on_one_port_in_two_namespaces_never_cross() {
     }
     let meta = run_meta(&rec.dir);
     let (pid_a, pid_b) = {
-        let pids: Vec<u32> = meta["options"]["pids"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|p| p.as_u64().unwrap() as u32)
-            .collect();
+        let pids: Vec<u32> = meta.options.pids.clone();
         (pids[0], pids[1])
     };
     let dir = rec.dir.clone();
@@ -693,8 +684,9 @@ fn datagrams_no_traced_socket_received_are_untraced_not_lost() {
         // socket's reads, which carry no flow, pair by seq with whichever
         // flow's datagram is nearest in time: the eight senders' seqs are
         // the same 0..59, so the peer's flows cannot be told apart there.
-        let unfiltered = meta["degraded_points"]["dev.receive_skb"]
-            .as_str()
+        let unfiltered = meta
+            .degraded_points
+            .get("dev.receive_skb")
             .is_some_and(|why| why.contains("untraced sockets"));
         if !unfiltered {
             assert_eq!(

@@ -11,6 +11,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
+use xlap_records::run_meta::{RunMeta, StatsMode};
 use xlap_stage::Stage;
 use xlap_tests::example::{ExampleOptions, ProtocolRun};
 use xlap_tests::trace::{run_holder, Recorder};
@@ -30,7 +31,7 @@ fn holds_stats(pid: u32) -> bool {
 /// Traces the example for about two seconds with `--bpf-stats mode`;
 /// returns run.json and the states of the kernel's switch seen while the
 /// recorder was live and the protocol ran.
-fn run(stage: &Stage, mode: &str) -> (serde_json::Value, (bool, bool)) {
+fn run(stage: &Stage, mode: &str) -> (RunMeta, (bool, bool)) {
     let scratch = Scratch::new(&format!("bpf-stats-{mode}"));
     let proto = ProtocolRun::spawn(
         stage,
@@ -86,28 +87,29 @@ fn statistics_are_on_only_as_long_as_the_mode_says() {
 
     let (meta, (on, off)) = run(&stage, "sampled");
     assert!(on && off, "sampled: the switch was on {on}, off {off}");
-    let s = &meta["bpf_stats"];
-    assert_eq!(s["mode"], "sampled");
-    let windows = s["windows"].as_u64().unwrap();
-    assert!(windows >= 2, "sampled: {s}");
-    let stamps = meta["stamps"].as_u64().unwrap();
-    let timed = s["stamps"].as_u64().unwrap();
+    let s = meta.bpf_stats.as_ref().expect("sampled: bpf_stats");
+    assert_eq!(s.mode, StatsMode::Sampled);
+    let windows = s.windows;
+    assert!(windows >= 2, "sampled: {s:?}");
+    let stamps = meta.stamps;
+    let timed = s.stamps;
     assert!(
         timed > 0 && timed < stamps,
         "sampled: {timed} of {stamps} stamps timed"
     );
-    assert!(meta["bpf_ns_per_stamp"].as_f64().unwrap() > 0.0);
+    assert!(meta.bpf_ns_per_stamp.unwrap() > 0.0);
 
     let (meta, (_, off)) = run(&stage, "full");
     assert!(!off, "full: the switch went off during the run");
-    assert_eq!(meta["bpf_stats"]["windows"], 1);
-    assert_eq!(meta["bpf_stats"]["stamps"], meta["stamps"]);
+    let s = meta.bpf_stats.as_ref().expect("full: bpf_stats");
+    assert_eq!(s.windows, 1);
+    assert_eq!(s.stamps, meta.stamps);
 
     let (meta, (on, _)) = run(&stage, "off");
     assert!(!on, "off: the switch went on");
     assert!(
-        meta["bpf_ns_per_stamp"].is_null(),
+        meta.bpf_ns_per_stamp.is_none(),
         "off: a cost without statistics"
     );
-    assert_eq!(meta["bpf_stats"]["windows"], 0);
+    assert_eq!(meta.bpf_stats.as_ref().expect("off: bpf_stats").windows, 0);
 }

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use xlap_tests::c_programs::{udp_loop, udp_loop_log};
-use xlap_tests::trace::{Recorder, SEQ_U64_LE};
+use xlap_tests::trace::{site_path, Recorder, SEQ_U64_LE};
 use xlap_tests::{privileged, Scratch};
 
 const COUNT: u64 = 500;
@@ -40,10 +40,13 @@ fn traced(
     std::fs::write(&gate, "go").unwrap();
     assert!(child.wait().unwrap().success(), "udp_loop failed");
     let meta = rec.meta_after_wait();
-    assert_eq!(meta["lost"], 0, "{marker_path}");
-    let sites = meta["options"]["usdt_sites"].as_array().unwrap();
+    assert_eq!(meta.lost, 0, "{marker_path}");
+    let sites = &meta.options.usdt_sites;
     assert_eq!(sites.len(), 3, "{marker_path}: {sites:?}");
-    assert!(sites.iter().all(|s| s["path"] == marker_path), "{sites:?}");
+    assert!(
+        sites.iter().all(|s| s.path == site_path(marker_path)),
+        "{sites:?}"
+    );
 
     // The program's own account: every datagram received, by which thread.
     let logged = udp_loop_log(&log);

@@ -76,8 +76,8 @@ fn every_delivered_packet_has_every_kernel_point_in_causal_order() {
     );
     let ((sender_pid, receiver_pid), sent, received, meta) =
         (t.pids, &t.sent, &t.received, &t.meta);
-    assert_eq!(meta["stop_reason"], "targets exited");
-    assert_eq!(meta["lost"], 0, "loss counters: {}", meta["points"]);
+    assert_eq!(meta.stop_reason, "targets exited");
+    assert_eq!(meta.lost, 0, "loss counters: {:?}", meta.points);
     let rows = t.stamps();
     assert!(
         rows.iter()
@@ -156,13 +156,13 @@ fn every_delivered_packet_has_every_kernel_point_in_causal_order() {
         .filter(|e| e["dropped"] == false)
         .count() as u64;
     let feedback = summary(received)["feedback_sent"].as_u64().unwrap();
-    let points = &meta["points"];
-    assert_eq!(points["dev.queue"]["stamps"], on_wire + feedback);
+    let points = &meta.points;
+    assert_eq!(points["dev.queue"].stamps, on_wire + feedback);
     assert_eq!(
-        points["qdisc.enqueue"]["stamps"], on_wire,
+        points["qdisc.enqueue"].stamps, on_wire,
         "tbf is on the sender's link only"
     );
-    assert_eq!(points["dev.netif_rx"]["stamps"], on_wire + feedback);
+    assert_eq!(points["dev.netif_rx"].stamps, on_wire + feedback);
     // Ground truth for the text output: a pid that exited ends the run with
     // its data kept.
     assert!(t.run_dir().join("stamps.arrows").exists());
@@ -242,7 +242,7 @@ fn unrelated_udp_traffic_leaves_no_stamps() {
             "stamp of a foreign flow: {row:?}"
         );
     }
-    assert_eq!(meta["lost"], 0);
+    assert_eq!(meta.lost, 0);
 }
 
 #[test]
@@ -263,8 +263,8 @@ fn a_full_ring_buffer_is_counted_exactly() {
         &["--ringbuf-kib", "4"],
     );
     let (sent, received, meta) = (&t.sent, &t.received, &t.meta);
-    let points = &meta["points"];
-    let lost: u64 = meta["lost"].as_u64().unwrap();
+    let points = &meta.points;
+    let lost: u64 = meta.lost;
     assert!(
         lost > 0,
         "a 4 KiB ring buffer at 100k packets/s must overflow"
@@ -274,8 +274,9 @@ fn a_full_ring_buffer_is_counted_exactly() {
         .count() as u64;
     let feedback = summary(received)["feedback_sent"].as_u64().unwrap();
     let seen = |p: &str| {
-        points[p]["stamps"].as_u64().unwrap_or(0)
-            + points[p]["lost_ringbuf_full"].as_u64().unwrap_or(0)
+        points
+            .get(p)
+            .map_or(0, |p| p.stamps + p.lost("ringbuf_full"))
     };
     // Every packet on the wire is either stamped or counted as lost.
     assert_eq!(seen("dev.queue"), on_wire + feedback);
@@ -284,7 +285,7 @@ fn a_full_ring_buffer_is_counted_exactly() {
     assert_eq!(seen("qdisc.enqueue"), on_wire);
     // And the Parquet has exactly the stamps run.json counts.
     let rows = t.stamps();
-    assert_eq!(rows.len() as u64, meta["stamps"].as_u64().unwrap());
+    assert_eq!(rows.len() as u64, meta.stamps);
 }
 
 /// A layout that keys nothing: every datagram counted as a parse loss at
@@ -323,13 +324,8 @@ fn a_seq_offset_beyond_the_packet_is_counted_as_parse_failures_and_warned() {
     let on_wire = events(&sent, "sent")
         .filter(|e| e["dropped"] == false)
         .count() as u64;
-    assert!(meta["points"]["dev.queue"]["lost_parse"].as_u64().unwrap() >= on_wire);
-    assert!(
-        meta["points"]["dev.netif_rx"]["lost_parse"]
-            .as_u64()
-            .unwrap()
-            >= on_wire
-    );
+    assert!(meta.points["dev.queue"].lost("parse") >= on_wire);
+    assert!(meta.points["dev.netif_rx"].lost("parse") >= on_wire);
 }
 
 #[test]

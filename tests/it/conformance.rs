@@ -35,6 +35,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
+use xlap_records::run_meta::RunMeta;
 use xlap_stage::{Host, Stage};
 use xlap_tests::trace::{read_stamps, run_meta, traced, Recorder, Row};
 use xlap_tests::{bin, privileged, target_dir, Scratch};
@@ -925,13 +926,14 @@ fn programs() -> Vec<Program> {
 // The checks.
 
 /// Losses run.json counts at `point` (every reason).
-fn lost_at(meta: &Value, point: &str) -> u64 {
-    meta["points"][point]
-        .as_object()
+fn lost_at(meta: &RunMeta, point: &str) -> u64 {
+    meta.points
+        .get(point)
         .map(|p| {
-            p.iter()
+            p.lost
+                .iter()
                 .filter(|(k, _)| k.starts_with("lost_"))
-                .filter_map(|(_, v)| v.as_u64())
+                .map(|(_, n)| n)
                 .sum()
         })
         .unwrap_or(0)
@@ -970,7 +972,7 @@ type ByKind = BTreeMap<Option<u32>, BTreeSet<u64>>;
 
 /// (a): every received datagram carries every core point, or run.json
 /// counts a loss there.
-fn check_points(run: &Run, meta: &Value, rows: &[Row]) -> Vec<String> {
+fn check_points(run: &Run, meta: &RunMeta, rows: &[Row]) -> Vec<String> {
     // (pid, point) -> kind -> seqs
     let mut stamped: HashMap<(u32, &str), ByKind> = HashMap::new();
     for r in rows.iter().filter(|r| !r.fragment) {

@@ -40,7 +40,7 @@ fn split(
     let conn = duckdb::Connection::open_in_memory().unwrap();
     let src = t.run_dir();
     let meta = &t.meta;
-    let start = meta["clock_start"]["monotonic_ns"].as_i64().unwrap();
+    let start = meta.clock_start.monotonic_ns as i64;
     let mut dirs = Vec::new();
     for (name, pid, shift) in [("a", t.pids.0, false), ("b", t.pids.1, true)] {
         let dir = out.join(name);
@@ -58,11 +58,11 @@ fn split(
         ))
         .unwrap();
         let mut m = meta.clone();
-        m["run_id"] = name.into();
+        m.run_id = name.into();
         if shift {
-            m["boot_id"] = boot_id.into();
+            m.boot_id = boot_id.into();
         }
-        std::fs::write(dir.join("run.json"), m.to_string()).unwrap();
+        m.write(&dir.join("run.json")).unwrap();
         dirs.push(dir);
     }
     (dirs[0].clone(), dirs[1].clone())
@@ -200,20 +200,23 @@ fn the_live_packets_table_matches_the_protocol_and_offline_correlation_and_clock
         "delivered packets missing from the packets table: {unexplained:?}"
     );
     for (point, seqs) in &lacking {
-        let lost: u64 = t.meta["points"][point]
-            .as_object()
-            .map(|o| {
-                o.iter()
+        let lost: u64 = t
+            .meta
+            .points
+            .get(point)
+            .map(|p| {
+                p.lost
+                    .iter()
                     .filter(|(k, _)| k.starts_with("lost_"))
-                    .filter_map(|(_, v)| v.as_u64())
+                    .map(|(_, n)| n)
                     .sum()
             })
             .unwrap_or(0);
         assert!(
             seqs.len() as u64 <= lost,
-            "{} packets lack {point}, {lost} counted lost there: {seqs:?}; run.json points: {}",
+            "{} packets lack {point}, {lost} counted lost there: {seqs:?}; run.json points: {:?}",
             seqs.len(),
-            t.meta["points"]
+            t.meta.points
         );
     }
     // The table's times against the protocol's own clock readings (both
@@ -295,13 +298,7 @@ fn the_live_packets_table_matches_the_protocol_and_offline_correlation_and_clock
 
     // The two ends recorded apart (same kernel): the same table.
     let scratch = Scratch::new("correlate_offline");
-    let (a, b) = split(
-        &t,
-        &scratch.path("same"),
-        0,
-        0.0,
-        t.meta["boot_id"].as_str().unwrap(),
-    );
+    let (a, b) = split(&t, &scratch.path("same"), 0, 0.0, &t.meta.boot_id);
     let offline = scratch.path("offline.parquet");
     let c = correlate_cli(&[&a, &b], &offline);
 
@@ -389,7 +386,7 @@ fn the_live_packets_table_matches_the_protocol_and_offline_correlation_and_clock
             m["uncertainty_ns"].as_f64().unwrap(),
             m["t0_ns"].as_f64().unwrap(),
         );
-        let start = t.meta["clock_start"]["monotonic_ns"].as_f64().unwrap();
+        let start = t.meta.clock_start.monotonic_ns as f64;
         let truth = offset as f64 + drift * 1e-6 * (t0 - start);
         assert!(
             (est - truth).abs() <= u,

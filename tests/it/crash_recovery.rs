@@ -10,6 +10,7 @@
 use std::collections::BTreeSet;
 use std::process::{Command, Stdio};
 use std::time::Duration;
+use xlap_records::run_meta::RunState;
 use xlap_stage::Stage;
 use xlap_tests::example::{ExampleOptions, ProtocolRun};
 use xlap_tests::multiset::logged_where;
@@ -86,8 +87,8 @@ fn a_recorder_killed_mid_run_leaves_a_run_the_analysis_recovers() {
     let rec = Recorder::start(&[pids.0, pids.1], &dir, &[]);
     // run.json exists from the start, and says whose run it is.
     let meta = run_meta(&dir);
-    assert_eq!(meta["state"], "running");
-    assert_eq!(meta["recorder"]["pid"], rec.child.id());
+    assert_eq!(meta.state, RunState::Running);
+    assert_eq!(meta.recorder.as_ref().map(|r| r.pid), Some(rec.child.id()));
     run.start();
     std::thread::sleep(Duration::from_millis(2500));
     let during = capture_programs();
@@ -127,8 +128,12 @@ fn a_recorder_killed_mid_run_leaves_a_run_the_analysis_recovers() {
     assert!(left.is_empty(), "BPF programs left behind: {left:?}");
 
     let meta = run_meta(&dir);
-    assert_eq!(meta["state"], "running", "the dead recorder's run.json");
-    assert!(meta["checkpoint"]["streamed_stamps"].as_u64().unwrap() > 0);
+    assert_eq!(
+        meta.state,
+        RunState::Running,
+        "the dead recorder's run.json"
+    );
+    assert!(meta.checkpoint.as_ref().unwrap().streamed_stamps > 0);
     assert!(!dir.join("stamps.parquet").exists());
 
     // The analysis recovers it by itself and says so.
@@ -142,8 +147,8 @@ fn a_recorder_killed_mid_run_leaves_a_run_the_analysis_recovers() {
     assert!(out.status.success(), "analyze of a crashed run: {stderr}");
     assert!(stderr.contains("recovered"), "says it recovered: {stderr}");
     let meta = run_meta(&dir);
-    assert_eq!(meta["state"], "recovered");
-    assert_eq!(meta["stop_reason"], "recorder died");
+    assert_eq!(meta.state, RunState::Recovered);
+    assert_eq!(meta.stop_reason, "recorder died");
     let left = rings_of(recorder);
     assert!(left.is_empty(), "rings left after the recovery: {left:?}");
 
@@ -152,7 +157,7 @@ fn a_recorder_killed_mid_run_leaves_a_run_the_analysis_recovers() {
     // exported every 0.1 s) has its send stamp; no stamp is later than
     // the kill; the counts in run.json are the file's.
     let rows = read_stamps(&dir.join("stamps.parquet"));
-    assert_eq!(meta["stamps"].as_u64().unwrap(), rows.len() as u64);
+    assert_eq!(meta.stamps, rows.len() as u64);
     let latest = rows.iter().map(|r| r.ts_ns).max().expect("stamps");
     assert!(latest <= killed_at, "a stamp after the kill");
     let stamped: BTreeSet<(u64, u32)> = rows

@@ -107,10 +107,10 @@ fn run_mode(stage: &Stage, mode: &str) {
         let switched = seqs("sched.switch_in");
         assert!(
             !woke.is_empty() && !switched.is_empty(),
-            "{mode}: no wake-up stamps for the waiting server ({} wakeup, {} switch_in): {}",
+            "{mode}: no wake-up stamps for the waiting server ({} wakeup, {} switch_in): {:?}",
             woke.len(),
             switched.len(),
-            meta["points"]
+            meta.points
         );
         assert!(
             woke.iter().all(|s| queued.contains(s)),
@@ -121,7 +121,7 @@ fn run_mode(stage: &Stage, mode: &str) {
             "{mode}: more switch-ins than wake-ups"
         );
     }
-    assert_eq!(meta["lost"], 0, "{mode}: {}", meta["points"]);
+    assert_eq!(meta.lost, 0, "{mode}: {:?}", meta.points);
 }
 
 #[test]

@@ -7,6 +7,7 @@
 use std::collections::BTreeSet;
 use std::process::Command;
 use std::time::Duration;
+use xlap_records::run_meta::RunState;
 use xlap_stage::Stage;
 use xlap_tests::example::{ExampleOptions, ProtocolRun};
 use xlap_tests::multiset::logged;
@@ -50,8 +51,8 @@ fn sigterm_twice_ends_the_run_cleanly() {
     unsafe { libc::kill(pid, libc::SIGTERM) };
     let out = rec.wait();
     let meta = run_meta(&dir);
-    assert_eq!(meta["state"], "complete");
-    assert_eq!(meta["stop_reason"], "signal");
+    assert_eq!(meta.state, RunState::Complete);
+    assert_eq!(meta.stop_reason, "signal");
     let (sent, _) = run.wait();
     let stamped = send_stamps(&dir, pids.0);
     let logged_before: Vec<_> = logged(&sent, "sent")
@@ -104,8 +105,8 @@ fn traced_processes_killed_mid_run_end_it_with_their_data() {
     let _ = run.receiver.wait();
     let out = rec.wait();
     let meta = run_meta(&dir);
-    assert_eq!(meta["state"], "complete");
-    assert_eq!(meta["stop_reason"], "targets exited");
+    assert_eq!(meta.state, RunState::Complete);
+    assert_eq!(meta.stop_reason, "targets exited");
     // The sender's log up to its death (the lines it managed to write; a
     // buffered log killed mid-write ends in a partial line): each stamped.
     let sent: Vec<serde_json::Value> = std::fs::read_to_string(&run.sender_log)
@@ -307,12 +308,7 @@ fn a_realtime_clock_step_during_a_run_is_recorded_and_warned() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("realtime clock stepped"), "{stderr}");
     let meta = run_meta(&dir);
-    let steps: Vec<i64> = meta["clock_steps"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|s| s["step_ns"].as_i64().unwrap())
-        .collect();
+    let steps: Vec<i64> = meta.clock_steps.iter().map(|s| s.step_ns).collect();
     assert_eq!(steps.len(), 2, "steps: {steps:?}");
     assert!((steps[0] - 2_000_000_000).abs() < 50_000_000, "{steps:?}");
     assert!((steps[1] + 2_000_000_000).abs() < 50_000_000, "{steps:?}");
@@ -380,5 +376,5 @@ fn a_full_disk_under_rotation_names_the_segment_and_the_recording() {
         listing(&moved)
     );
     let meta = run_meta(&moved.join(segment));
-    assert_eq!(meta["state"], "recovered", "{said}");
+    assert_eq!(meta.state, RunState::Recovered, "{said}");
 }

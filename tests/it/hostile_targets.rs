@@ -11,6 +11,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use xlap_records::run_meta::{MarkerRing, RunMeta};
 use xlap_tests::c_programs::{hostile_target, udp_loop, udp_loop_log};
 use xlap_tests::trace::{read_stamps, run_meta, Recorder, Row, SEQ_U64_LE};
 use xlap_tests::{bin, privileged, KillOnDrop, Scratch};
@@ -127,14 +128,11 @@ fn assert_all_marked(rows: &[Row], pid: u32, log: &Path, what: &str) {
     }
 }
 
-fn marker_ring(meta: &serde_json::Value, pid: u32) -> serde_json::Value {
-    meta["marker_rings"]
-        .as_array()
-        .expect("run.json marker_rings")
+fn marker_ring(meta: &RunMeta, pid: u32) -> &MarkerRing {
+    meta.marker_rings
         .iter()
-        .find(|r| r["pid"] == pid)
-        .cloned()
-        .unwrap_or_else(|| panic!("no marker ring of pid {pid}: {}", meta["marker_rings"]))
+        .find(|r| r.pid == pid)
+        .unwrap_or_else(|| panic!("no marker ring of pid {pid}: {:#?}", meta.marker_rings))
 }
 
 /// No ring file of the recorder `pid` is left in /dev/shm.
@@ -197,17 +195,17 @@ fn a_scribbling_target_spoils_only_its_own_stamps() {
     // The neighbour is whole, against its own log, and its ring clean.
     assert_all_marked(&rows, good.0.id(), &good_log, "udp_loop");
     let clean = marker_ring(&meta, good.0.id());
-    assert_eq!(clean["corrupt"], 0, "{clean}");
-    assert_eq!(clean["header_faults"], 0, "{clean}");
-    assert!(clean.get("switched_off").is_none(), "{clean}");
+    assert_eq!(clean.corrupt, 0, "{clean:#?}");
+    assert_eq!(clean.header_faults, 0, "{clean:#?}");
+    assert!(clean.switched_off.is_none(), "{clean:#?}");
 
     // The hostile ring's forgeries are counted, none became a stamp of
     // another process (pid 1) or a kind beyond 32 bits.
     let spoiled = marker_ring(&meta, hostile.0.id());
-    let faults = spoiled["corrupt"].as_u64().unwrap() + spoiled["header_faults"].as_u64().unwrap();
-    assert!(faults > 0, "nothing counted corrupt: {spoiled}");
+    let faults = spoiled.corrupt + spoiled.header_faults;
+    assert!(faults > 0, "nothing counted corrupt: {spoiled:#?}");
     // Its claims (the dropped count in its header) are not the run's.
-    let lost = meta["lost"].as_u64().unwrap();
+    let lost = meta.lost;
     assert!(lost < COUNT * 10, "losses the hostile ring claimed: {lost}");
     let pids: BTreeSet<u32> = rows
         .iter()
@@ -273,10 +271,11 @@ fn a_ring_truncated_or_removed_under_the_recorder_does_not_stop_it() {
     // Shrunk: the recorder read zeros instead of dying, and said so.
     let shrunk = marker_ring(&meta, truncating.0.id());
     assert!(
-        shrunk["switched_off"]
-            .as_str()
+        shrunk
+            .switched_off
+            .as_ref()
             .is_some_and(|s| s.contains("shrunk")),
-        "{shrunk}"
+        "{shrunk:#?}"
     );
     assert!(stderr.contains("switched off"), "{stderr}");
     // Its honest stamps before the attack are kept.
@@ -288,7 +287,7 @@ fn a_ring_truncated_or_removed_under_the_recorder_does_not_stop_it() {
         &world.path("unlink.log"),
         "unlinked ring",
     );
-    assert_eq!(marker_ring(&meta, unlinking.0.id())["corrupt"], 0);
+    assert_eq!(marker_ring(&meta, unlinking.0.id()).corrupt, 0);
     assert_no_rings_of(recorder);
 }
 
@@ -320,11 +319,7 @@ fn a_directory_the_target_cannot_write_gets_no_ring() {
     );
     // Its markers went to uprobes instead: every datagram is marked.
     let meta = run_meta(&dir);
-    assert!(
-        meta.get("marker_rings").is_none(),
-        "{}",
-        meta["marker_rings"]
-    );
+    assert!(meta.marker_rings.is_empty(), "{:#?}", meta.marker_rings);
     let rows = read_stamps(&dir.join("stamps.parquet"));
     assert_all_marked(&rows, target.0.id(), &world.path("none.log"), "uprobes");
 }

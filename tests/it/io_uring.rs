@@ -8,6 +8,7 @@
 use serde_json::Value;
 use std::collections::BTreeSet;
 use std::process::Stdio;
+use xlap_records::run_meta::RunMeta;
 use xlap_stage::Stage;
 use xlap_tests::example::events;
 use xlap_tests::trace::{degraded, is_traced, read_stamps, run_meta, Recorder, Row};
@@ -30,9 +31,10 @@ fn stamped(rows: &[Row], point: &str, pid: u32) -> BTreeSet<u64> {
 /// io_uring tracepoints differ leaves the requests' own points out
 /// (run.json's `degraded_points` says so) but not the device, queue and
 /// wake-up points.
-fn uring_traced(meta: &Value, point: &str) -> bool {
-    let partial = meta["degraded_points"][point]
-        .as_str()
+fn uring_traced(meta: &RunMeta, point: &str) -> bool {
+    let partial = meta
+        .degraded_points
+        .get(point)
         .is_some_and(|why| why.contains("io_uring"));
     if partial {
         eprintln!("{point} misses io_uring requests on this kernel: its checks are left out");
@@ -47,7 +49,7 @@ fn run(
     send_op: &str,
     mode: &str,
     connect: bool,
-) -> (Vec<Value>, Vec<Value>, Vec<Row>, u32, u32, Value) {
+) -> (Vec<Value>, Vec<Value>, Vec<Row>, u32, u32, RunMeta) {
     let (a, b) = (stage.host(0), stage.host(1));
     let scratch = Scratch::new(&format!("uring-{send_op}-{mode}"));
     let peer = bin("xlap-uring-peer");

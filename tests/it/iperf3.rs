@@ -4,6 +4,7 @@
 
 use std::process::{Command, Stdio};
 use std::time::Duration;
+use xlap_records::run_meta::RunMeta;
 use xlap_stage::Stage;
 use xlap_tests::trace::{degraded, is_traced, read_stamps, Recorder, Row};
 use xlap_tests::{privileged, KillOnDrop, Scratch};
@@ -13,7 +14,7 @@ use xlap_tests::{privileged, KillOnDrop, Scratch};
 fn traced_iperf3(
     name: &str,
     client_args: &str,
-) -> (serde_json::Value, Vec<Row>, serde_json::Value, u32, u32) {
+) -> (serde_json::Value, Vec<Row>, RunMeta, u32, u32) {
     assert!(
         Command::new("iperf3").arg("--version").output().is_ok(),
         "iperf3 is missing: ./run.sh setup installs it"
@@ -132,12 +133,11 @@ fn iperf3_udp_counts_per_point_match_its_own_report() {
     // Only the handshake datagrams (4 bytes, no counter: the client's hello
     // and the server's reply) fail to parse, at most once each per point;
     // nothing else is lost.
-    for (point, p) in meta["points"].as_object().unwrap() {
-        for (key, value) in p.as_object().unwrap() {
-            let n = value.as_u64().unwrap_or(0);
+    for (point, p) in &meta.points {
+        for (key, &n) in &p.lost {
             match key.as_str() {
-                "lost_parse" => assert!(n <= 2, "{point}: {p}"),
-                k if k.starts_with("lost_") => assert_eq!(n, 0, "{point} {k}: {p}"),
+                "lost_parse" => assert!(n <= 2, "{point}: {p:?}"),
+                k if k.starts_with("lost_") => assert_eq!(n, 0, "{point} {k}: {p:?}"),
                 _ => {}
             }
         }

@@ -94,12 +94,8 @@ fn a_run_lacks_exactly_the_points_this_kernel_is_too_old_for() {
         },
         &[],
     );
-    let unavailable = t.meta["unavailable_points"]
-        .as_object()
-        .expect("unavailable_points");
-    let partial = t.meta["degraded_points"]
-        .as_object()
-        .expect("degraded_points");
+    let unavailable = &t.meta.unavailable_points;
+    let partial = &t.meta.degraded_points;
     for pp in program_points() {
         let too_old = pp.min_kernel.is_some_and(|min| kernel < min);
         for id in pp.points {
@@ -107,12 +103,11 @@ fn a_run_lacks_exactly_the_points_this_kernel_is_too_old_for() {
             let said = unavailable
                 .get(name)
                 .or(partial.get(name))
-                .and_then(|w| w.as_str())
                 .filter(|why| why.contains(pp.program));
             if too_old {
                 assert!(
                     said.is_some(),
-                    "Linux {release} is older than {:?}, which {} needs for {name}, but the run does not say it is missing: {}",
+                    "Linux {release} is older than {:?}, which {} needs for {name}, but the run does not say it is missing: {:#?}",
                     pp.min_kernel,
                     pp.program,
                     t.meta
@@ -176,9 +171,11 @@ fn as_on_debian_12s_kernel_sock_queue_is_left_out_and_said() {
         Some(v) => std::env::set_var("XLAP_KERNEL_AS", v),
         None => std::env::remove_var("XLAP_KERNEL_AS"),
     }
-    let why = t.meta["unavailable_points"]["sock.queue"]
-        .as_str()
-        .unwrap_or_else(|| panic!("sock.queue not listed unavailable: {}", t.meta));
+    let why = t
+        .meta
+        .unavailable_points
+        .get("sock.queue")
+        .unwrap_or_else(|| panic!("sock.queue not listed unavailable: {:#?}", t.meta));
     assert!(why.contains("XLAP_KERNEL_AS=6.1"), "{why}");
     assert!(
         t.stderr.contains("sock.queue not traced here") && t.stderr.contains("XLAP_KERNEL_AS"),
@@ -186,17 +183,17 @@ fn as_on_debian_12s_kernel_sock_queue_is_left_out_and_said() {
         t.stderr
     );
     // The socket hook also keys the reader's wake-ups.
-    let missing: Vec<&str> = t.meta["unavailable_points"]
-        .as_object()
-        .unwrap()
+    let missing: Vec<&str> = t
+        .meta
+        .unavailable_points
         .keys()
         .map(String::as_str)
         .collect();
     assert_eq!(
         missing,
         ["sched.switch_in", "sched.wakeup", "sock.queue"],
-        "{}",
-        t.meta["unavailable_points"]
+        "{:?}",
+        t.meta.unavailable_points
     );
     let rows = t.stamps();
     for point in missing {

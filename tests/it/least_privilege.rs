@@ -9,6 +9,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use xlap_capture::capabilities::{KEPT_AFTER_ATTACH, NEEDS};
+use xlap_records::run_meta::RunMeta;
 use xlap_stage::Stage;
 use xlap_tests::example::{ExampleOptions, ProtocolRun};
 use xlap_tests::multiset::{assert_same, logged, stamped};
@@ -129,9 +130,7 @@ fn whole_without(stage: &Stage, scratch: &Scratch, script: &Path, cap: &str) -> 
         return false;
     }
     let meta = run_meta(&dir);
-    let receiver_ports = meta["targets"][1]["udp_ports"]
-        .as_array()
-        .map_or(0, |p| p.len());
+    let receiver_ports = meta.targets.get(1).map_or(0, |t| t.udp_ports.len());
     let rows = read_stamps(&dir.join("stamps.parquet"));
     let at_socket = stamped(&rows, "sock.recv_exit", pids.1);
     let read = logged(&received, "received");
@@ -200,17 +199,10 @@ fn the_required_capabilities_trace_everything_and_each_is_needed() {
     let out = rec.wait();
     let stderr = String::from_utf8_lossy(&out.stderr);
     let meta = run_meta(&dir);
-    let ports: Vec<u64> = meta["targets"]
-        .as_array()
-        .unwrap()
+    let ports: Vec<u64> = meta
+        .targets
         .iter()
-        .flat_map(|t| {
-            t["udp_ports"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|p| p.as_u64().unwrap())
-        })
+        .flat_map(|t| t.udp_ports.iter().map(|&p| u64::from(p)))
         .collect();
     assert!(
         ports.contains(&9000) && ports.contains(&9001),
@@ -458,12 +450,11 @@ fn sockets_the_recorder_cannot_see_are_counted() {
         assert!(out.status.success(), "{name}: {stderr}");
         (run_meta(&dir), stderr)
     };
-    let ports = |meta: &serde_json::Value| -> Vec<u64> {
-        meta["targets"][0]["udp_ports"]
-            .as_array()
-            .unwrap()
+    let ports = |meta: &RunMeta| -> Vec<u64> {
+        meta.targets[0]
+            .udp_ports
             .iter()
-            .filter_map(|p| p.as_u64())
+            .map(|&p| u64::from(p))
             .collect()
     };
 
@@ -478,10 +469,7 @@ fn sockets_the_recorder_cannot_see_are_counted() {
         !ports(&meta).contains(&port),
         "traced without ptrace access? {stderr}"
     );
-    assert_eq!(
-        meta["sockets_not_traced"]["processes_unreadable"], 1,
-        "{stderr}"
-    );
+    assert_eq!(meta.sockets_not_traced.processes_unreadable, 1, "{stderr}");
     assert!(
         stderr.contains(&format!(
             "the sockets pid {} holds cannot be listed",
@@ -497,13 +485,13 @@ fn sockets_the_recorder_cannot_see_are_counted() {
         "seen",
     );
     assert!(ports(&meta).contains(&port), "{stderr}");
-    let counted = &meta["sockets_not_traced"];
-    for reason in [
-        "processes_unreadable",
-        "not_inspectable",
-        "duplicate_refused",
-        "mark_refused",
+    let counted = &meta.sockets_not_traced;
+    for (reason, n) in [
+        ("processes_unreadable", counted.processes_unreadable),
+        ("not_inspectable", counted.not_inspectable),
+        ("duplicate_refused", counted.duplicate_refused),
+        ("mark_refused", counted.mark_refused),
     ] {
-        assert_eq!(counted[reason], 0, "{reason}: {stderr}");
+        assert_eq!(n, 0, "{reason}: {stderr}");
     }
 }

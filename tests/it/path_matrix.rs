@@ -15,11 +15,12 @@
 
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
+use xlap_records::run_meta::RunMeta;
 use xlap_stage::{Link, Qdisc, Stage, StageConfig};
 use xlap_tests::example::kind_code;
 use xlap_tests::example::{events, ExampleOptions, RECEIVER_PORT, SENDER_PORT};
 use xlap_tests::privileged;
-use xlap_tests::trace::{degraded, is_traced, trace_example, traced, Row, Traced};
+use xlap_tests::trace::{degraded, is_traced, run_meta, trace_example, traced, Row, Traced};
 
 /// A datagram: (seq, kind) as the protocol logs it.
 type Datagram = (u64, u32);
@@ -144,13 +145,14 @@ fn side_stamps(rows: &[Row], pid: u32, tx: bool) -> SideStamps {
     SideStamps { by_point }
 }
 
-fn lost_at(meta: &Value, point: &str) -> u64 {
-    meta["points"][point]
-        .as_object()
-        .map(|o| {
-            o.iter()
+fn lost_at(meta: &RunMeta, point: &str) -> u64 {
+    meta.points
+        .get(point)
+        .map(|p| {
+            p.lost
+                .iter()
                 .filter(|(k, _)| k.starts_with("lost_"))
-                .map(|(_, v)| v.as_u64().unwrap_or(0))
+                .map(|(_, n)| n)
                 .sum()
         })
         .unwrap_or(0)
@@ -172,7 +174,7 @@ fn check_side(
     on_wire: &BTreeSet<Datagram>,
     points: &[&str],
     devices: usize,
-    meta: &Value,
+    meta: &RunMeta,
 ) -> Vec<String> {
     let mut problems = Vec::new();
     for point in points {
@@ -485,7 +487,7 @@ fn run_cell(cell: &Cell) -> Vec<String> {
     problems.extend(check_tuples(cell, &t, &rows));
     problems.extend(check_priority(cell, &rows, sender));
     if !problems.is_empty() {
-        eprintln!("{}: run.json points: {}", cell.name, t.meta["points"]);
+        eprintln!("{}: run.json points: {:?}", cell.name, t.meta.points);
         eprintln!("{}: xlap-trace stderr: {}", cell.name, t.stderr);
     }
     problems
@@ -736,9 +738,6 @@ fn tcp_only_target_is_refused_by_name() {
         stderr.contains("tcp port 5299") && stderr.contains("only TCP"),
         "the refusal names the socket: {stderr}"
     );
-    let meta: Value = serde_json::from_slice(
-        &std::fs::read(scratch.path("run").join("run.json")).expect("run.json is written"),
-    )
-    .unwrap();
-    assert_eq!(meta["lost"], 0, "TCP is not counted as UDP loss: {meta}");
+    let meta = run_meta(&scratch.path("run"));
+    assert_eq!(meta.lost, 0, "TCP is not counted as UDP loss: {meta:#?}");
 }

@@ -39,13 +39,13 @@ fn minimal_points_stamp_every_packet_at_four_points_only() {
         "only the minimal set"
     );
     assert_eq!(
-        t.meta["options"]["points"],
-        serde_json::json!([
+        t.meta.options.points,
+        [
             "sock.send_enter",
             "dev.xmit",
             "dev.receive_skb",
             "sock.recv_exit"
-        ])
+        ]
     );
     let sent = logged(&t.sent, "sent");
     let received = logged(&t.received, "received");

@@ -140,7 +140,7 @@ fn the_slow_class_queues_and_every_class_counts_as_tc_does() {
     // tracer counted as lost (run.json), never one lost silently.
     // The query counts delivered packets: one the receiver did not read
     // before it stopped is `partial` in the packets table, not missing.
-    let lost = run_meta(&scratch.path("run"))["lost"].as_u64().unwrap();
+    let lost = run_meta(&scratch.path("run")).lost;
     let partial = |priority: u32| -> u64 {
         let out = std::process::Command::new(xlap_tests::bin("xlap-trace"))
             .arg("sql")

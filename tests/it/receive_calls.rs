@@ -8,6 +8,7 @@
 //! file.
 
 use serde_json::Value;
+use xlap_records::run_meta::RunMeta;
 use xlap_stage::Stage;
 use xlap_tests::example::kind_code;
 use xlap_tests::example::{events, ExampleOptions};
@@ -15,10 +16,10 @@ use xlap_tests::multiset::{self as ms, assert_same, Multiset};
 use xlap_tests::privileged;
 use xlap_tests::trace::trace_example;
 
-fn lost_parse(meta: &Value) -> u64 {
-    meta["points"]["sock.recv_exit"]["lost_parse"]
-        .as_u64()
-        .unwrap_or(0)
+fn lost_parse(meta: &RunMeta) -> u64 {
+    meta.points
+        .get("sock.recv_exit")
+        .map_or(0, |p| p.lost("parse"))
 }
 
 /// Runs the example with `recv_args` and returns (what the receiver logged,
@@ -67,8 +68,9 @@ fn run(
         logged.len()
     );
     eprintln!(
-        "{name}: recv_exit {} {}",
-        t.meta["points"]["sock.recv_exit"], t.meta["bpf_programs"]["on_sys_exit"]
+        "{name}: recv_exit {:?} {:?}",
+        t.meta.points.get("sock.recv_exit"),
+        t.meta.bpf_programs.get("on_sys_exit")
     );
     (logged, stamped, lost_parse(&t.meta), t.received)
 }

@@ -8,6 +8,7 @@
 use std::collections::BTreeSet;
 use std::path::Path;
 use std::process::Command;
+use xlap_records::run_meta::RunState;
 use xlap_stage::Stage;
 use xlap_tests::example::{ExampleOptions, ProtocolRun};
 use xlap_tests::multiset::{assert_same, logged, logged_where, stamped, Multiset};
@@ -91,11 +92,11 @@ fn a_rotated_recording_is_segments_each_a_run_with_every_datagram_once() {
         assert_eq!(entry["state"], "complete", "{idx}");
         assert_eq!(seg.file_name().unwrap(), entry["dir"].as_str().unwrap());
         let meta = run_meta(seg);
-        assert_eq!(meta["state"], "complete");
-        assert!(run_ids.insert(meta["run_id"].as_str().unwrap().to_string()));
+        assert_eq!(meta.state, RunState::Complete);
+        assert!(run_ids.insert(meta.run_id.clone()));
         assert!(!seg.join("stamps.arrows").exists(), "live stream left");
         let rows = read_stamps(&seg.join("stamps.parquet"));
-        assert_eq!(meta["stamps"].as_u64().unwrap(), rows.len() as u64);
+        assert_eq!(meta.stamps, rows.len() as u64);
         // The flow table is read for every segment, not only at the end.
         assert!(
             rows.iter()
@@ -270,9 +271,7 @@ fn max_size_keeps_a_rotated_recording_within_its_budget_and_stops_one_that_is_no
         .iter()
         .map(|d| read_stamps(&d.join("stamps.parquet")))
         .collect();
-    let kept_from = run_meta(&tail_dirs[0])["clock_start"]["monotonic_ns"]
-        .as_i64()
-        .unwrap();
+    let kept_from = run_meta(&tail_dirs[0]).clock_start.monotonic_ns as i64;
     let expected = logged_where(&sent, "sent", |e| {
         e["t_start_ns"].as_i64().is_some_and(|t| t > kept_from)
     });
@@ -296,15 +295,15 @@ fn max_size_keeps_a_rotated_recording_within_its_budget_and_stops_one_that_is_no
     run.start();
     let meta = rec.meta_after_wait();
     let (sent, _) = run.wait();
-    assert_eq!(meta["state"], "complete");
-    assert_eq!(meta["stop_reason"], "max-size");
+    assert_eq!(meta.state, RunState::Complete);
+    assert_eq!(meta.stop_reason, "max-size");
     let stream = std::fs::metadata(dir.join("stamps.arrows")).unwrap().len();
     assert!(
         (1 << 20..2 << 20).contains(&stream),
         "stream of {stream} bytes"
     );
     assert!(
-        logged(&sent, "sent").len() as u64 > meta["packets"].as_u64().unwrap(),
+        logged(&sent, "sent").len() as u64 > meta.packets,
         "the run stopped before the protocol did"
     );
 }
@@ -350,17 +349,17 @@ fn a_rotated_recording_whose_recorder_dies_is_recovered_segment_by_segment() {
     for (seg, entry) in dirs.iter().zip(segments) {
         let meta = run_meta(seg);
         assert!(
-            meta["state"] == "complete" || meta["state"] == "recovered",
-            "{}: {}",
+            matches!(meta.state, RunState::Complete | RunState::Recovered),
+            "{}: {:?}",
             seg.display(),
-            meta["state"]
+            meta.state
         );
         assert!(
             ["complete", "recovered"].contains(&entry["state"].as_str().unwrap()),
             "{idx}"
         );
         let r = read_stamps(&seg.join("stamps.parquet"));
-        assert_eq!(meta["stamps"].as_u64().unwrap(), r.len() as u64);
+        assert_eq!(meta.stamps, r.len() as u64);
         rows.push(r);
     }
     // Against the sender's log: what it sent up to a second before the

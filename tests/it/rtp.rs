@@ -11,6 +11,7 @@
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::process::Stdio;
+use xlap_records::run_meta::RunMeta;
 use xlap_stage::Stage;
 use xlap_tests::example::events;
 use xlap_tests::trace::{read_stamps, run_meta, traced, Recorder, Row};
@@ -56,7 +57,7 @@ fn stamped(rows: &[Row], point: &str, pid: u32, port: u16) -> Multiset {
 struct Protocol<'a> {
     rows: &'a [Row],
     pids: (u32, u32),
-    meta: &'a Value,
+    meta: &'a RunMeta,
 }
 
 impl Protocol<'_> {
@@ -175,8 +176,8 @@ fn rtp_and_rtcp_of_one_process_keyed_by_their_own_layouts() {
     // The packets table: one row per RTP packet (the sequence unwrapped
     // across 65535 -> 0), on the RTP flow's ports and the stage's
     // addresses.
-    assert_eq!(meta["options"]["layout"]["kind_mask"], 0x7f);
-    assert_eq!(meta["options"]["port_layouts"][0]["port"], RTCP_PORT);
+    assert_eq!(meta.options.layout.kind_mask, 0x7f);
+    assert_eq!(meta.options.port_layouts[0].port, RTCP_PORT);
     let db = duckdb::Connection::open_in_memory().unwrap();
     let packets = dir.join("packets.parquet");
     let (n, ports, from, to): (i64, String, String, String) = db

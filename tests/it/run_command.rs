@@ -70,8 +70,8 @@ fn run_traces_a_command_from_its_first_datagram_and_exits_with_its_status() {
         }
     }
     let meta = run_meta(&dir);
-    assert_eq!(meta["lost"], 0);
-    assert_eq!(meta["stop_reason"], "targets exited");
+    assert_eq!(meta.lost, 0);
+    assert_eq!(meta.stop_reason, "targets exited");
 
     // Through a shell that starts the program and then fails: the child is
     // followed (kernel points), the run is written, the status is the
@@ -211,12 +211,14 @@ fn markers_follow_every_way_a_job_starts_a_program() {
             ));
         }
         let meta = run_meta(&dir);
-        let holds = &meta["holds"];
-        if holds["not_stopped"] != 0 {
-            failures.push(format!("{shape}: holds {holds}"));
+        let holds = &meta.holds;
+        if holds.as_ref().is_none_or(|h| h.not_stopped != 0) {
+            failures.push(format!("{shape}: holds {holds:?}"));
         }
-        if *shape != "direct" && holds["at_exec"].as_u64().unwrap_or(0) == 0 {
-            failures.push(format!("{shape}: the program's exec was not held: {holds}"));
+        if *shape != "direct" && holds.as_ref().map_or(0, |h| h.at_exec) == 0 {
+            failures.push(format!(
+                "{shape}: the program's exec was not held: {holds:?}"
+            ));
         }
         // Through the analysis: its packet count is the program's, and the
         // marker's stage is there for every packet.
@@ -286,12 +288,12 @@ fn markers_of_a_library_loaded_later_are_traced() {
         without.len()
     );
     let meta = run_meta(&dir);
-    let sites = meta["options"]["usdt_sites"].as_array().unwrap();
+    let sites = &meta.options.usdt_sites;
     assert!(
         sites
             .iter()
-            .any(|s| s["file"].as_str().unwrap().ends_with("/libplugin.so")),
+            .any(|s| s.file.to_str().unwrap().ends_with("/libplugin.so")),
         "{sites:?}"
     );
-    assert!(meta["holds"]["at_loader"].as_u64().unwrap() >= 1);
+    assert!(meta.holds.as_ref().expect("holds").at_loader >= 1);
 }

@@ -37,28 +37,26 @@ fn device_timestamping_is_what_ethtool_says() {
     );
     let text = String::from_utf8_lossy(&out.stdout);
     let has = |cap: &str| text.lines().any(|l| l.trim().starts_with(cap));
-    let devices = t.meta["device_timestamping"]
-        .as_array()
-        .expect("device_timestamping");
+    let devices = &t.meta.device_timestamping;
     let d = devices
         .iter()
-        .find(|d| d["ifname"] == dev.as_str())
+        .find(|d| d.ifname == dev)
         .unwrap_or_else(|| panic!("{dev} not surveyed: {devices:#?}"));
-    assert_eq!(d["driver"], "veth");
-    for (field, cap) in [
-        ("hardware_tx", "hardware-transmit"),
-        ("hardware_rx", "hardware-receive"),
-        ("software_tx", "software-transmit"),
-        ("software_rx", "software-receive"),
+    assert_eq!(d.driver, "veth");
+    for (field, got, cap) in [
+        ("hardware_tx", d.hardware_tx, "hardware-transmit"),
+        ("hardware_rx", d.hardware_rx, "hardware-receive"),
+        ("software_tx", d.software_tx, "software-transmit"),
+        ("software_rx", d.software_rx, "software-receive"),
     ] {
-        assert_eq!(d[field], has(cap), "{field} vs ethtool -T:\n{text}");
+        assert_eq!(got, has(cap), "{field} vs ethtool -T:\n{text}");
     }
     let phc = text
         .lines()
         .find_map(|l| l.trim().strip_prefix("PTP Hardware Clock:"))
         .map(str::trim);
-    assert_eq!(d["phc_index"].is_null(), phc == Some("none"), "{text}");
-    assert_eq!(d["hardware_rx_on"], false);
+    assert_eq!(d.phc_index.is_none(), phc == Some("none"), "{text}");
+    assert!(!d.hardware_rx_on);
     // Said once, naming the device.
     let said: Vec<&str> = t
         .stderr

@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use xlap_stage::Stage;
 use xlap_tests::example::{events, ExampleOptions};
 use xlap_tests::privileged;
-use xlap_tests::trace::{trace_example, traced};
+use xlap_tests::trace::{site_path, trace_example, traced};
 
 const SENDER_APP: &[&str] = &[
     "app.send_start",
@@ -66,13 +66,13 @@ fn app_points_in_causal_order(stage: &Stage, marker_path: &str) -> AppFacts {
         &["--marker-path", marker_path],
     );
     let ((s, r), meta, received) = (t.pids, &t.meta, &t.received);
-    assert_eq!(meta["lost"], 0);
-    assert_eq!(meta["options"]["marker_path"], marker_path);
-    let sites = meta["options"]["usdt_sites"].as_array().unwrap();
-    let names: BTreeSet<&str> = sites.iter().map(|s| s["name"].as_str().unwrap()).collect();
+    assert_eq!(meta.lost, 0);
+    assert_eq!(meta.options.marker_path, Some(site_path(marker_path)));
+    let sites = &meta.options.usdt_sites;
+    let names: BTreeSet<&str> = sites.iter().map(|s| s.name.as_str()).collect();
     assert_eq!(names.len(), 13, "every marker attached: {names:?}");
     assert!(
-        sites.iter().all(|s| s["path"] == marker_path),
+        sites.iter().all(|s| s.path == site_path(marker_path)),
         "{marker_path}: {sites:?}"
     );
     let cpus = std::thread::available_parallelism().unwrap().get() as u16;
@@ -182,12 +182,12 @@ fn a_binary_without_markers_is_said_and_its_kernel_points_still_traced() {
         stderr.contains(&format!("pid {s}")) && stderr.contains("no xlap:* USDT markers"),
         "{stderr}"
     );
-    assert!(t.meta["points"]["dev.queue"]["stamps"].as_u64().unwrap() > 0);
+    assert!(t.meta.points["dev.queue"].stamps > 0);
     // Both ends exited: each is said, and recorded, before the run ends.
     for pid in [t.pids.0, t.pids.1] {
         assert!(stderr.contains(&format!("pid {pid} exited")), "{stderr}");
     }
-    assert_eq!(t.meta["options"]["exited"].as_array().unwrap().len(), 2);
+    assert_eq!(t.meta.options.exited.len(), 2);
 }
 
 #[test]

@@ -8,6 +8,7 @@ use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
+use xlap_records::run_meta::{RunMeta, SitePath};
 
 /// `record`'s layout options for datagrams that start with a u64
 /// little-endian seq (the C programs' and the Python senders' format).
@@ -139,16 +140,25 @@ impl Recorder {
     }
 
     /// Waits for the recorder to end and returns its `run.json`.
-    pub fn meta_after_wait(self) -> Value {
+    pub fn meta_after_wait(self) -> RunMeta {
         let dir = self.dir.clone();
         self.wait();
         run_meta(&dir)
     }
 }
 
-pub fn run_meta(dir: &Path) -> Value {
-    let text = std::fs::read_to_string(dir.join("run.json")).expect("run.json");
-    serde_json::from_str(&text).expect("run.json is JSON")
+/// A run's `run.json`, read through the recorder's own declaration of it
+/// (a key misspelt in a test does not compile, rather than reading null).
+pub fn run_meta(dir: &Path) -> RunMeta {
+    let path = dir.join("run.json");
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    RunMeta::from_json(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// A `--marker-path` value (`ring`, `uprobe`) as run.json records it.
+pub fn site_path(name: &str) -> SitePath {
+    serde_json::from_value(Value::from(name))
+        .unwrap_or_else(|e| panic!("--marker-path {name}: {e}"))
 }
 
 /// Those of `points` the run could stamp on this kernel: run.json's
@@ -157,11 +167,11 @@ pub fn run_meta(dir: &Path) -> Value {
 /// point's stamps only where the run says it took them; the
 /// `kernel_features` test holds this kernel to docs/stamp-points.md's minimums, so
 /// on a kernel that has them nothing is left out.
-pub fn traced<'a>(meta: &Value, points: &[&'a str]) -> Vec<&'a str> {
+pub fn traced<'a>(meta: &RunMeta, points: &[&'a str]) -> Vec<&'a str> {
     points
         .iter()
         .copied()
-        .filter(|point| match meta["unavailable_points"].get(*point) {
+        .filter(|point| match meta.unavailable_points.get(*point) {
             Some(why) => {
                 eprintln!("{point} is not traced on this kernel ({why}): its checks are left out");
                 false
@@ -174,8 +184,8 @@ pub fn traced<'a>(meta: &Value, points: &[&'a str]) -> Vec<&'a str> {
 /// Whether run.json's `degraded_points` says `point` lacks something this
 /// kernel cannot give it (`what`: a phrase of the reason, e.g. "no flow");
 /// said when it does, so the test can leave that check out.
-pub fn degraded(meta: &Value, point: &str, what: &str) -> bool {
-    match meta["degraded_points"][point].as_str() {
+pub fn degraded(meta: &RunMeta, point: &str, what: &str) -> bool {
+    match meta.degraded_points.get(point) {
         Some(why) if why.contains(what) => {
             eprintln!("{point} on this kernel: {why}: that check is left out");
             true
@@ -185,7 +195,7 @@ pub fn degraded(meta: &Value, point: &str, what: &str) -> bool {
 }
 
 /// Whether the run could stamp `point` on this kernel (see [`traced`]).
-pub fn is_traced(meta: &Value, point: &str) -> bool {
+pub fn is_traced(meta: &RunMeta, point: &str) -> bool {
     !traced(meta, &[point]).is_empty()
 }
 
@@ -268,7 +278,7 @@ pub struct Traced {
     pub pids: (u32, u32),
     pub sent: Vec<Value>,
     pub received: Vec<Value>,
-    pub meta: Value,
+    pub meta: RunMeta,
     pub stdout: String,
     pub stderr: String,
 }

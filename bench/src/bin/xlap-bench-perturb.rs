@@ -227,14 +227,12 @@ fn one_run(
     }
     if let Some(rec) = recorder {
         let meta = rec.meta_after_wait();
-        cell.stamps += meta["stamps"].as_u64().unwrap_or(0);
-        cell.lost += meta["lost"].as_u64().unwrap_or(0);
-        if let Some(programs) = meta["bpf_programs"].as_object() {
-            for (name, p) in programs {
-                let e = cell.programs.entry(name.clone()).or_default();
-                e.0 += p["run_count"].as_u64().unwrap_or(0);
-                e.1 += p["run_time_ns"].as_u64().unwrap_or(0);
-            }
+        cell.stamps += meta.stamps;
+        cell.lost += meta.lost;
+        for (name, p) in &meta.bpf_programs {
+            let e = cell.programs.entry(name.clone()).or_default();
+            e.0 += p.run_count;
+            e.1 += p.run_time_ns;
         }
     }
     let (latencies, duration, sent) = read_full_log(&log)?;

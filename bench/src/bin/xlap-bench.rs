@@ -22,7 +22,7 @@
 use anyhow::{Context, Result};
 use aya::programs::BtfTracePoint;
 use aya::{Btf, EbpfLoader};
-use serde_json::{json, Value};
+use serde_json::json;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 use xlap_bench::args::{arg_value, baseline_binary};
@@ -100,26 +100,17 @@ fn main() -> Result<()> {
             };
             let r = traced_run(&stage, &load, Some(extra), binary)?;
             let meta = r.meta.as_ref().expect("traced");
-            let stamps = meta["stamps"].as_u64().unwrap_or(0);
-            let lost = meta["lost"].as_u64().unwrap_or(0);
-            let per_stamp = meta["bpf_ns_per_stamp"].as_f64().unwrap_or(f64::NAN);
-            let programs = meta["bpf_programs"].as_object().map_or(0, |p| {
-                p.values()
-                    .map(|v| v["run_count"].as_u64().unwrap_or(0))
-                    .sum::<u64>()
-            });
-            let ringbuf_lost: u64 = meta["points"].as_object().map_or(0, |p| {
-                p.values()
-                    .map(|v| v["lost_ringbuf_full"].as_u64().unwrap_or(0))
-                    .sum()
-            });
+            let stamps = meta.stamps;
+            let lost = meta.lost;
+            let per_stamp = meta.bpf_ns_per_stamp.unwrap_or(f64::NAN);
+            let programs: u64 = meta.bpf_programs.values().map(|p| p.run_count).sum();
+            let ringbuf_lost: u64 = meta.points.values().map(|p| p.lost("ringbuf_full")).sum();
             let net = per_stamp - empty_ns * programs as f64 / stamps.max(1) as f64;
             let rate = stamps as f64 / r.seconds;
             let pkt_rate = r.packets as f64 / r.seconds;
             // The reader's CPU while capturing (the Parquet copy at the end
             // is not in it; recorder_cpu_s in the JSON has everything).
-            let reader_ns =
-                meta["reader_cpu_s"].as_f64().unwrap_or(f64::NAN) * 1e9 / stamps.max(1) as f64;
+            let reader_ns = meta.reader_cpu_s.unwrap_or(f64::NAN) * 1e9 / stamps.max(1) as f64;
             println!(
                 "| {pairs} | {period} | {mode} | {pkt_rate:.0} | {stamps} | {rate:.0} | {lost} ({ringbuf_lost}) | {per_stamp:.0} | {net:.0} | {reader_ns:.0} |"
             );
@@ -134,8 +125,8 @@ fn main() -> Result<()> {
             sweep.push(json!({"pairs": pairs, "period_us": period, "export": mode, "packets": r.packets,
                 "seconds": r.seconds, "stamps": stamps, "stamps_per_s": rate, "lost": lost, "lost_ringbuf_full": ringbuf_lost,
                 "recorder_cpu_s": r.recorder_cpu_s,
-                "lost_by_point": meta["points"], "bpf_ns_per_stamp": per_stamp, "net_ns_per_stamp": net,
-                "programs": meta["bpf_programs"]}));
+                "lost_by_point": meta.points, "bpf_ns_per_stamp": per_stamp, "net_ns_per_stamp": net,
+                "programs": meta.bpf_programs}));
         }
     }
     println!();
@@ -315,7 +306,7 @@ fn calibrate(duration: Duration) -> Result<Vec<(String, u64, f64)>> {
 struct RunResult {
     packets: u64,
     seconds: f64,
-    meta: Option<Value>,
+    meta: Option<xlap_records::run_meta::RunMeta>,
     latencies: Vec<u64>,
     recorder_cpu_s: f64,
 }
