@@ -170,13 +170,16 @@ fn deadline_misses_and_late_activations_are_found_with_their_cause() {
             rows[0]
         );
     }
-    // The worst start, as late as the log says (the tool stamps
-    // app.send_start, the log times the send after it).
+    // The worst start: at least as late as an injected one, and the log
+    // confirms it. The tool stamps app.send_start, the log times the send
+    // after it, so the log is as late or later: a stall of the machine
+    // between the two (CI once: 3.4 ms stamped, 5.7 ms in the log) makes
+    // it later, never earlier.
     let worst = a["worst_seq"].as_u64().unwrap();
     let worst_us = a["worst_us"].as_f64().unwrap();
     let own_us = own_dev(worst) as f64 / 1e3;
     assert!(
-        worst_us > LATE_START_US as f64 - 50.0 && (worst_us - own_us).abs() < 200.0,
+        worst_us > LATE_START_US as f64 - 50.0 && own_us > worst_us - 200.0,
         "worst {worst} at {worst_us} µs, the log says {own_us} µs: {a:#}"
     );
     // A few late starts of 1 500 do not move the p99 nor make a drift.
