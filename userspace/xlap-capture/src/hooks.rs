@@ -390,11 +390,6 @@ pub fn tracepoints() -> impl Iterator<Item = (&'static str, &'static str, bool)>
     })
 }
 
-/// The hook named `program`.
-pub fn hook(program: &str) -> Option<&'static Hook> {
-    HOOKS.iter().find(|h| h.program == program)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

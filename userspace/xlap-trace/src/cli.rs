@@ -341,7 +341,7 @@ pub struct DemoArgs {
 /// How the markers of the xlap-marker crate deliver their stamps.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum MarkerPath {
-    // (Plain comments: see StatsMode.) A shared-memory ring the markers
+    // (Plain comments: see BpfStats.) A shared-memory ring the markers
     // write in process, no trap; other USDT binaries keep uprobes.
     Ring,
     // A uprobe at every marker, as for any USDT binary.

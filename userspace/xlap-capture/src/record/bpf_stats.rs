@@ -15,28 +15,8 @@
 use crate::capture::{self, StatsGuard};
 use std::time::Duration;
 
-/// How a run uses the statistics (`--bpf-stats`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum StatsMode {
-    /// On in short windows (a tenth of the run).
-    #[default]
-    Sampled,
-    /// On for the whole run.
-    Full,
-    /// Never on (no cost figures in run.json).
-    Off,
-}
-
-impl From<StatsMode> for crate::runmeta::StatsMode {
-    fn from(mode: StatsMode) -> Self {
-        match mode {
-            StatsMode::Sampled => Self::Sampled,
-            StatsMode::Full => Self::Full,
-            StatsMode::Off => Self::Off,
-        }
-    }
-}
+/// How a run uses the statistics (`--bpf-stats`): run.json's own type.
+pub use crate::runmeta::StatsMode;
 
 pub const SAMPLE_WINDOW: Duration = Duration::from_millis(100);
 pub const SAMPLE_PERIOD: Duration = Duration::from_secs(1);

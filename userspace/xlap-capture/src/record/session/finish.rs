@@ -88,7 +88,7 @@ impl Detached {
             (bpf_time > 0 && timed > 0).then(|| bpf_time as f64 / timed as f64)
         };
         meta.bpf_stats = Some(runmeta::BpfStats {
-            mode: sink.stats.mode().into(),
+            mode: sink.stats.mode(),
             on_s: sink.stats.sampled_s(),
             windows: sink.stats.windows(),
             stamps: sink.stats.stamps_in_windows,

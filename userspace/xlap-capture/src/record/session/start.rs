@@ -251,7 +251,7 @@ fn initial_meta(
         lost: 0,
         bpf_programs: BTreeMap::new(),
         bpf_stats: Some(runmeta::BpfStats {
-            mode: args.stats_mode.into(),
+            mode: args.stats_mode,
             ..runmeta::BpfStats::default()
         }),
         bpf_ns_per_stamp: None,
