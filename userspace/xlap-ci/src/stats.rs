@@ -405,6 +405,20 @@ pub fn widen_by_blocks(
     }
 }
 
+/// Widens a change's interval by the candidate's block noise alone, where
+/// wider: for a pooled baseline, whose own noise (the spread between its
+/// runs) is already in the interval, against a single candidate run.
+pub fn widen_by_candidate_blocks(c: Change, cand: Option<BlockNoise>, confidence: f64) -> Change {
+    let Some(nc) = cand else {
+        return c;
+    };
+    let exact_base = BlockNoise {
+        var: 0.0,
+        blocks: nc.blocks,
+    };
+    widen_by_blocks(c, Some(exact_base), Some(nc), confidence)
+}
+
 /// What a change means against the allowed regression.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -717,6 +731,72 @@ mod tests {
         assert!(w.low < 0.0 && w.high > 0.4, "{w:?}");
         assert!(w.abs_low < 0.0 && w.abs_high > 40.0, "{w:?}");
         assert_eq!(widen_by_runs(c, &[100.0], 0.99), c);
+    }
+
+    #[test]
+    fn a_candidate_stalled_in_some_blocks_is_no_regression_against_a_pooled_baseline() {
+        // Ten blocks of 1 000 packets at 10 µs, a 1.5 ms stall in one of
+        // them taking 12 % of its packets: the run's p99 sits in the stall.
+        let mut rng = Rng::new(7);
+        let levels = grid();
+        let mut all = Vec::new();
+        let mut blocks = Vec::new();
+        for i in 0..10 {
+            let mut b: Vec<f64> = lognormal(&mut rng, 1000, 10_000.0, 0.2);
+            if i == 6 {
+                for v in b.iter_mut().take(120) {
+                    *v += 1_500_000.0;
+                }
+            }
+            all.extend_from_slice(&b);
+            blocks.push(summarize_at(&mut b, &block_grid()));
+        }
+        let run = summarize(&mut all);
+        let p99 = at_level(&levels, &run, 0.99);
+        assert!(p99 > 1_000_000.0, "{p99}");
+        // The pooled baseline's p99 at 27 µs, its runs within ±2 µs, and a
+        // bootstrap interval that sees only the packets.
+        let c = Change {
+            base: 27_000.0,
+            cand: p99,
+            rel: p99 / 27_000.0 - 1.0,
+            low: p99 / 28_000.0 - 1.0,
+            high: p99 / 26_000.0 - 1.0,
+            abs_low: p99 - 28_000.0,
+            abs_high: p99 - 26_000.0,
+        };
+        let c = widen_by_runs(c, &[25_000.0, 27_000.0, 29_000.0, 26_000.0, 28_000.0], 0.99);
+        assert!(c.abs_low > 0.0, "the packets and runs alone call it worse");
+        let noise = block_noise(&levels, &run, &block_grid(), &blocks, 0.99);
+        let w = widen_by_candidate_blocks(c, noise, 0.99);
+        assert!(w.abs_low < 0.0 && w.low < 0.0, "{w:?}");
+        // A candidate without blocks keeps the interval.
+        assert_eq!(widen_by_candidate_blocks(c, None, 0.99), c);
+        // A stable candidate (every block alike) barely widens it.
+        let mut all = Vec::new();
+        let mut blocks = Vec::new();
+        for _ in 0..10 {
+            let mut b: Vec<f64> = lognormal(&mut rng, 1000, 80_000.0, 0.2);
+            all.extend_from_slice(&b);
+            blocks.push(summarize_at(&mut b, &block_grid()));
+        }
+        let run = summarize(&mut all);
+        let p99 = at_level(&levels, &run, 0.99);
+        let c = Change {
+            base: 27_000.0,
+            cand: p99,
+            rel: p99 / 27_000.0 - 1.0,
+            low: p99 / 28_000.0 - 1.0,
+            high: p99 / 26_000.0 - 1.0,
+            abs_low: p99 - 28_000.0,
+            abs_high: p99 - 26_000.0,
+        };
+        let noise = block_noise(&levels, &run, &block_grid(), &blocks, 0.99);
+        let w = widen_by_candidate_blocks(c, noise, 0.99);
+        assert!(
+            w.abs_low > 50_000.0,
+            "a shift in every block stays a regression: {w:?}"
+        );
     }
 
     /// One run of ten blocks of 1 000 log-normal packets, each block's
