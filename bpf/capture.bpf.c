@@ -1,12 +1,14 @@
 // SPDX-License-Identifier: GPL-2.0
 /* capture.bpf.c: kernel stamp points of xlap-trace.
  *
- * Tracepoints only (no kprobes/fentry on our kernels), plus two cgroup
- * hooks: tp_btf for the syscall, net, qdisc and sched points, cgroup_skb
- * ingress for the socket queue, cgroup sock_create to follow the traced
- * processes' sockets. Every stamp carries the protocol's own sequence
- * number and kind, read from the UDP payload (CFG) in the skb or the
- * syscall's user buffer. Traffic of other processes costs one map lookup.
+ * Tracepoints only (no kprobes/fentry on our kernels), plus cgroup hooks:
+ * tp_btf for the socket-call (or, opt-in, syscall), net, qdisc and sched
+ * points, cgroup_skb ingress for the socket queue, cgroup sendmsg4/6 for
+ * the start of a send that names its destination, cgroup sock_create and
+ * post_bind to follow the traced processes' sockets. Every stamp carries the
+ * protocol's own sequence number and kind, read from the UDP payload (CFG) in
+ * the skb or the syscall's user buffer. Traffic of other processes costs one
+ * map lookup.
  *
  * Libraries apart from programs. lib/ holds no program: common.h identity
  * and the stamp path, packet.h the packet reader, layout.h where a
@@ -17,7 +19,8 @@
  * recorder's hook table (userspace/xlap-capture/src/hooks.rs) names each
  * program, and a test checks it against the SEC() lines here:
  *
- *   syscall.h   app/socket boundary: send and receive syscalls
+ *   syscall.h   app/socket boundary: send and receive syscalls (default)
+ *   calls.h     the same at the socket calls (--boundary socket-calls)
  *   uring.h     the same for io_uring send and receive requests
  *   sockets.h   the traced processes' sockets
  *   dev_tx.h    device transmit (queue, driver entry and return)
@@ -33,6 +36,7 @@
 #include "lib/packet.h"
 #include "lib/task.h"
 
+#include "hooks/calls.h"
 #include "hooks/dev_rx.h"
 #include "hooks/dev_tx.h"
 #include "hooks/flush.h"

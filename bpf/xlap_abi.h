@@ -133,7 +133,12 @@ struct xlap_config {
   __u32 win_start;
   __u32 win_len;
   __u8 per_stamp; /* 1: one ring-buffer record per stamp (no batching) */
-  __u8 _pad0[3];
+  /* 1: the send/receive boundary is stamped at the syscalls (sys_enter,
+   * sys_exit: every task of the machine then takes the slow syscall path;
+   * the default); 0: at the socket calls (hooks/calls.h), which cost
+   * nothing elsewhere. */
+  __u8 syscall_hooks;
+  __u8 _pad0[2];
   /* Wake the reader only once this many bytes wait in the ring buffer: a
    * wake-up per record costs microseconds (an IPI, a VM exit under KVM);
    * the reader also polls on a short timeout. */
@@ -157,6 +162,12 @@ struct xlap_sock {
   __u8 _pad;
   __u64 flow;   /* flow of the last datagram queued to it */
   __u64 cookie; /* the socket's cookie (SO_COOKIE), 0 if unknown */
+  /* The socket-call boundary (bpf/hooks/calls.h): the skb the next read
+   * takes, as the last read left the queue (its head), or, when it left it
+   * empty, the first datagram queued since (0: not known). */
+  __u64 rx_next;
+  __u64 rx_first;
+  __u64 rx_last; /* the datagram queued last */
 };
 
 /* The addresses behind a flow (value of the FLOWS map, keyed by the

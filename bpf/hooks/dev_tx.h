@@ -84,23 +84,6 @@ struct {
  * freed skb of the machine, only looks further while it is non-zero. */
 __u64 GSO_PENDING = 0;
 
-/* The low 32 bits of an skb's address as a number to hash. The verifier
- * refuses arithmetic on a pointer, but a 32-bit move of one gives a plain
- * unknown number to a tracer allowed to see addresses (CAP_PERFMON): the
- * move is written out as its instruction (w1 = w1), which clang would
- * otherwise fold away. */
-static __always_inline __u32 addr_bits(__u64 p) {
-  __u64 out;
-  asm volatile("r1 = %[p]\n"
-               ".byte 0xbc, 0x11, 0x00, 0x00\n"
-               ".long 0\n"
-               "%[out] = r1\n"
-               : [out] "=r"(out)
-               : [p] "r"(p)
-               : "r1");
-  return (__u32)out;
-}
-
 static __always_inline struct xl_tx_slot *tx_slot(__u64 key) {
   /* skbs come from a slab of 256-byte objects: a multiplicative hash
    * spreads their addresses over the slots. */
@@ -320,10 +303,15 @@ static __always_inline __u32 tx_owner(struct sk_buff *skb,
   __u16 port = sk->__sk_common.skc_num;
   if (port != s->port)
     register_port(s, sk->__sk_common.skc_net.net->ns.inum, port);
-  struct xl_task *t = task_ctx(bpf_get_current_task_btf());
+  struct task_struct *task = bpf_get_current_task_btf();
+  struct xl_task *t = task_ctx(task);
   if (t && t->in_send) {
     *sc = &t->send;
     return bpf_get_current_pid_tgid() >> 32;
+  }
+  if (!CFG.syscall_hooks && (t = socket_send_begin(task, t, s->tgid))) {
+    *sc = &t->send;
+    return task->tgid;
   }
   return s->tgid;
 }

@@ -35,18 +35,24 @@ int BPF_PROG(on_sched_waking, struct task_struct *p) {
   __u32 tgid = p->tgid;
   if (tgid != last->id.pid && !same_target(tgid, last->id.pid))
     return 0;
-  /* Only a thread blocked in a receive call or waiting for readiness
-   * (poll, select, epoll, io_uring) is woken by the datagram (not, say, a
-   * worker thread its reader wakes through a futex). */
+  /* With syscall hooks: only a thread blocked in a receive call or waiting
+   * for readiness (poll, select, epoll, io_uring) is woken by the datagram
+   * (not, say, a worker thread its reader wakes through a futex). Without
+   * them: the first thread of the process woken within the window, which
+   * the socket's wake-up, run synchronously by the queueing, is; a thread
+   * that has read before (its call state exists). */
   __u32 tid = p->pid;
   struct xl_task *t = task_ctx(p);
-  if (!t || !(t->in_recv || t->in_wait))
+  if (!t || (CFG.syscall_hooks && !(t->in_recv || t->in_wait)))
     return 0;
   last->valid = 0;
   struct xl_ident id = last->id;
   id.pid = tgid; /* the reader: a forked child reads its parent's socket */
   emit(XLAP_POINT_SCHED_WAKEUP, now, &id, tid, 0, 0, 0);
-  note_woken(t, &id);
+  /* A thread still on its CPU (it had not slept yet) is not switched in
+   * for this wake-up; the syscall hooks forget it at the call's exit. */
+  if (CFG.syscall_hooks || !p->on_cpu)
+    note_woken(t, &id);
   return 0;
 }
 

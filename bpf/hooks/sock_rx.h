@@ -12,6 +12,7 @@
 #include "lib/common.h"
 #include "lib/flows.h"
 #include "lib/packet.h"
+#include "lib/rx_slots.h"
 #include "lib/task.h"
 
 /* The flow this CPU last marked foreign: a marker per flow change. */
@@ -21,6 +22,22 @@ struct {
   __type(key, __u32);
   __type(value, __u64);
 } FOREIGN_LAST SEC(".maps");
+
+/* This program's frame is near the combined stack limit (with the stamp
+ * path's frames): the stamp's place and the skb's address wait here, off
+ * the stack and out of registers live across the whole program. Softirq
+ * work: never nested on a CPU. */
+struct xl_queue_scratch {
+  struct xl_at at;
+  __u64 skb;
+};
+
+struct {
+  __uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+  __uint(max_entries, 1);
+  __type(key, __u32);
+  __type(value, struct xl_queue_scratch);
+} QUEUE_SCRATCH SEC(".maps");
 
 /* Keeps the flow of the datagrams a traced socket receives, for its
  * receive calls (syscall.h): written only when it changes, the flags
@@ -72,6 +89,9 @@ int on_sock_ingress(struct __sk_buff *ctx) {
                  ret == XL_UNREADABLE ? XLAP_LOSS_FRAG : XLAP_LOSS_PARSE);
     return 1;
   }
+  /* One identity for both paths below: the socket-queue program's frame
+   * is near the combined stack limit (with the stamp path's frames). */
+  struct xl_ident id = {};
   if (!ts) {
     /* The recorder drops by flow: one marker per flow is enough, not one
      * per datagram (an untraced server on a traced port may be busy). */
@@ -79,12 +99,20 @@ int on_sock_ingress(struct __sk_buff *ctx) {
     __u64 *last = bpf_map_lookup_elem(&FOREIGN_LAST, &zero);
     if (last && *last != d.flow) {
       *last = d.flow;
-      struct xl_ident id = {.flow = d.flow};
+      id.flow = d.flow;
       emit(point, now, &id, 0, 0, 0, 0);
     }
     return 1;
   }
-  struct xl_ident id = {.pid = ts->tgid};
+  id.pid = ts->tgid;
+  {
+    /* The reader's copy finds the datagrams by skb: the context is the
+     * kernel's skb. */
+    __u32 zero = 0;
+    struct xl_queue_scratch *q = bpf_map_lookup_elem(&QUEUE_SCRATCH, &zero);
+    if (q)
+      q->skb = (__u64)(long)ctx;
+  }
   struct xl_segs *segs;
   __u32 loss = XLAP_LOSS_PARSE, beyond = 0;
   __u32 got = read_datagrams(ctx->gso_size, &r, &d, &id, &segs, &loss, &beyond);
@@ -96,10 +124,14 @@ int on_sock_ingress(struct __sk_buff *ctx) {
     count_loss(point, loss);
     return 1;
   }
-  struct xl_at at = {.point = point, .ts = now};
-  emit_all(&at, &id, segs, got);
-  /* The reader's wake-up follows for the last of them. */
   __u32 zero = 0;
+  struct xl_queue_scratch *q = bpf_map_lookup_elem(&QUEUE_SCRATCH, &zero);
+  if (!q)
+    return 1;
+  q->at.point = point;
+  q->at.ts = now;
+  emit_all(&q->at, &id, segs, got);
+  /* The reader's wake-up follows for the last of them. */
   struct xl_rx_last *last = bpf_map_lookup_elem(&RX_LAST, &zero);
   if (last) {
     last->id = id;
@@ -109,6 +141,20 @@ int on_sock_ingress(struct __sk_buff *ctx) {
     }
     last->ts = now;
     last->valid = 1;
+  }
+  /* The reader's copy finds them by skb (hooks/calls.h): its stamp needs
+   * no second reading. */
+  q = bpf_map_lookup_elem(&QUEUE_SCRATCH, &zero);
+  if (q && !CFG.syscall_hooks) {
+    if (rx_put(q->skb, now, &id, segs, got))
+      count_losses(XLAP_POINT_SOCK_RECV_EXIT, XLAP_LOSS_MAP_FULL, got);
+    else {
+      /* The first since the last read left the queue empty, and the last
+       * (calls.h socket_recv_return). */
+      if (!ts->rx_first)
+        __sync_val_compare_and_swap(&ts->rx_first, 0, q->skb);
+      ts->rx_last = q->skb;
+    }
   }
   return 1;
 }

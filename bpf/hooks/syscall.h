@@ -1,9 +1,12 @@
-/* syscall.h: the application/socket boundary: send and receive syscalls of
- * the traced processes (tp_btf on sys_enter/sys_exit) and the receive-side
- * socket hint (sock_recv_length). */
+/* syscall.h: the application/socket boundary at the send and receive
+ * syscalls of the traced processes (tp_btf on sys_enter/sys_exit), the
+ * default (CFG.syscall_hooks; calls.h is the alternative that spares the
+ * rest of the machine), and the receive-side socket hint
+ * (sock_recv_length), which both share. */
 #ifndef XLAP_CAPTURE_SYSCALL_H
 #define XLAP_CAPTURE_SYSCALL_H
 
+#include "calls.h"
 #include "lib/common.h"
 #include "lib/packet.h"
 #include "lib/task.h"
@@ -497,6 +500,10 @@ int BPF_PROG(on_sock_recv_length, struct sock *sk, int ret, int flags) {
   struct xlap_sock *s = traced_sock(sk);
   if (!s)
     return 0;
+  if (!CFG.syscall_hooks) {
+    socket_recv_return(sk, s, ret, flags);
+    return 0;
+  }
   struct task_struct *task = bpf_get_current_task_btf();
   struct xl_task *t = task_ctx(task);
   if (t && t->in_recv) {

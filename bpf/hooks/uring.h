@@ -20,6 +20,7 @@
 
 #include "lib/common.h"
 #include "lib/packet.h"
+#include "lib/task.h"
 #include "syscall.h"
 
 /* A send request between submission and completion. Its file is only
@@ -137,6 +138,15 @@ int BPF_PROG(on_io_uring_submit_req, struct io_kiocb *req) {
   __u64 key = (__u64)req;
   if (bpf_map_update_elem(&URING_SENDS, &key, &e, BPF_ANY))
     count_loss(XLAP_POINT_SOCK_SEND_ENTER, XLAP_LOSS_MAP_FULL);
+  /* Issued inline by this thread, its socket call is this request's, not
+   * a send of the thread's own (calls.h). */
+  if (!CFG.syscall_hooks) {
+    struct task_struct *task = bpf_get_current_task_btf();
+    struct xl_task *t = bpf_task_storage_get(&TASK_CTX, task, 0,
+                                             BPF_LOCAL_STORAGE_GET_F_CREATE);
+    if (t)
+      t->in_uring = 1;
+  }
   return 0;
 }
 
@@ -152,6 +162,11 @@ int BPF_PROG(on_io_uring_complete, struct io_ring_ctx *ring, void *req,
   __u64 ts = bpf_ktime_get_ns();
   __u32 tid = (__u32)bpf_get_current_pid_tgid();
   if (uring_op_send(op)) {
+    if (!CFG.syscall_hooks) {
+      struct xl_task *t = task_ctx(bpf_get_current_task_btf());
+      if (t)
+        t->in_uring = 0;
+    }
     __u64 key = (__u64)req;
     struct xl_uring_send *e = bpf_map_lookup_elem(&URING_SENDS, &key);
     if (!e)
@@ -179,7 +194,9 @@ int BPF_PROG(on_io_uring_complete, struct io_ring_ctx *ring, void *req,
       emit(XLAP_POINT_SOCK_SEND_EXIT, ts, &s.id, tid, 0, 0, 0);
     return 0;
   }
-  if (!uring_op_recv(op) || res <= 0)
+  /* Without syscall hooks, a receive request's socket call stamps it
+   * (calls.h), whichever thread issues it. */
+  if (!uring_op_recv(op) || res <= 0 || !CFG.syscall_hooks)
     return 0;
   if (cqe->flags & IORING_CQE_F_BUFFER_) {
     count_loss(XLAP_POINT_SOCK_RECV_EXIT, XLAP_LOSS_UNMATCHED);

@@ -118,6 +118,23 @@ static __always_inline void count_loss(__u32 point, __u32 reason) {
   count_losses(point, reason, 1);
 }
 
+/* The low 32 bits of an skb's address as a number to hash. The verifier
+ * refuses arithmetic on a pointer, but a 32-bit move of one gives a plain
+ * unknown number to a tracer allowed to see addresses (CAP_PERFMON): the
+ * move is written out as its instruction (w1 = w1), which clang would
+ * otherwise fold away. */
+static __always_inline __u32 addr_bits(__u64 p) {
+  __u64 out;
+  asm volatile("r1 = %[p]\n"
+               ".byte 0xbc, 0x11, 0x00, 0x00\n"
+               ".long 0\n"
+               "%[out] = r1\n"
+               : [out] "=r"(out)
+               : [p] "r"(p)
+               : "r1");
+  return (__u32)out;
+}
+
 /* A field of `size` (1..8) bytes in the given byte order, from bytes
  * already read (packet or user memory). */
 static __always_inline __u64 field_from_bytes(const __u8 *b, __u8 size,

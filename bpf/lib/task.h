@@ -39,6 +39,8 @@ struct xl_task {
    * the waking CPU, the thread's switch-in and its syscall exit race). */
   struct xl_ident woken;
   __u64 woken_pending;
+  /* An io_uring send request is being issued (uring.h stamps it). */
+  __u8 in_uring;
 };
 
 struct {
@@ -51,6 +53,38 @@ struct {
 /* The call state of `task` if it has one (never creates it). */
 static __always_inline struct xl_task *task_ctx(struct task_struct *task) {
   return bpf_task_storage_get(&TASK_CTX, task, 0, 0);
+}
+
+#define PF_IO_WORKER_ 0x10
+
+/* Without syscall hooks (hooks/calls.h), a send call's state begins at its
+ * first datagram on a device (dev_tx.h), which the stack queues in the
+ * sending thread, and ends when the socket call returns
+ * (sock_send_length). `owner`: the process of the socket the datagram
+ * came from; the thread must belong to it or to another traced process
+ * (a forked child sending on an inherited socket). io_uring's requests are
+ * uring.h's: issued inline (in_uring) or by its worker threads. Returns
+ * the thread's state, or 0 when this is not a traced thread's send. */
+static __always_inline struct xl_task *
+socket_send_begin(struct task_struct *task, struct xl_task *t, __u32 owner) {
+  if (task->flags & PF_IO_WORKER_)
+    return 0;
+  if (t && t->in_uring)
+    return 0;
+  __u32 tgid = task->tgid;
+  if (tgid != owner && !bpf_map_lookup_elem(&TARGET_PIDS, &tgid))
+    return 0;
+  if (!t)
+    t = bpf_task_storage_get(&TASK_CTX, task, 0,
+                             BPF_LOCAL_STORAGE_GET_F_CREATE);
+  if (!t)
+    return 0;
+  t->in_send = 1;
+  t->send.ts_enter = 0;
+  t->send.n = 0;
+  t->send.beyond = 0;
+  t->send.unread = 0;
+  return t;
 }
 
 /* The last datagram handed to a traced socket on this CPU: the wake-up it

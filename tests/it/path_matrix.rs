@@ -43,6 +43,8 @@ struct Cell {
     /// (run.json's `degraded_points`): every datagram must be stamped or
     /// counted, but need not be stamped.
     counted_only: &'static [&'static str],
+    /// Options of the recorder (`xlap-trace record`).
+    record_args: &'static [&'static str],
 }
 
 const TX: &[&str] = &[
@@ -89,6 +91,7 @@ impl Default for Cell {
             tx_devices: 1,
             rx_devices: 1,
             counted_only: &[],
+            record_args: &[],
         }
     }
 }
@@ -427,7 +430,7 @@ fn run_cell(cell: &Cell) -> Vec<String> {
             recv_args: cell.recv_args.iter().map(|s| s.to_string()).collect(),
             ..Default::default()
         },
-        &[],
+        cell.record_args,
     );
     // Only the points this kernel could stamp (run.json names the others);
     // a GSO sender's datagrams (in page fragments) only counted where it
@@ -486,9 +489,54 @@ fn run_cell(cell: &Cell) -> Vec<String> {
     problems.extend(check_order(cell, &tx, &rx, &received));
     problems.extend(check_tuples(cell, &t, &rows));
     problems.extend(check_priority(cell, &rows, sender));
+    problems.extend(check_boundary(cell, &t.meta));
     if !problems.is_empty() {
         eprintln!("{}: run.json points: {:?}", cell.name, t.meta.points);
         eprintln!("{}: xlap-trace stderr: {}", cell.name, t.stderr);
+    }
+    problems
+}
+
+const SOCKET_CALLS: &[&str] = &["--boundary", "socket-calls"];
+
+/// A run at the socket calls has no syscall hook loaded (while one is
+/// attached, every syscall of the machine takes the slow path), says so in
+/// run.json, and says that a connected socket's sends have no send_enter
+/// (the recorder cannot know beforehand how the program will send).
+fn check_boundary(cell: &Cell, meta: &RunMeta) -> Vec<String> {
+    let mut problems = Vec::new();
+    let socket_calls = cell.record_args == SOCKET_CALLS;
+    let want = if socket_calls {
+        "socket-calls"
+    } else {
+        "syscalls"
+    };
+    if meta.options.boundary.as_deref() != Some(want) {
+        problems.push(format!(
+            "{}: run.json boundary {:?}, not {want}",
+            cell.name, meta.options.boundary
+        ));
+    }
+    let syscall_programs: Vec<&String> = meta
+        .bpf_programs
+        .keys()
+        .filter(|p| p.starts_with("on_sys_"))
+        .collect();
+    if socket_calls && !syscall_programs.is_empty() {
+        problems.push(format!(
+            "{}: syscall hooks loaded at the socket calls: {syscall_programs:?}",
+            cell.name
+        ));
+    }
+    let says_degraded = meta
+        .degraded_points
+        .get("sock.send_enter")
+        .is_some_and(|why| why.contains("connected socket"));
+    if socket_calls != says_degraded {
+        problems.push(format!(
+            "{}: at the socket calls (only there) run.json must say that a connected socket's sends have no sock.send_enter: {:?}",
+            cell.name, meta.degraded_points
+        ));
     }
     problems
 }
@@ -740,4 +788,53 @@ fn tcp_only_target_is_refused_by_name() {
     );
     let meta = run_meta(&scratch.path("run"));
     assert_eq!(meta.lost, 0, "TCP is not counted as UDP loss: {meta:#?}");
+}
+
+/// The matrix again at the socket calls (`--boundary socket-calls`): no
+/// syscall hook, every point of the path stamped, checked against both
+/// programs' logs as above. A sender that names its destination (sendto)
+/// gets sock.send_enter; a connected one cannot (no hook of the kernel sees
+/// its send begin before its datagram exists): it gets every other point,
+/// and run.json says why.
+#[test]
+fn the_socket_call_boundary_stamps_the_matrix_without_syscall_hooks() {
+    let Some(_guard) = privileged("paths_socket_calls") else {
+        return;
+    };
+    const SENDTO: &[&str] = &["--send-call", "sendto"];
+    const TX_CONNECTED: &[&str] = &["dev.queue", "dev.start_xmit", "dev.xmit", "sock.send_exit"];
+    run_matrix(&[
+        Cell {
+            name: "calls-veth-v4",
+            send_args: SENDTO,
+            record_args: SOCKET_CALLS,
+            ..Default::default()
+        },
+        Cell {
+            name: "calls-veth-v6-tbf",
+            ipv6: true,
+            sender_qdisc: Some("tbf"),
+            send_args: SENDTO,
+            tx_points: TX_QDISC,
+            record_args: SOCKET_CALLS,
+            ..Default::default()
+        },
+        // GRO on the receiving veth and a UDP GRO socket: one read returns
+        // a super-packet of several datagrams.
+        Cell {
+            name: "calls-udp-gro-socket-v4",
+            link: Link::VethGro,
+            send_args: &["--send-call", "sendto", "--burst", "8"],
+            recv_args: &["--udp-gro"],
+            rx_points: RX_NAPI,
+            record_args: SOCKET_CALLS,
+            ..Default::default()
+        },
+        Cell {
+            name: "calls-connected-v4",
+            tx_points: TX_CONNECTED,
+            record_args: SOCKET_CALLS,
+            ..Default::default()
+        },
+    ]);
 }

@@ -30,6 +30,17 @@ fn run(
     send_args: &[&str],
     recv_args: &[&str],
 ) -> (Multiset, Multiset, u64, Vec<Value>) {
+    run_with(stage, name, send_args, recv_args, &[])
+}
+
+/// `run`, with options of the recorder.
+fn run_with(
+    stage: &Stage,
+    name: &str,
+    send_args: &[&str],
+    recv_args: &[&str],
+    record_args: &[&str],
+) -> (Multiset, Multiset, u64, Vec<Value>) {
     let t = trace_example(
         stage,
         &format!("recv-{name}"),
@@ -40,7 +51,7 @@ fn run(
             recv_args: recv_args.iter().map(|s| s.to_string()).collect(),
             ..Default::default()
         },
-        &[],
+        record_args,
     );
     let mut logged = Multiset::new();
     for e in events(&t.received, "received") {
@@ -121,6 +132,39 @@ fn recvmmsg_iovecs_and_peek_are_stamped_per_datagram() {
     // MSG_PEEK, then the read: one stamp per datagram.
     let (logged, stamped, _, _) = run(&stage, "peek", &[], &["--recv-mode", "peek"]);
     assert_same(&stamped, &logged, "peek: the peek is not a read");
+}
+
+/// The same receive calls at the socket calls (`--boundary socket-calls`):
+/// the read's datagram is found by its place in the socket's queue and its
+/// identity taken from the socket-queue point, not from the reader's
+/// buffer, so a sequence number split across iovecs is stamped too, and a
+/// peek is still not a read.
+#[test]
+fn receive_calls_at_the_socket_calls_are_stamped_per_datagram() {
+    let Some(_guard) = privileged("receive_calls") else {
+        return;
+    };
+    let stage = Stage::two_hosts().expect("stage");
+    let calls = ["--boundary", "socket-calls"];
+    for (name, send, recv) in [
+        ("calls-recvmmsg", &["--burst", "8"][..], "recvmmsg:16"),
+        ("calls-iov6", &[][..], "iov-split:6"),
+        ("calls-peek", &[][..], "peek"),
+    ] {
+        let (logged, stamped, _, log) =
+            run_with(&stage, name, send, &["--recv-mode", recv], &calls);
+        if recv.starts_with("recvmmsg") {
+            let batched = events(&log, "received")
+                .filter(|e| e["recv_datagrams"].as_u64().unwrap_or(1) > 1)
+                .count();
+            assert!(batched > 0, "no recvmmsg returned more than one datagram");
+        }
+        assert_same(
+            &stamped,
+            &logged,
+            &format!("{name}: one recv_exit stamp per datagram read"),
+        );
+    }
 }
 
 /// A datagram sent with writev (header and body in two iovecs) or sendfile

@@ -11,7 +11,9 @@
 //! processes (every kernel point) with the kernel's BPF run-time statistics
 //! sampled (the default), on all the time (`--bpf-stats full`, which also
 //! gives the per-program breakdown) and off; and with fewer points
-//! (`--points standard`, `--points minimal`).
+//! (`--points standard`, `--points minimal`), and at the socket calls
+//! (`--boundary socket-calls`, every point and minimal). Then the rest of
+//! the machine: an untraced process's getppid while each tracer runs.
 //!
 //! Prints Markdown (p50/p99/p99.9 half-RTT, their ratios to untraced, the
 //! message rate ratio, and which capture programs run per round trip at
@@ -46,6 +48,8 @@ enum Tracer {
     },
     /// `--points SET` (statistics sampled).
     Points(&'static str),
+    /// `--boundary socket-calls --points SET` (statistics sampled).
+    SocketCalls(&'static str),
     /// The `--baseline` binary, with statistics.
     Baseline,
 }
@@ -60,6 +64,8 @@ impl Tracer {
             Tracer::Xlap { .. } => "xlap-trace, every kernel point (statistics sampled)",
             Tracer::Points("standard") => "xlap-trace --points standard",
             Tracer::Points(_) => "xlap-trace --points minimal",
+            Tracer::SocketCalls("all") => "xlap-trace --boundary socket-calls, every kernel point",
+            Tracer::SocketCalls(_) => "xlap-trace --boundary socket-calls --points minimal",
             Tracer::Baseline => "baseline xlap-trace, every kernel point",
         }
     }
@@ -103,6 +109,8 @@ fn main() -> Result<()> {
         Tracer::Xlap { stats: "off" },
         Tracer::Points("standard"),
         Tracer::Points("minimal"),
+        Tracer::SocketCalls("all"),
+        Tracer::SocketCalls("minimal"),
     ];
     if baseline.is_some() {
         tracers.push(Tracer::Baseline);
@@ -127,7 +135,9 @@ fn main() -> Result<()> {
             }
         }
     }
-    let report = print_report(&tracers, &mut cells, rounds, seconds);
+    let machine = machine_syscalls(&stage, &tracers, baseline.as_deref(), rounds)?;
+    let mut report = print_report(&tracers, &mut cells, rounds, seconds);
+    report["machine_syscalls"] = machine;
     std::fs::create_dir_all("bench-results")?;
     std::fs::write(
         "bench-results/perturbation.json",
@@ -182,37 +192,7 @@ fn one_run(
             .context("sockperf client")?,
     );
     let pids = [client.0.id(), server.0.id()];
-    let mut diy = None;
-    let mut recorder = None;
-    match tracer {
-        Tracer::None => {}
-        Tracer::Bpftrace => diy = Some(start_bpftrace(&scratch)?),
-        Tracer::Xlap { .. } | Tracer::Points(_) | Tracer::Baseline => {
-            let mut args = vec![
-                "--quiet",
-                "--no-correlate",
-                "--no-usdt",
-                "--proto",
-                "sockperf",
-            ];
-            if let Tracer::Xlap { stats } = tracer {
-                args.extend(["--bpf-stats", stats]);
-            }
-            if let Tracer::Points(set) = tracer {
-                args.extend(["--points", set]);
-            }
-            let binary = match (tracer, baseline) {
-                (Tracer::Baseline, Some(b)) => b.to_path_buf(),
-                _ => bin("xlap-trace"),
-            };
-            recorder = Some(Recorder::start_binary(
-                &binary,
-                &pids,
-                &scratch.path("run"),
-                &args,
-            ));
-        }
-    }
+    let (diy, recorder) = start_tracer(tracer, &pids, &scratch, baseline)?;
     std::fs::write(&start, "go")?;
     let status = client.0.wait()?;
     if !status.success() {
@@ -241,6 +221,138 @@ fn one_run(
     cell.seconds += duration;
     cell.latencies_us.extend(latencies);
     Ok(())
+}
+
+/// Starts `tracer` on `pids`: the DIY script, or a recorder.
+fn start_tracer(
+    tracer: Tracer,
+    pids: &[u32],
+    scratch: &Scratch,
+    baseline: Option<&Path>,
+) -> Result<(Option<KillOnDrop>, Option<Recorder>)> {
+    let mut args = vec![
+        "--quiet",
+        "--no-correlate",
+        "--no-usdt",
+        "--proto",
+        "sockperf",
+    ];
+    match tracer {
+        Tracer::None => return Ok((None, None)),
+        Tracer::Bpftrace => return Ok((Some(start_bpftrace(scratch)?), None)),
+        Tracer::Xlap { stats } => args.extend(["--bpf-stats", stats]),
+        Tracer::Points(set) => args.extend(["--points", set]),
+        Tracer::SocketCalls(set) => args.extend(["--boundary", "socket-calls", "--points", set]),
+        Tracer::Baseline => {}
+    }
+    let binary = match (tracer, baseline) {
+        (Tracer::Baseline, Some(b)) => b.to_path_buf(),
+        _ => bin("xlap-trace"),
+    };
+    Ok((
+        None,
+        Some(Recorder::start_binary(
+            &binary,
+            pids,
+            &scratch.path("run"),
+            &args,
+        )),
+    ))
+}
+
+/// An untraced process's syscalls while each tracer traces an idle
+/// sockperf server: ns per getppid, in a loop pinned to CPU 1 in this
+/// (untraced) process. While anything is attached to the syscall
+/// tracepoints, every task of the machine takes the slow syscall path.
+fn machine_syscalls(
+    stage: &Stage,
+    tracers: &[Tracer],
+    baseline: Option<&Path>,
+    rounds: u64,
+) -> Result<Value> {
+    const CALLS: u32 = 2_000_000;
+    let configs: Vec<Tracer> = tracers
+        .iter()
+        .copied()
+        .filter(|t| {
+            matches!(
+                t,
+                Tracer::None
+                    | Tracer::Bpftrace
+                    | Tracer::Xlap { stats: "off" }
+                    | Tracer::SocketCalls("all")
+                    | Tracer::Baseline
+            )
+        })
+        .collect();
+    let mut ns: Vec<Vec<f64>> = vec![Vec::new(); configs.len()];
+    for round in 0..rounds {
+        for (i, tracer) in configs.iter().enumerate() {
+            eprintln!(
+                "xlap-bench-perturb: the rest of the machine, round {}, {}",
+                round + 1,
+                tracer.name()
+            );
+            let scratch = Scratch::new("bench-syscalls");
+            let b = stage.host(1);
+            let server = KillOnDrop(
+                b.command("sh")
+                    .args([
+                        "-c",
+                        &format!("exec sockperf server -i {} -p {PORT}", b.ipv4),
+                    ])
+                    .stdin(Stdio::null())
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null())
+                    .spawn()
+                    .context("sockperf server")?,
+            );
+            std::thread::sleep(Duration::from_millis(300));
+            let (diy, recorder) = start_tracer(*tracer, &[server.0.id()], &scratch, baseline)?;
+            let per_call = std::thread::spawn(move || {
+                let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+                // SAFETY: a zeroed cpu_set_t, CPU 1 set; applies to this thread.
+                unsafe {
+                    libc::CPU_SET(1, &mut set);
+                    libc::sched_setaffinity(0, std::mem::size_of_val(&set), &set);
+                }
+                let t0 = Instant::now();
+                for _ in 0..CALLS {
+                    // SAFETY: getppid has no arguments and no side effects.
+                    std::hint::black_box(unsafe { libc::getppid() });
+                }
+                t0.elapsed().as_nanos() as f64 / CALLS as f64
+            })
+            .join()
+            .map_err(|_| anyhow::anyhow!("the getppid loop panicked"))?;
+            ns[i].push(per_call);
+            drop(server);
+            if let Some(mut d) = diy {
+                // SAFETY: kill on our own child's pid.
+                unsafe { libc::kill(d.0.id() as i32, libc::SIGINT) };
+                let _ = d.0.wait();
+            }
+            if let Some(rec) = recorder {
+                rec.wait();
+            }
+        }
+    }
+    println!("\n## The rest of the machine: an untraced process's getppid while each tracer traces an idle sockperf server ({rounds} interleaved rounds of {CALLS} calls, CPU 1)\n");
+    println!("| configuration | ns per getppid (median of rounds) | ratio of untraced rate |\n|---|---|---|");
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let base = median(&mut ns[0]);
+    let mut rows = Vec::new();
+    for (i, tracer) in configs.iter().enumerate() {
+        let m = median(&mut ns[i]);
+        println!("| {} | {m:.0} | {:.2} |", tracer.name(), base / m);
+        rows.push(
+            json!({"configuration": tracer.name(), "ns_per_getppid": m, "rate_ratio": base / m}),
+        );
+    }
+    Ok(Value::Array(rows))
 }
 
 /// Starts the DIY script and waits until its probes are attached.

@@ -80,8 +80,9 @@ pub enum Role {
         #[arg(long, value_name = "N", conflicts_with = "gso", value_parser = clap::value_parser!(u8).range(1..=64))]
         sendmmsg: Option<u8>,
         /// The call that sends each datagram (without --gso/--sendmmsg):
-        /// send (default), writev (two iovecs: the header, the rest) or
-        /// sendfile (from a memory file).
+        /// send (default), writev (two iovecs: the header, the rest),
+        /// sendfile (from a memory file) or sendto (naming the destination,
+        /// as an unconnected sender does).
         #[arg(long, default_value = "send", conflicts_with_all = ["gso", "sendmmsg"])]
         send_call: crate::udp::SendCall,
         /// Put an 8-byte IPv6 extension header (PadN only) before UDP in every

@@ -250,6 +250,9 @@ pub enum SendCall {
     Writev,
     /// `sendfile` from a memory file the datagram was written to.
     Sendfile,
+    /// `sendto` with the destination address, as a sender whose socket is
+    /// not connected calls it (the kernel then takes its unconnected path).
+    Sendto,
 }
 
 impl std::str::FromStr for SendCall {
@@ -259,7 +262,10 @@ impl std::str::FromStr for SendCall {
             "send" => Ok(SendCall::Send),
             "writev" => Ok(SendCall::Writev),
             "sendfile" => Ok(SendCall::Sendfile),
-            _ => Err(format!("unknown send call {s:?}: send, writev or sendfile")),
+            "sendto" => Ok(SendCall::Sendto),
+            _ => Err(format!(
+                "unknown send call {s:?}: send, writev, sendfile or sendto"
+            )),
         }
     }
 }
@@ -271,7 +277,22 @@ impl std::str::FromStr for SendCall {
 #[derive(Default)]
 pub struct SendFile {
     file: Option<std::fs::File>,
+    /// The destinations `sendto` names: each socket's connected peer,
+    /// asked once (by descriptor: the second path has its own).
+    peers: Vec<(i32, std::net::SocketAddr)>,
     end: u64,
+}
+
+impl SendFile {
+    fn peer(&mut self, socket: &UdpSocket) -> io::Result<std::net::SocketAddr> {
+        let fd = socket.as_raw_fd();
+        if let Some((_, peer)) = self.peers.iter().find(|(f, _)| *f == fd) {
+            return Ok(*peer);
+        }
+        let peer = socket.peer_addr()?;
+        self.peers.push((fd, peer));
+        Ok(peer)
+    }
 }
 
 /// Sends one datagram on a connected socket with `call`; `file` is the
@@ -284,6 +305,7 @@ pub fn send_with(
 ) -> io::Result<usize> {
     match call {
         SendCall::Send => socket.send(data),
+        SendCall::Sendto => socket.send_to(data, file.peer(socket)?),
         SendCall::Writev => {
             let split = data.len().min(8);
             let iov = [

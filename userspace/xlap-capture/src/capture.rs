@@ -6,7 +6,9 @@ use aya::maps::SkStorage;
 use aya::maps::{Array, HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf};
 use aya::programs::links::CgroupAttachMode;
 use aya::programs::uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeScope};
-use aya::programs::{BtfTracePoint, CgroupSkb, CgroupSkbAttachType, CgroupSock, UProbe};
+use aya::programs::{
+    BtfTracePoint, CgroupSkb, CgroupSkbAttachType, CgroupSock, CgroupSockAddr, UProbe,
+};
 use aya::{include_bytes_aligned, Btf, Ebpf, EbpfLoader};
 use std::os::fd::AsFd;
 use xlap_abi::{xlap_loss, xlap_point};
@@ -83,6 +85,8 @@ enum Kind {
 /// Loaded and attached capture programs; dropping it detaches everything.
 pub struct Capture {
     pub bpf: Ebpf,
+    /// Where the send/receive boundary is stamped.
+    pub boundary: BoundaryChoice,
     /// Optional programs that could not be attached, with the reason.
     pub unattached: Vec<Unattached>,
     /// The kernel points the run writes (`--points`).
@@ -141,8 +145,78 @@ impl Capture {
                     .map(|why| (crate::hooks::SKB_DYNPTR, why.as_str())),
             )
             .collect();
-        self.points.lacking(&unattached)
+        let mut lacking = self.points.lacking(&unattached);
+        let send_enter = xlap_point::XLAP_POINT_SOCK_SEND_ENTER;
+        if self.boundary == BoundaryChoice::SocketCalls
+            && self.points.contains(send_enter)
+            && !lacking.missing.contains_key("sock.send_enter")
+        {
+            lacking.degraded.insert(
+                "sock.send_enter".into(),
+                "sends that do not name their destination (a connected socket's send, write) have no send_enter at the socket calls: only the syscall hooks see them begin (--boundary syscalls, which slows every syscall of the machine)".into(),
+            );
+        }
+        lacking
     }
+}
+
+/// Where this run stamps the application/socket boundary, and why.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum BoundaryChoice {
+    /// At the socket calls (`--boundary socket-calls`): nothing else on the
+    /// machine pays.
+    SocketCalls,
+    /// At the syscalls: the default, or (said here) what the kernel lacks
+    /// for the socket calls that were asked for.
+    Syscalls(Option<String>),
+}
+
+impl BoundaryChoice {
+    pub fn hooks(&self) -> crate::hooks::Boundary {
+        match self {
+            BoundaryChoice::SocketCalls => crate::hooks::Boundary::SocketCalls,
+            BoundaryChoice::Syscalls(_) => crate::hooks::Boundary::Syscalls,
+        }
+    }
+
+    /// run.json's `boundary`: "socket-calls", "syscalls", or "syscalls
+    /// (why not the socket calls)".
+    pub fn describe(&self) -> String {
+        match self {
+            BoundaryChoice::SocketCalls => "socket-calls".into(),
+            BoundaryChoice::Syscalls(None) => "syscalls".into(),
+            BoundaryChoice::Syscalls(Some(why)) => format!("syscalls ({why})"),
+        }
+    }
+}
+
+/// The socket-call boundary needs the socket calls' tracepoints (Linux
+/// 6.3) and the socket-queue point, which reads datagrams through skb
+/// dynptrs (6.12): without either, the syscalls.
+fn choose_boundary(socket_calls: bool, dynptr: &Result<u32, String>, btf: &Btf) -> BoundaryChoice {
+    if !socket_calls {
+        return BoundaryChoice::Syscalls(None);
+    }
+    if let Err(why) = dynptr {
+        return BoundaryChoice::Syscalls(Some(format!(
+            "the socket calls need the socket-queue point, which cannot load: {why}"
+        )));
+    }
+    for tp in [
+        "sock_send_length",
+        "sock_recv_length",
+        "udp_fail_queue_rcv_skb",
+    ] {
+        if btf
+            .id_by_type_name_kind(&format!("btf_trace_{tp}"), aya_obj::btf::BtfKind::Typedef)
+            .is_err()
+        {
+            return BoundaryChoice::Syscalls(Some(format!(
+                "the kernel has no {tp} tracepoint (Linux >= 6.3 has)"
+            )));
+        }
+    }
+    BoundaryChoice::SocketCalls
 }
 
 pub struct Settings {
@@ -161,6 +235,9 @@ pub struct Settings {
     /// Hold a traced process at its exec until its markers are attached
     /// (bpf/hooks/holds.h): markers are traced.
     pub hold_at_exec: bool,
+    /// Stamp the send/receive boundary at the socket calls
+    /// (`--boundary socket-calls`) rather than at the syscalls.
+    pub socket_calls: bool,
 }
 
 /// VXLAN's IANA port and the Linux kernel's historic default.
@@ -195,6 +272,8 @@ impl Capture {
             .map_err(|e| failure(Code::Kernel, format!("cannot read the kernel BTF: {e}")))?;
         let (object, dynptr) = crate::kfunc::resolve_dynptr(CAPTURE_OBJECT, &btf);
         config.have_dynptr = dynptr.is_ok() as u8;
+        let boundary = choose_boundary(settings.socket_calls, &dynptr, &btf);
+        config.syscall_hooks = matches!(boundary, BoundaryChoice::Syscalls(_)) as u8;
         // SAFETY: xlap_config is a plain C struct of integers (no padding
         // holes with undefined contents: it is zero-initialised by Default).
         let config_bytes: &[u8] = unsafe {
@@ -221,7 +300,7 @@ impl Capture {
                 }
             })?;
         let mut unattached = Vec::new();
-        for (prog, target, required) in crate::hooks::tracepoints() {
+        for (prog, target, required) in crate::hooks::tracepoints(boundary.hooks()) {
             if !settings.points.needs_program(prog) {
                 continue;
             }
@@ -255,7 +334,7 @@ impl Capture {
             }
         }
         let dynptr = dynptr.map(|_| ());
-        attach_socket_hooks(&mut bpf, &dynptr, &mut unattached)?;
+        attach_socket_hooks(&mut bpf, &dynptr, boundary.hooks(), &mut unattached)?;
         // Per-stamp records never wait in a batch.
         let batch_export = if settings.per_stamp {
             Err("one record per stamp (--per-stamp-records)".to_string())
@@ -264,6 +343,7 @@ impl Capture {
         };
         Ok(Capture {
             bpf,
+            boundary,
             unattached,
             points: settings.points.clone(),
             dynptr,
@@ -653,6 +733,7 @@ fn recursion_misses(fd: std::os::fd::BorrowedFd) -> Option<u64> {
 fn attach_socket_hooks(
     bpf: &mut Ebpf,
     dynptr: &Result<(), String>,
+    boundary: crate::hooks::Boundary,
     unattached: &mut Vec<Unattached>,
 ) -> Result<()> {
     // Attach mode `Single`: aya attaches through a BPF link (Linux >= 5.7),
@@ -681,6 +762,24 @@ fn attach_socket_hooks(
                 ),
             )
         })?;
+    // The start of a send that names its destination (the socket-call
+    // boundary).
+    for (prog, section) in crate::hooks::boundary_cgroup_hooks(boundary) {
+        let hook: &mut CgroupSockAddr = bpf
+            .program_mut(prog)
+            .with_context(|| format!("program {prog} is missing from the object"))?
+            .try_into()?;
+        hook.load()?;
+        hook.attach(&root, CgroupAttachMode::Single).map_err(|e| {
+            failure(
+                Code::Kernel,
+                format!(
+                    "cannot attach to {section}: {:#}; --boundary syscalls stamps the send at the syscall instead",
+                    anyhow::Error::from(e)
+                ),
+            )
+        })?;
+    }
     // A traced socket's port is registered once its bind succeeded.
     for (prog, attach_type) in [
         ("on_post_bind4", "post_bind4"),

@@ -44,6 +44,19 @@ impl Attach {
     }
 }
 
+/// Where the application/socket boundary is stamped (`bpf/hooks/calls.h`,
+/// `bpf/hooks/syscall.h`): the hooks of one are attached, not the other's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Boundary {
+    /// At the socket calls (`--boundary socket-calls`): nothing else on the
+    /// machine pays.
+    SocketCalls,
+    /// At the send and receive syscalls (the default): while they are
+    /// attached, every syscall of every task of the machine takes the
+    /// kernel's slow path.
+    Syscalls,
+}
+
 /// What a run loses without a program (it is left out, or could not be
 /// attached on this kernel).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -85,6 +98,8 @@ pub struct Hook {
     /// (`preflight::MIN_KERNEL`).
     pub min_kernel: Option<(u32, u32)>,
     pub effects: &'static [Effect],
+    /// Attached only with this boundary (`None`: with either).
+    pub boundary: Option<Boundary>,
 }
 
 const fn effect(points: &'static [u32], stamp_only: bool, without: Without) -> Effect {
@@ -103,6 +118,7 @@ const fn required(program: &'static str, tp: &'static str, effects: &'static [Ef
         required: true,
         min_kernel: None,
         effects,
+        boundary: None,
     }
 }
 
@@ -114,6 +130,24 @@ const fn optional(program: &'static str, tp: &'static str, effects: &'static [Ef
         required: false,
         min_kernel: None,
         effects,
+        boundary: None,
+    }
+}
+
+/// A required program of one boundary.
+const fn at_boundary(
+    program: &'static str,
+    attach: Attach,
+    boundary: Boundary,
+    effects: &'static [Effect],
+) -> Hook {
+    Hook {
+        program,
+        attach,
+        required: true,
+        min_kernel: None,
+        effects,
+        boundary: Some(boundary),
     }
 }
 
@@ -125,6 +159,7 @@ const fn helper(program: &'static str, attach: Attach, required: bool) -> Hook {
         required,
         min_kernel: None,
         effects: &[],
+        boundary: None,
     }
 }
 
@@ -134,15 +169,49 @@ pub const SKB_DYNPTR: &str = "bpf_dynptr_from_skb";
 
 /// Every hook, in the order a datagram meets them.
 pub const HOOKS: &[Hook] = &[
-    // The app/socket boundary (required stamps: a run cannot do without).
-    required(
-        "on_sys_enter",
-        "sys_enter",
+    // The app/socket boundary (required stamps: a run cannot do without):
+    // at the socket calls (bpf/hooks/calls.h)...
+    at_boundary(
+        "on_sendmsg4",
+        Attach::Cgroup("cgroup/sendmsg4"),
+        Boundary::SocketCalls,
         &[effect(&[p::XLAP_POINT_SOCK_SEND_ENTER], false, Without::Missing)],
     ),
-    required(
+    at_boundary(
+        "on_sendmsg6",
+        Attach::Cgroup("cgroup/sendmsg6"),
+        Boundary::SocketCalls,
+        &[effect(&[p::XLAP_POINT_SOCK_SEND_ENTER], false, Without::Missing)],
+    ),
+    at_boundary(
+        "on_sock_send_length",
+        Attach::TpBtf("sock_send_length"),
+        Boundary::SocketCalls,
+        &[effect(
+            &[p::XLAP_POINT_SOCK_SEND_ENTER, p::XLAP_POINT_SOCK_SEND_EXIT],
+            false,
+            Without::Missing,
+        )],
+    ),
+    // (A datagram the socket drops after its queue point is never read:
+    // the reads' matching by queue position forgets it.)
+    at_boundary(
+        "on_udp_fail_queue_rcv_skb",
+        Attach::TpBtf("udp_fail_queue_rcv_skb"),
+        Boundary::SocketCalls,
+        &[effect(&[p::XLAP_POINT_SOCK_RECV_EXIT], false, Without::Missing)],
+    ),
+    // ...or, opt-in, at the syscalls (bpf/hooks/syscall.h).
+    at_boundary(
+        "on_sys_enter",
+        Attach::TpBtf("sys_enter"),
+        Boundary::Syscalls,
+        &[effect(&[p::XLAP_POINT_SOCK_SEND_ENTER], false, Without::Missing)],
+    ),
+    at_boundary(
         "on_sys_exit",
-        "sys_exit",
+        Attach::TpBtf("sys_exit"),
+        Boundary::Syscalls,
         &[effect(
             &[
                 p::XLAP_POINT_SOCK_SEND_ENTER,
@@ -159,7 +228,9 @@ pub const HOOKS: &[Hook] = &[
         &[effect(
             &[p::XLAP_POINT_SOCK_RECV_EXIT],
             false,
-            Without::Degraded("receive calls that began before the run are not stamped"),
+            Without::Degraded(
+                "at the syscalls: receive calls that began before the run are not stamped; at the socket calls: no receive is stamped",
+            ),
         )],
     ),
     optional(
@@ -261,6 +332,7 @@ pub const HOOKS: &[Hook] = &[
         attach: Attach::Cgroup("cgroup_skb/ingress"),
         required: false,
         min_kernel: Some(DYNPTR_TRACING_KERNEL),
+        boundary: None,
         effects: &[
             // The socket queue point is also what tells the wake-up which
             // datagram woke the reader (RX_LAST in bpf/hooks/sched.h).
@@ -326,6 +398,7 @@ pub const HOOKS: &[Hook] = &[
         attach: Attach::Kfunc,
         required: false,
         min_kernel: Some(DYNPTR_TRACING_KERNEL),
+        boundary: None,
         effects: &[effect(
             &[
                 p::XLAP_POINT_SOCK_SEND_ENTER,
@@ -381,11 +454,23 @@ pub fn program_points() -> impl Iterator<Item = ProgramPoints> {
     })
 }
 
-/// The tracepoints attached when the capture loads: (program, tracepoint,
-/// required).
-pub fn tracepoints() -> impl Iterator<Item = (&'static str, &'static str, bool)> {
-    HOOKS.iter().filter_map(|h| match h.attach {
-        Attach::TpBtf(tp) => Some((h.program, tp, h.required)),
+/// The tracepoints attached when the capture loads with `boundary`:
+/// (program, tracepoint, required).
+pub fn tracepoints(boundary: Boundary) -> impl Iterator<Item = (&'static str, &'static str, bool)> {
+    HOOKS.iter().filter_map(move |h| match h.attach {
+        Attach::TpBtf(tp) if h.boundary.is_none_or(|b| b == boundary) => {
+            Some((h.program, tp, h.required))
+        }
+        _ => None,
+    })
+}
+
+/// The cgroup hooks of `boundary` alone (program, section).
+pub fn boundary_cgroup_hooks(
+    boundary: Boundary,
+) -> impl Iterator<Item = (&'static str, &'static str)> {
+    HOOKS.iter().filter_map(move |h| match h.attach {
+        Attach::Cgroup(section) if h.boundary == Some(boundary) => Some((h.program, section)),
         _ => None,
     })
 }

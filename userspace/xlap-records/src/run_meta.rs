@@ -297,6 +297,11 @@ pub struct RunOptions {
     pub ringbuf_bytes: Option<u32>,
     #[serde(default)]
     pub per_stamp_records: bool,
+    /// Where the send/receive boundary was stamped (`--boundary`):
+    /// "syscalls", "socket-calls", or "syscalls (why)" when the socket calls
+    /// were asked for on a kernel without what they need.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub boundary: Option<String>,
     #[serde(default)]
     pub duration_s: Option<f64>,
     #[serde(default)]

@@ -370,6 +370,15 @@ pub enum BpfStats {
     Off,
 }
 
+/// Where the send/receive points are stamped (`--boundary`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum BoundaryArg {
+    // At the send and receive syscalls.
+    Syscalls,
+    // At the socket calls.
+    SocketCalls,
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Endian {
     Big,
@@ -491,6 +500,15 @@ pub struct RecordArgs {
     /// stamps (costlier; for comparison in benchmarks).
     #[arg(long)]
     pub per_stamp_records: bool,
+    /// Where the send/receive points are stamped: syscalls (sys_enter and
+    /// sys_exit: every point, but while they are attached every syscall of
+    /// every process of the machine takes the kernel's slow path, an
+    /// untraced getppid 118 -> 272 ns) or socket-calls (the socket calls'
+    /// own hooks: nothing else pays, but a send that does not name its
+    /// destination, a connected socket's, has no sock.send_enter; Linux >=
+    /// 6.12)
+    #[arg(long, value_enum, value_name = "AT", default_value = "syscalls")]
+    pub boundary: BoundaryArg,
     /// When the kernel times BPF programs, for the run's own cost figures:
     /// sampled (100 ms of every second), full (exact run counts) or off
     /// (the timing costs every BPF program of the machine two clock reads

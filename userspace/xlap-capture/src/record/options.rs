@@ -54,6 +54,9 @@ pub struct RecordOptions {
     pub full_priority: bool,
     /// One ring-buffer record per stamp instead of per-CPU batches.
     pub per_stamp_records: bool,
+    /// Stamp the send/receive boundary at the socket calls rather than at
+    /// the syscalls (which cost every syscall of the machine).
+    pub socket_calls: bool,
     /// When the kernel times BPF programs.
     pub stats_mode: StatsMode,
     /// Print only the summary.
@@ -97,6 +100,7 @@ impl Default for RecordOptions {
             host: None,
             full_priority: false,
             per_stamp_records: false,
+            socket_calls: false,
             stats_mode: StatsMode::Sampled,
             quiet: false,
             live: false,

@@ -37,6 +37,7 @@ impl TryFrom<&RecordArgs> for RecordOptions {
             host: a.host.clone(),
             full_priority: a.full_priority,
             per_stamp_records: a.per_stamp_records,
+            socket_calls: a.boundary == crate::cli::BoundaryArg::SocketCalls,
             stats_mode: match (a.no_bpf_stats, a.bpf_stats) {
                 (true, _) | (false, BpfStats::Off) => StatsMode::Off,
                 (false, BpfStats::Sampled) => StatsMode::Sampled,

@@ -238,6 +238,7 @@ impl RunInfo {
             points: plan.points.names().into_iter().map(String::from).collect(),
             ringbuf_bytes: Some(plan.ringbuf_bytes),
             per_stamp_records: args.per_stamp_records,
+            boundary: meta.options.boundary.clone(),
             duration_s: args.duration,
             count: args.count,
             exited: following

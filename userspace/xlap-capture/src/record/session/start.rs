@@ -19,6 +19,7 @@ impl Session {
             tunnel_ports: plan.tunnel_ports.clone(),
             iface_filter: !args.ifaces.is_empty(),
             hold_at_exec: plan.holds(),
+            socket_calls: args.socket_calls,
         })?;
         if !args.ifaces.is_empty() {
             let devices = crate::ifaces::resolve(&args.pids, &args.ifaces)?;
@@ -235,7 +236,10 @@ fn initial_meta(
         clock_start,
         clock_end: Some(clock_start),
         clock_steps: Vec::new(),
-        options: RunOptions::default(),
+        options: RunOptions {
+            boundary: Some(capture.boundary.describe()),
+            ..RunOptions::default()
+        },
         targets: Vec::new(),
         followed: Vec::new(),
         foreign_stamps_dropped: 0,

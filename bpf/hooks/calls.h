@@ -1,0 +1,259 @@
+/* calls.h: the application/socket boundary at the socket calls
+ * (--boundary socket-calls, CFG.syscall_hooks = 0; syscall.h is the
+ * default).
+ *
+ * Why not the syscalls: while any program is attached to sys_enter or
+ * sys_exit, the kernel sends every syscall of every task of the machine
+ * down its slow path (an untraced getppid loop here: 118 -> 272 ns). The
+ * socket calls have tracepoints and hooks of their own, which other work
+ * never reaches:
+ *
+ *   sock.send_enter  cgroup sendmsg4/6, at the start of udp_sendmsg: only
+ *                    for a send that names its destination (sendto, or
+ *                    sendmsg with msg_name); a connected socket's sends
+ *                    have no hook before their datagram exists, so they
+ *                    get no send_enter at the socket calls.
+ *   sock.send_exit   sock_send_length, as the socket call returns: the
+ *                    datagrams its first device point read in this thread
+ *                    (dev_tx.h socket_send_begin).
+ *   sock.recv_exit   sock_recv_length, as the read returns: the datagram
+ *                    it took, by its place in the socket's queue (see
+ *                    socket_recv_return), its identity by its skb
+ *                    (rx_slots.h: the socket-queue point read it).
+ *
+ * Per call, not per syscall: each message of sendmmsg/recvmmsg is its own
+ * socket call. Needs Linux >= 6.3 (sock_send_length, sock_recv_length) and
+ * the socket-queue point (skb dynptrs for tracing, 6.12): the recorder
+ * falls back to the syscall hooks on older kernels. */
+#ifndef XLAP_CAPTURE_CALLS_H
+#define XLAP_CAPTURE_CALLS_H
+
+#include "lib/common.h"
+#include "lib/rx_slots.h"
+#include "lib/task.h"
+
+/* A send that named its destination, begun on this CPU: the thread and
+ * when (one per CPU: the socket call runs to its datagram's device point
+ * without sleeping, and a thread moved to another CPU meanwhile only loses
+ * its send_enter). */
+struct xl_send_start {
+  __u64 ts;
+  __u32 tid;
+  __u32 _pad;
+};
+
+struct {
+  __uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+  __uint(max_entries, 1);
+  __type(key, __u32);
+  __type(value, struct xl_send_start);
+} SEND_START SEC(".maps");
+
+static __always_inline int send_start(struct bpf_sock_addr *ctx) {
+  if (CFG.syscall_hooks)
+    return 1;
+  struct bpf_sock *sk = ctx->sk;
+  if (!sk || !bpf_sk_storage_get(&SOCKS, sk, 0, 0))
+    return 1;
+  __u32 zero = 0;
+  struct xl_send_start *s = bpf_map_lookup_elem(&SEND_START, &zero);
+  if (s) {
+    s->ts = bpf_ktime_get_ns();
+    s->tid = (__u32)bpf_get_current_pid_tgid();
+  }
+  return 1; /* never changes the destination nor refuses the send */
+}
+
+SEC("cgroup/sendmsg4")
+int on_sendmsg4(struct bpf_sock_addr *ctx) { return send_start(ctx); }
+
+SEC("cgroup/sendmsg6")
+int on_sendmsg6(struct bpf_sock_addr *ctx) { return send_start(ctx); }
+
+/* The send points of the datagrams a socket call put on a device. */
+SEC("tp_btf/sock_send_length")
+int BPF_PROG(on_sock_send_length, struct sock *sk, int ret, int flags) {
+  if (CFG.syscall_hooks)
+    return 0;
+  __u64 pid_tgid = bpf_get_current_pid_tgid();
+  __u32 tid = (__u32)pid_tgid;
+  /* The start this thread noted on this CPU, taken whatever the call did:
+   * the next call must not find it. */
+  __u64 ts_enter = 0;
+  __u32 zero = 0;
+  struct xl_send_start *st = bpf_map_lookup_elem(&SEND_START, &zero);
+  if (st && st->tid == tid) {
+    ts_enter = st->ts;
+    st->tid = 0;
+  }
+  struct xl_task *t = task_ctx(bpf_get_current_task_btf());
+  if (!t)
+    return 0;
+  if (t->in_uring) {
+    t->in_uring = 0; /* an io_uring send request, issued inline */
+    return 0;
+  }
+  if (!t->in_send)
+    return 0;
+  t->in_send = 0;
+  struct xl_send_ctx *sc = &t->send;
+  struct xl_at at = {.tid = tid};
+  struct xl_ident id = sc->id;
+  id.pid = pid_tgid >> 32;
+  __u32 n = sc->n;
+  if (n) {
+    if (ts_enter) {
+      at.point = XLAP_POINT_SOCK_SEND_ENTER;
+      at.ts = ts_enter;
+      emit_all(&at, &id, &sc->segs, n);
+    }
+    at.point = XLAP_POINT_SOCK_SEND_EXIT;
+    at.ts = bpf_ktime_get_ns();
+    emit_all(&at, &id, &sc->segs, n);
+  }
+  if (sc->beyond) {
+    if (ts_enter)
+      count_losses(XLAP_POINT_SOCK_SEND_ENTER, XLAP_LOSS_GSO, sc->beyond);
+    count_losses(XLAP_POINT_SOCK_SEND_EXIT, XLAP_LOSS_GSO, sc->beyond);
+  }
+  if (sc->unread) {
+    if (ts_enter)
+      count_losses(XLAP_POINT_SOCK_SEND_ENTER, sc->unread_loss, sc->unread);
+    count_losses(XLAP_POINT_SOCK_SEND_EXIT, sc->unread_loss, sc->unread);
+  }
+  return 0;
+}
+
+/* The skb at the head of a UDP socket's receive queues, 0 if both are
+ * empty: the reader takes from reader_queue, which UDP refills from
+ * sk_receive_queue when it runs dry. */
+static __always_inline __u64 queue_head(struct sock *sk) {
+  struct udp_sock *up = (struct udp_sock *)sk;
+  if (BPF_CORE_READ(up, reader_queue.qlen))
+    return (__u64)BPF_CORE_READ(up, reader_queue.next);
+  if (BPF_CORE_READ(sk, sk_receive_queue.qlen))
+    return (__u64)BPF_CORE_READ(sk, sk_receive_queue.next);
+  return 0;
+}
+
+/* The stamp of the datagrams of skb `key` taken by a read that returned
+ * `ret` bytes (several datagrams for a UDP GRO read). */
+static __always_inline void stamp_read(__u64 key, struct xl_rx_slot *slot,
+                                       __u64 pid_tgid) {
+  struct xl_ident id = slot->id;
+  id.pid = pid_tgid >> 32; /* the reader: a forked child reads its parent's
+                              socket */
+  __u32 n = slot->nseg;
+  struct xl_segs *segs = 0;
+  if (n > 1) {
+    segs = bpf_map_lookup_elem(&RX_SEGS, &key);
+    if (!segs) {
+      count_losses(XLAP_POINT_SOCK_RECV_EXIT, XLAP_LOSS_MAP_FULL, n - 1);
+      n = 1;
+    }
+  }
+  rx_free(slot, key);
+  struct xl_at at = {.point = XLAP_POINT_SOCK_RECV_EXIT,
+                     .ts = bpf_ktime_get_ns(),
+                     .tid = (__u32)pid_tgid};
+  emit_all(&at, &id, segs, n);
+  if (segs)
+    bpf_map_delete_elem(&RX_SEGS, &key);
+}
+
+/* A datagram past the socket-queue point that the socket then dropped (its
+ * receive buffer full): it will not be read, nor be the first to be. */
+SEC("tp_btf/udp_fail_queue_rcv_skb")
+int BPF_PROG(on_udp_fail_queue_rcv_skb, int rc, struct sock *sk,
+             struct sk_buff *skb) {
+  if (CFG.syscall_hooks || !skb)
+    return 0;
+  struct xlap_sock *s = traced_sock(sk);
+  if (!s)
+    return 0;
+  __u64 key = (__u64)skb;
+  __sync_val_compare_and_swap(&s->rx_first, key, 0);
+  __sync_val_compare_and_swap(&s->rx_last, key, 0);
+  struct xl_rx_slot *slot = rx_find(key);
+  if (slot) {
+    if (slot->nseg > 1)
+      bpf_map_delete_elem(&RX_SEGS, &key);
+    rx_free(slot, key);
+  }
+  return 0;
+}
+
+/* Longer than a datagram takes from the socket-queue point to the queue
+ * (the same softirq, microseconds). */
+#define IN_FLIGHT_NS 50000ULL
+
+#define MSG_PEEK_CALL 0x2
+#define MSG_ERRQUEUE_CALL 0x2000
+
+/* A read of traced socket `sk` returned (sock_recv_length; called from
+ * syscall.h, which attaches it for both boundaries). No hook of the kernel
+ * sees the skb a UDP read takes (skb_copy_datagram_iovec misses linear
+ * skbs, consume_skb misses skbs freed through the per-CPU caches), but the
+ * queue is first in, first out: the read took the skb the last read left
+ * at the head, or, when that read left the queue empty, the first datagram
+ * queued since (sock_rx.h notes it). Checked: that skb must have left the
+ * head. A read whose datagram cannot be told (queued before tracing, two
+ * datagrams queued at once on two CPUs into an empty queue, several
+ * threads reading one socket at once) is counted lost ('unmatched'), not
+ * given another's identity. */
+static __always_inline void
+socket_recv_return(struct sock *sk, struct xlap_sock *s, int ret, int flags) {
+  struct task_struct *task = bpf_get_current_task_btf();
+  struct xl_task *t = task_ctx(task);
+  /* A reader woken while still on its CPU is never switched in for that
+   * wake-up: once its receive returns, the wake-up is spent. A reader of a
+   * traced process gets its call state here: its next wake-up by a
+   * datagram is stamped (sched.h looks for it). */
+  if (t) {
+    forget_woken(t);
+  } else {
+    __u32 tgid = bpf_get_current_pid_tgid() >> 32;
+    if (bpf_map_lookup_elem(&TARGET_PIDS, &tgid))
+      bpf_task_storage_get(&TASK_CTX, task, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
+  }
+  if (flags & (MSG_PEEK_CALL | MSG_ERRQUEUE_CALL))
+    return;
+  if (ret < 0) {
+    /* Nothing read; or a datagram taken and dropped (a bad checksum): the
+     * head moved on. */
+    __u64 head = queue_head(sk);
+    if (head)
+      s->rx_next = head;
+    return;
+  }
+  __u64 first = s->rx_first;
+  __u64 taken = s->rx_next ? s->rx_next : first;
+  __u64 head = queue_head(sk);
+  /* Queues empty: a datagram past its socket-queue point may still be on
+   * its way in (another CPU, between the point and the enqueue that
+   * follows it): the last one, if it is not the one just read, not read
+   * before (its read frees its slot) and passed the point just now. Two on
+   * their way at once: the check below finds the wrong one at the head. */
+  __u64 last = s->rx_last;
+  if (!head && last && last != taken) {
+    struct xl_rx_slot *l = rx_find(last);
+    if (l && bpf_ktime_get_ns() - l->born < IN_FLIGHT_NS)
+      head = last;
+  }
+  s->rx_next = head;
+  /* Cleared only if no datagram came since: a newer first one stays. */
+  if (first)
+    __sync_val_compare_and_swap(&s->rx_first, first, 0);
+  struct xl_rx_slot *slot = taken && taken != head ? rx_find(taken) : 0;
+  /* A read never returns more than its datagrams (it may return less: a
+   * short buffer truncates). */
+  if (slot && (__u64)ret > (__u64)slot->id.len * slot->nseg)
+    slot = 0;
+  if (!slot) {
+    count_loss(XLAP_POINT_SOCK_RECV_EXIT, XLAP_LOSS_UNMATCHED);
+    return;
+  }
+  stamp_read(taken, slot, bpf_get_current_pid_tgid());
+}
+
+#endif
