@@ -49,6 +49,7 @@ fn run(
     send_op: &str,
     mode: &str,
     connect: bool,
+    record_args: &[&str],
 ) -> (Vec<Value>, Vec<Value>, Vec<Row>, u32, u32, RunMeta) {
     let (a, b) = (stage.host(0), stage.host(1));
     let scratch = Scratch::new(&format!("uring-{send_op}-{mode}"));
@@ -78,7 +79,7 @@ fn run(
             .expect("sender"),
     );
     let pids = (sender.0.id(), receiver.0.id());
-    let rec = Recorder::start(&[pids.0, pids.1], &scratch.path("run"), &[]);
+    let rec = Recorder::start(&[pids.0, pids.1], &scratch.path("run"), record_args);
     std::fs::write(&start, "go").unwrap();
     for mut p in [sender, receiver] {
         assert!(p.0.wait().unwrap().success(), "an io_uring peer failed");
@@ -100,9 +101,38 @@ fn io_uring_sends_and_receives_are_stamped_per_datagram() {
     let Some(_guard) = privileged("io_uring") else {
         return;
     };
+    check_io_uring(&[]);
+}
+
+/// The same at the socket calls (`--boundary socket-calls`): a receive
+/// request's read is stamped by its socket call, a send request still from
+/// its submission (not twice: its socket call is the request's).
+#[test]
+fn io_uring_at_the_socket_calls_is_stamped_per_datagram() {
+    let Some(_guard) = privileged("io_uring") else {
+        return;
+    };
+    check_io_uring(&["--boundary", "socket-calls"]);
+}
+
+fn check_io_uring(record_args: &[&str]) {
     let stage = Stage::two_hosts().expect("stage");
     for (send_op, mode, connect) in [("send", "recv", true), ("send_zc", "recvmsg", false)] {
-        let (sent, received, rows, sender, receiver, meta) = run(&stage, send_op, mode, connect);
+        let (sent, received, rows, sender, receiver, meta) =
+            run(&stage, send_op, mode, connect, record_args);
+        // One stamp per datagram and point: none twice.
+        for point in ["sock.send_enter", "sock.send_exit", "sock.recv_exit"] {
+            let all = rows
+                .iter()
+                .filter(|r| r.point == point && r.kind == Some(1))
+                .count();
+            let distinct =
+                stamped(&rows, point, sender).len() + stamped(&rows, point, receiver).len();
+            assert_eq!(
+                all, distinct,
+                "{send_op}/{mode}: {point} stamped twice for some datagram"
+            );
+        }
         let mode = format!("{send_op}/{mode}");
         let (sent, received) = (seqs(&sent, "sent"), seqs(&received, "received"));
         assert_eq!(sent.len(), 400, "{mode}");
