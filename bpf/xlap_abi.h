@@ -167,7 +167,8 @@ struct xlap_sock {
    * empty, the first datagram queued since (0: not known). */
   __u64 rx_next;
   __u64 rx_first;
-  __u64 rx_last; /* the datagram queued last */
+  __u64 rx_last;  /* the datagram queued last */
+  __u64 rx_last2; /* and the one before it */
 };
 
 /* The addresses behind a flow (value of the FLOWS map, keyed by the

@@ -174,6 +174,7 @@ int BPF_PROG(on_udp_fail_queue_rcv_skb, int rc, struct sock *sk,
   __u64 key = (__u64)skb;
   __sync_val_compare_and_swap(&s->rx_first, key, 0);
   __sync_val_compare_and_swap(&s->rx_last, key, 0);
+  __sync_val_compare_and_swap(&s->rx_last2, key, 0);
   struct xl_rx_slot *slot = rx_find(key);
   if (slot) {
     if (slot->nseg > 1)
@@ -186,6 +187,15 @@ int BPF_PROG(on_udp_fail_queue_rcv_skb, int rc, struct sock *sk,
 /* Longer than a datagram takes from the socket-queue point to the queue
  * (the same softirq, microseconds). */
 #define IN_FLIGHT_NS 50000ULL
+
+/* Whether skb `key` passed the socket-queue point just now and is not yet
+ * read (nor the one just read). */
+static __always_inline int in_flight(__u64 key, __u64 taken, __u64 now) {
+  if (!key || key == taken)
+    return 0;
+  struct xl_rx_slot *l = rx_find(key);
+  return l && now - l->born < IN_FLIGHT_NS;
+}
 
 #define MSG_PEEK_CALL 0x2
 #define MSG_ERRQUEUE_CALL 0x2000
@@ -229,15 +239,19 @@ socket_recv_return(struct sock *sk, struct xlap_sock *s, int ret, int flags) {
   __u64 first = s->rx_first;
   __u64 taken = s->rx_next ? s->rx_next : first;
   __u64 head = queue_head(sk);
-  /* Queues empty: a datagram past its socket-queue point may still be on
-   * its way in (another CPU, between the point and the enqueue that
-   * follows it): the last one, if it is not the one just read, not read
-   * before (its read frees its slot) and passed the point just now. Two on
-   * their way at once: the check below finds the wrong one at the head. */
-  __u64 last = s->rx_last;
-  if (!head && last && last != taken) {
-    struct xl_rx_slot *l = rx_find(last);
-    if (l && bpf_ktime_get_ns() - l->born < IN_FLIGHT_NS)
+  /* Queues empty: datagrams past their socket-queue point may still be on
+   * their way in (another CPU, between the point and the enqueue that
+   * follows it; a burst of two, such as a data packet and its parity):
+   * the older of the last two that is not the one just read, not read
+   * before (its read frees its slot) and passed the point just now. Three
+   * on their way at once: the check below finds the wrong one at the
+   * head. */
+  if (!head) {
+    __u64 now = bpf_ktime_get_ns();
+    __u64 last2 = s->rx_last2, last = s->rx_last;
+    if (in_flight(last2, taken, now))
+      head = last2;
+    else if (in_flight(last, taken, now))
       head = last;
   }
   s->rx_next = head;

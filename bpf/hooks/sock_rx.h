@@ -153,6 +153,7 @@ int on_sock_ingress(struct __sk_buff *ctx) {
        * (calls.h socket_recv_return). */
       if (!ts->rx_first)
         __sync_val_compare_and_swap(&ts->rx_first, 0, q->skb);
+      ts->rx_last2 = ts->rx_last;
       ts->rx_last = q->skb;
     }
   }

@@ -201,8 +201,17 @@ fn check_side(
             ));
         }
         // A working path stamps (nearly) everything: counted losses are for
-        // the rare datagram, not a way to pass.
-        if missing.len() * 100 > expected.len() && !cell.counted_only.contains(point) {
+        // the rare datagram, not a way to pass. At the socket calls a read
+        // whose datagram cannot be told is counted (two entering an empty
+        // queue at once on two CPUs: up to 3 % of the example's reads, whose
+        // parity packets follow their data back to back, on this loaded
+        // 2-CPU machine).
+        let percent = if cell.record_args == SOCKET_CALLS && *point == "sock.recv_exit" {
+            5
+        } else {
+            1
+        };
+        if missing.len() * 100 > expected.len() * percent && !cell.counted_only.contains(point) {
             problems.push(format!(
                 "{}: {side} {point}: {} of {} datagrams missing",
                 cell.name,

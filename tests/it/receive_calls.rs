@@ -22,6 +22,12 @@ fn lost_parse(meta: &RunMeta) -> u64 {
         .map_or(0, |p| p.lost("parse"))
 }
 
+fn lost_unmatched(meta: &RunMeta) -> u64 {
+    meta.points
+        .get("sock.recv_exit")
+        .map_or(0, |p| p.lost("unmatched"))
+}
+
 /// Runs the example with `recv_args` and returns (what the receiver logged,
 /// its recv_exit stamps, counted recv_exit parse losses, the log).
 fn run(
@@ -33,7 +39,9 @@ fn run(
     run_with(stage, name, send_args, recv_args, &[])
 }
 
-/// `run`, with options of the recorder.
+/// `run`, with options of the recorder; the losses returned are the
+/// `unmatched` ones when there are options (the socket calls' kind of
+/// loss), else `parse`.
 fn run_with(
     stage: &Stage,
     name: &str,
@@ -83,7 +91,12 @@ fn run_with(
         t.meta.points.get("sock.recv_exit"),
         t.meta.bpf_programs.get("on_sys_exit")
     );
-    (logged, stamped, lost_parse(&t.meta), t.received)
+    let lost = if record_args.is_empty() {
+        lost_parse(&t.meta)
+    } else {
+        lost_unmatched(&t.meta)
+    };
+    (logged, stamped, lost, t.received)
 }
 
 #[test]
@@ -138,7 +151,8 @@ fn recvmmsg_iovecs_and_peek_are_stamped_per_datagram() {
 /// the read's datagram is found by its place in the socket's queue and its
 /// identity taken from the socket-queue point, not from the reader's
 /// buffer, so a sequence number split across iovecs is stamped too, and a
-/// peek is still not a read.
+/// peek is still not a read. Checked against the receiver's log: no stamp
+/// wrong, every read stamped or counted.
 #[test]
 fn receive_calls_at_the_socket_calls_are_stamped_per_datagram() {
     let Some(_guard) = privileged("receive_calls") else {
@@ -151,7 +165,7 @@ fn receive_calls_at_the_socket_calls_are_stamped_per_datagram() {
         ("calls-iov6", &[][..], "iov-split:6"),
         ("calls-peek", &[][..], "peek"),
     ] {
-        let (logged, stamped, _, log) =
+        let (logged, stamped, unmatched, log) =
             run_with(&stage, name, send, &["--recv-mode", recv], &calls);
         if recv.starts_with("recvmmsg") {
             let batched = events(&log, "received")
@@ -159,10 +173,24 @@ fn receive_calls_at_the_socket_calls_are_stamped_per_datagram() {
                 .count();
             assert!(batched > 0, "no recvmmsg returned more than one datagram");
         }
-        assert_same(
-            &stamped,
-            &logged,
-            &format!("{name}: one recv_exit stamp per datagram read"),
+        // Never a stamp the log does not have, nor one too many; a read
+        // whose datagram cannot be told (two entering an empty queue at
+        // once on two CPUs: 0 to 3 % of the reads here, under load) is
+        // counted, and a working path stamps nearly every read.
+        let wrong: Vec<_> = stamped
+            .iter()
+            .filter(|(k, n)| logged.get(k).copied().unwrap_or(0) < **n)
+            .collect();
+        assert!(wrong.is_empty(), "{name}: stamps beyond the log: {wrong:?}");
+        let reads: usize = logged.values().sum();
+        let missing = reads - stamped.values().sum::<usize>();
+        assert!(
+            missing as u64 <= unmatched,
+            "{name}: {missing} reads without a stamp, {unmatched} counted unmatched"
+        );
+        assert!(
+            missing * 100 <= reads * 5,
+            "{name}: {missing} of {reads} reads without a stamp"
         );
     }
 }
