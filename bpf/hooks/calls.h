@@ -136,8 +136,8 @@ static __always_inline __u64 queue_head(struct sock *sk) {
   return 0;
 }
 
-/* The stamp of the datagrams of skb `key` taken by a read that returned
- * `ret` bytes (several datagrams for a UDP GRO read). */
+/* The stamp of the datagrams of skb `key` (its slot `slot`) that a read
+ * took (several for a UDP GRO read). */
 static __always_inline void stamp_read(__u64 key, struct xl_rx_slot *slot,
                                        __u64 pid_tgid) {
   struct xl_ident id = slot->id;
@@ -197,9 +197,6 @@ static __always_inline int in_flight(__u64 key, __u64 taken, __u64 now) {
   return l && now - l->born < IN_FLIGHT_NS;
 }
 
-#define MSG_PEEK_CALL 0x2
-#define MSG_ERRQUEUE_CALL 0x2000
-
 /* A read of traced socket `sk` returned (sock_recv_length; called from
  * syscall.h, which attaches it for both boundaries). No hook of the kernel
  * sees the skb a UDP read takes (skb_copy_datagram_iovec misses linear
@@ -226,7 +223,7 @@ socket_recv_return(struct sock *sk, struct xlap_sock *s, int ret, int flags) {
     if (bpf_map_lookup_elem(&TARGET_PIDS, &tgid))
       bpf_task_storage_get(&TASK_CTX, task, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
   }
-  if (flags & (MSG_PEEK_CALL | MSG_ERRQUEUE_CALL))
+  if (flags & (MSG_PEEK_ | MSG_ERRQUEUE_))
     return;
   if (ret < 0) {
     /* Nothing read; or a datagram taken and dropped (a bad checksum): the

@@ -41,7 +41,6 @@ struct xl_tx {
  * skb never reached a last point (freed on a path without a tracepoint)
  * is taken over after TX_SLOT_STALE_NS. The RX path needs no map: its
  * points re-read the headers. */
-#define TX_SLOTS 16384 /* a power of two */
 #define TX_SLOT_STALE_NS 1000000000ULL
 
 struct xl_tx_slot {
@@ -52,7 +51,7 @@ struct xl_tx_slot {
 
 struct {
   __uint(type, BPF_MAP_TYPE_ARRAY);
-  __uint(max_entries, TX_SLOTS);
+  __uint(max_entries, SKB_SLOTS);
   __type(key, __u32);
   __type(value, struct xl_tx_slot);
 } TX_SLOT SEC(".maps");
@@ -85,10 +84,7 @@ struct {
 __u64 GSO_PENDING = 0;
 
 static __always_inline struct xl_tx_slot *tx_slot(__u64 key) {
-  /* skbs come from a slab of 256-byte objects: a multiplicative hash
-   * spreads their addresses over the slots. */
-  __u32 i = (addr_bits(key) * 0x9E3779B1U) >> 18;
-  i &= TX_SLOTS - 1;
+  __u32 i = skb_slot_index(key);
   return bpf_map_lookup_elem(&TX_SLOT, &i);
 }
 

@@ -110,7 +110,7 @@ int on_sock_ingress(struct __sk_buff *ctx) {
      * kernel's skb. */
     __u32 zero = 0;
     struct xl_queue_scratch *q = bpf_map_lookup_elem(&QUEUE_SCRATCH, &zero);
-    if (q)
+    if (q && !CFG.syscall_hooks)
       q->skb = (__u64)(long)ctx;
   }
   struct xl_segs *segs;

@@ -59,8 +59,6 @@ struct xl_uview {
   __u64 len[2];
 };
 
-#define MSG_PEEK_ 0x2
-#define MSG_ERRQUEUE_ 0x2000
 /* Messages of one recvmmsg stamped (the rest counted as gso losses). */
 #define MMSG_MAX 64
 

@@ -135,6 +135,21 @@ static __always_inline __u32 addr_bits(__u64 p) {
   return (__u32)out;
 }
 
+/* Slots of the skb -> identity tables (TX: dev_tx.h, RX: rx_slots.h). */
+#define SKB_SLOTS 16384 /* a power of two */
+
+/* The slot of skb `key` in those tables: skbs come from a slab of 256-byte
+ * objects, and a multiplicative hash spreads their addresses over the
+ * slots. */
+static __always_inline __u32 skb_slot_index(__u64 key) {
+  return ((addr_bits(key) * 0x9E3779B1U) >> 18) & (SKB_SLOTS - 1);
+}
+
+/* Flags of a receive call: MSG_PEEK leaves the datagram queued (the read
+ * that takes it is stamped), MSG_ERRQUEUE reads no datagram. */
+#define MSG_PEEK_ 0x2
+#define MSG_ERRQUEUE_ 0x2000
+
 /* A field of `size` (1..8) bytes in the given byte order, from bytes
  * already read (packet or user memory). */
 static __always_inline __u64 field_from_bytes(const __u8 *b, __u8 size,

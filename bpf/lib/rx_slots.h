@@ -18,7 +18,6 @@
 
 #include "common.h"
 
-#define RX_SLOTS 16384 /* a power of two */
 #define RX_SLOT_STALE_NS 1000000000ULL
 
 struct xl_rx_slot {
@@ -31,7 +30,7 @@ struct xl_rx_slot {
 
 struct {
   __uint(type, BPF_MAP_TYPE_ARRAY);
-  __uint(max_entries, RX_SLOTS);
+  __uint(max_entries, SKB_SLOTS);
   __type(key, __u32);
   __type(value, struct xl_rx_slot);
 } RX_SLOT SEC(".maps");
@@ -44,10 +43,7 @@ struct {
 } RX_SEGS SEC(".maps");
 
 static __always_inline struct xl_rx_slot *rx_slot(__u64 key) {
-  /* skbs come from a slab of 256-byte objects: a multiplicative hash
-   * spreads their addresses over the slots. */
-  __u32 i = (addr_bits(key) * 0x9E3779B1U) >> 18;
-  i &= RX_SLOTS - 1;
+  __u32 i = skb_slot_index(key);
   return bpf_map_lookup_elem(&RX_SLOT, &i);
 }
 

@@ -161,19 +161,7 @@ fn one_run(
     // Both ends exec into sockperf (the pid the tracer follows is sockperf's).
     let pin = if pinned { "taskset -c 0" } else { "" };
     let server_addr = b.ipv4.to_string();
-    let server = KillOnDrop(
-        b.command("sh")
-            .args([
-                "-c",
-                &format!("exec {pin} sockperf server -i {server_addr} -p {PORT}"),
-            ])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .context("sockperf server")?,
-    );
-    std::thread::sleep(Duration::from_millis(300));
+    let server = sockperf_server(b, pin)?;
     // The client waits for the start file first.
     let start = scratch.path("start");
     let log = scratch.path("full.csv");
@@ -221,6 +209,26 @@ fn one_run(
     cell.seconds += duration;
     cell.latencies_us.extend(latencies);
     Ok(())
+}
+
+/// A sockperf server on host `b` (`pin`: a taskset prefix or ""), given
+/// the moment it takes to listen. It execs into sockperf: the pid a tracer
+/// follows is sockperf's.
+fn sockperf_server(b: &xlap_stage::Host, pin: &str) -> Result<KillOnDrop> {
+    let server = KillOnDrop(
+        b.command("sh")
+            .args([
+                "-c",
+                &format!("exec {pin} sockperf server -i {} -p {PORT}", b.ipv4),
+            ])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .context("sockperf server")?,
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    Ok(server)
 }
 
 /// Starts `tracer` on `pids`: the DIY script, or a recorder.
@@ -294,20 +302,7 @@ fn machine_syscalls(
                 tracer.name()
             );
             let scratch = Scratch::new("bench-syscalls");
-            let b = stage.host(1);
-            let server = KillOnDrop(
-                b.command("sh")
-                    .args([
-                        "-c",
-                        &format!("exec sockperf server -i {} -p {PORT}", b.ipv4),
-                    ])
-                    .stdin(Stdio::null())
-                    .stdout(Stdio::null())
-                    .stderr(Stdio::null())
-                    .spawn()
-                    .context("sockperf server")?,
-            );
-            std::thread::sleep(Duration::from_millis(300));
+            let server = sockperf_server(stage.host(1), "")?;
             let (diy, recorder) = start_tracer(*tracer, &[server.0.id()], &scratch, baseline)?;
             let per_call = std::thread::spawn(move || {
                 let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };

@@ -295,8 +295,9 @@ impl SendFile {
     }
 }
 
-/// Sends one datagram on a connected socket with `call`; `file` is the
-/// memory file sendfile sends from (created on first use).
+/// Sends one datagram on a connected socket with `call`; `file` keeps what
+/// the calls reuse: the memory file sendfile sends from (created on first
+/// use) and the peers sendto names.
 pub fn send_with(
     socket: &UdpSocket,
     call: SendCall,

@@ -733,6 +733,20 @@ mod tests {
         assert_eq!(widen_by_runs(c, &[100.0], 0.99), c);
     }
 
+    /// A change of a p99 from 27 µs to `p99` ns, with a bootstrap interval
+    /// that sees only the packets (±1 µs of the baseline).
+    fn against_27us(p99: f64) -> Change {
+        Change {
+            base: 27_000.0,
+            cand: p99,
+            rel: p99 / 27_000.0 - 1.0,
+            low: p99 / 28_000.0 - 1.0,
+            high: p99 / 26_000.0 - 1.0,
+            abs_low: p99 - 28_000.0,
+            abs_high: p99 - 26_000.0,
+        }
+    }
+
     #[test]
     fn a_candidate_stalled_in_some_blocks_is_no_regression_against_a_pooled_baseline() {
         // Ten blocks of 1 000 packets at 10 µs, a 1.5 ms stall in one of
@@ -754,17 +768,8 @@ mod tests {
         let run = summarize(&mut all);
         let p99 = at_level(&levels, &run, 0.99);
         assert!(p99 > 1_000_000.0, "{p99}");
-        // The pooled baseline's p99 at 27 µs, its runs within ±2 µs, and a
-        // bootstrap interval that sees only the packets.
-        let c = Change {
-            base: 27_000.0,
-            cand: p99,
-            rel: p99 / 27_000.0 - 1.0,
-            low: p99 / 28_000.0 - 1.0,
-            high: p99 / 26_000.0 - 1.0,
-            abs_low: p99 - 28_000.0,
-            abs_high: p99 - 26_000.0,
-        };
+        // The pooled baseline's p99 at 27 µs, its runs within ±2 µs.
+        let c = against_27us(p99);
         let c = widen_by_runs(c, &[25_000.0, 27_000.0, 29_000.0, 26_000.0, 28_000.0], 0.99);
         assert!(c.abs_low > 0.0, "the packets and runs alone call it worse");
         let noise = block_noise(&levels, &run, &block_grid(), &blocks, 0.99);
@@ -782,15 +787,7 @@ mod tests {
         }
         let run = summarize(&mut all);
         let p99 = at_level(&levels, &run, 0.99);
-        let c = Change {
-            base: 27_000.0,
-            cand: p99,
-            rel: p99 / 27_000.0 - 1.0,
-            low: p99 / 28_000.0 - 1.0,
-            high: p99 / 26_000.0 - 1.0,
-            abs_low: p99 - 28_000.0,
-            abs_high: p99 - 26_000.0,
-        };
+        let c = against_27us(p99);
         let noise = block_noise(&levels, &run, &block_grid(), &blocks, 0.99);
         let w = widen_by_candidate_blocks(c, noise, 0.99);
         assert!(
