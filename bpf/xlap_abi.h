@@ -151,7 +151,22 @@ struct xlap_config {
   __u16 tunnel_ports[XLAP_TUNNEL_PORTS]; /* host order, 0 = unused */
   /* Kernel points not written (bit = point id; --points): 0 writes all. */
   __u32 points_off;
+  /* --sample 1/N: a datagram is stamped when XLAP_SAMPLE_HASH(seq) <
+   * sample_below (2^32 / N); 0 stamps every datagram. */
+  __u32 sample_below;
+  /* --sample-kinds: bit k set = datagrams of kind k are sampled, the
+   * others all stamped; 0 = every kind is sampled. */
+  __u64 sample_kinds;
 };
+
+/* The sample a datagram belongs to, from its seq alone (Fibonacci hashing:
+ * consecutive seqs spread evenly over the range), so that recorders on two
+ * hosts keep the same datagrams without talking to each other. The
+ * recorder computes the same (xlap_records::sample) for the markers it
+ * reads from shared memory. */
+#define XLAP_SAMPLE_HASH_MUL 0x9E3779B97F4A7C15ULL
+#define XLAP_SAMPLE_HASH(seq)                                                  \
+  ((__u32)(((__u64)(seq)*XLAP_SAMPLE_HASH_MUL) >> 32))
 
 /* Value of the traced-socket storage (socket local storage): the socket
  * belongs to a traced process. */

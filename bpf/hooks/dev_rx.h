@@ -62,14 +62,16 @@ static __always_inline void stamp_rx_dev(__u16 point, struct sk_buff *skb) {
     count_loss(point, loss);
     return;
   }
+  if (d.frag == 1)
+    bpf_map_update_elem(&FRAG_RX, &d.frag_key, &id, BPF_ANY);
+  if (got == 1 && !sample_keeps(&id))
+    return; /* outside the run's sample (--sample) */
   struct xl_at at = {.point = point,
                      .ts = now,
                      .hw_ts = sh.hw_ts,
                      .ifindex = dev->ifindex,
                      .queue = skb->queue_mapping};
   emit_all(&at, &id, segs, got);
-  if (d.frag == 1)
-    bpf_map_update_elem(&FRAG_RX, &d.frag_key, &id, BPF_ANY);
 }
 
 SEC("tp_btf/netif_rx")

@@ -28,7 +28,9 @@ struct xl_tx {
                        point */
   __u8 depth;       /* devices it is queued on and not yet sent by */
   __u8 unread_loss; /* why an skb of nseg 0 was not read (xlap_loss) */
-  __u8 _pad[2];
+  __u8 unsampled;   /* one datagram, outside the run's sample (--sample):
+                       its later points look it up and return */
+  __u8 _pad;
 };
 
 /* Where an skb's identity waits between its device points: first a
@@ -133,6 +135,8 @@ static __always_inline void tx_forget(__u64 key, const struct xl_tx *e) {
 static __always_inline void stamp_tx(__u16 point, __u64 key,
                                      const struct xl_tx *e, __u32 ifindex,
                                      __u16 queue, __u32 priority) {
+  if (e->unsampled)
+    return; /* before the clock read: a lookup and a return */
   struct xl_at at = {.point = point,
                      .ts = bpf_ktime_get_ns(),
                      .tid = (__u32)bpf_get_current_pid_tgid(),
@@ -257,7 +261,8 @@ static __always_inline void tx_first_queue(struct sk_buff *skb, __u64 key,
                     .sk = (__u64)skb->sk,
                     .nseg = got,
                     .beyond = beyond,
-                    .depth = 1};
+                    .depth = 1,
+                    .unsampled = got == 1 && !beyond && !sample_keeps(&id)};
   if (got > 1 && segs) {
     if (bpf_map_update_elem(&SKB_SEGS, &key, segs, BPF_ANY) == 0)
       __sync_fetch_and_add(&GSO_PENDING, 1);
@@ -268,7 +273,7 @@ static __always_inline void tx_first_queue(struct sk_buff *skb, __u64 key,
     count_losses(point, XLAP_LOSS_MAP_FULL, got + beyond);
   if (sc)
     send_append(sc, &id, segs, e.nseg, e.beyond);
-  if (iface_allowed(skb->dev)) {
+  if (!e.unsampled && iface_allowed(skb->dev)) {
     struct xl_at at = {.point = point,
                        .ts = bpf_ktime_get_ns(),
                        .tid = (__u32)bpf_get_current_pid_tgid(),

@@ -128,12 +128,18 @@ int on_sock_ingress(struct __sk_buff *ctx) {
   struct xl_queue_scratch *q = bpf_map_lookup_elem(&QUEUE_SCRATCH, &zero);
   if (!q)
     return 1;
+  /* Outside the run's sample (--sample): no stamp, and no wake-up to
+   * follow; the reader's copy still finds it by its place in the queue. */
+  int keep = got > 1 || sample_keeps(&id);
   q->at.point = point;
   q->at.ts = now;
-  emit_all(&q->at, &id, segs, got);
+  if (keep)
+    emit_all(&q->at, &id, segs, got);
   /* The reader's wake-up follows for the last of them. */
   struct xl_rx_last *last = bpf_map_lookup_elem(&RX_LAST, &zero);
-  if (last) {
+  if (last && !keep)
+    last->valid = 0;
+  else if (last) {
     last->id = id;
     if (got > 1 && segs) {
       last->id.seq = segs->seq[(got - 1) & (XLAP_MAX_SEGS - 1)];

@@ -292,6 +292,20 @@ __attribute__((noinline)) __u32 xl_opaque(__u32 v) {
   return v;
 }
 
+/* Whether the run stamps datagram `id` (--sample): every stamp of a
+ * datagram outside the sample is left out, whatever the point, so both
+ * hosts' recorders keep the same datagrams whole. A stamp without a seq
+ * (a foreign-flow marker) is always kept. */
+static __always_inline int sample_keeps(const struct xl_ident *id) {
+  __u32 below = CFG.sample_below;
+  if (!below || !(id->flags & XLAP_FLAG_SEQ_VALID))
+    return 1;
+  __u64 kinds = CFG.sample_kinds;
+  if (kinds && (id->kind >= 64 || !((kinds >> id->kind) & 1)))
+    return 1; /* a kind the sample leaves whole */
+  return XLAP_SAMPLE_HASH(id->seq) < below;
+}
+
 /* Appends one stamp. A global function: the verifier checks it once, not
  * at each of the places (and loop iterations) that stamp. */
 __attribute__((noinline)) int xl_emit(const struct xl_at *at,
@@ -301,6 +315,8 @@ __attribute__((noinline)) int xl_emit(const struct xl_at *at,
   /* A point the run leaves out (--points): its program may still run for
    * what later points need. */
   if (at->point < 32 && (CFG.points_off >> at->point) & 1)
+    return 0;
+  if (!sample_keeps(id))
     return 0;
   __u64 ts = at->ts;
   if (!CFG.per_stamp) {

@@ -43,6 +43,7 @@ mod redundancy;
 mod rotation;
 mod rtp;
 mod run_command;
+mod sampling;
 mod seams;
 mod stage;
 mod stage_partition;

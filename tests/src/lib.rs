@@ -96,6 +96,28 @@ pub fn target_dir() -> PathBuf {
     }
 }
 
+/// `xlap-trace ARGS`, its output whatever its status.
+pub fn xlap_trace<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> std::process::Output {
+    std::process::Command::new(bin("xlap-trace"))
+        .args(args)
+        .output()
+        .expect("run xlap-trace")
+}
+
+/// `xlap-trace ARGS`, which must succeed (its stderr said if not).
+pub fn xlap_trace_ok<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> std::process::Output {
+    let out = xlap_trace(args);
+    assert!(
+        out.status.success(),
+        "xlap-trace {:?}: {}",
+        args.iter()
+            .map(|a| a.as_ref().to_string_lossy())
+            .collect::<Vec<_>>(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
 /// Path of a workspace binary; they are built by `cargo build --workspace`
 /// (the justfile's test recipe does so before `cargo test`). `cargo test`
 /// alone rebuilds the libraries a test links but not the other packages'

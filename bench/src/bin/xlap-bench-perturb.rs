@@ -12,7 +12,8 @@
 //! sampled (the default), on all the time (`--bpf-stats full`, which also
 //! gives the per-program breakdown) and off; and with fewer points
 //! (`--points standard`, `--points minimal`), and at the socket calls
-//! (`--boundary socket-calls`, every point and minimal). Then the rest of
+//! (`--boundary socket-calls`, every point and minimal), and sampled there
+//! (`--sample 1/16`, `1/64`). Then the rest of
 //! the machine: an untraced process's getppid while each tracer runs.
 //!
 //! Prints Markdown (p50/p99/p99.9 half-RTT, their ratios to untraced, the
@@ -50,6 +51,9 @@ enum Tracer {
     Points(&'static str),
     /// `--boundary socket-calls --points SET` (statistics sampled).
     SocketCalls(&'static str),
+    /// `--boundary socket-calls --sample RATE`, every point (statistics
+    /// sampled).
+    Sampled(&'static str),
     /// The `--baseline` binary, with statistics.
     Baseline,
 }
@@ -66,6 +70,8 @@ impl Tracer {
             Tracer::Points(_) => "xlap-trace --points minimal",
             Tracer::SocketCalls("all") => "xlap-trace --boundary socket-calls, every kernel point",
             Tracer::SocketCalls(_) => "xlap-trace --boundary socket-calls --points minimal",
+            Tracer::Sampled("1/16") => "xlap-trace --boundary socket-calls --sample 1/16",
+            Tracer::Sampled(_) => "xlap-trace --boundary socket-calls --sample 1/64",
             Tracer::Baseline => "baseline xlap-trace, every kernel point",
         }
     }
@@ -111,6 +117,8 @@ fn main() -> Result<()> {
         Tracer::Points("minimal"),
         Tracer::SocketCalls("all"),
         Tracer::SocketCalls("minimal"),
+        Tracer::Sampled("1/16"),
+        Tracer::Sampled("1/64"),
     ];
     if baseline.is_some() {
         tracers.push(Tracer::Baseline);
@@ -251,6 +259,7 @@ fn start_tracer(
         Tracer::Xlap { stats } => args.extend(["--bpf-stats", stats]),
         Tracer::Points(set) => args.extend(["--points", set]),
         Tracer::SocketCalls(set) => args.extend(["--boundary", "socket-calls", "--points", set]),
+        Tracer::Sampled(rate) => args.extend(["--boundary", "socket-calls", "--sample", rate]),
         Tracer::Baseline => {}
     }
     let binary = match (tracer, baseline) {

@@ -29,7 +29,9 @@
 //!    reached its final point: no end-to-end latency), `recovered` (delivered by the receiver
 //!    without crossing the wire), `duplicate` (received more than once, with
 //!    the skew of the copies), `reordered` (a later seq arrived before it),
-//!    `retransmitted` (sent more than once), `deadline_missed`.
+//!    `retransmitted` (sent more than once), `deadline_missed`, and
+//!    `sample_weight`, the packets a row stands for in a run recorded with
+//!    `--sample 1/N` (every run of a correlation must have the same sample).
 //!    `priority` is the skb's priority on the sender's wire device (the
 //!    class an htb or prio qdisc takes from SO_PRIORITY).
 //!    The flow's 5-tuple rides along: `src_addr`/`dst_addr` (null where the
@@ -421,10 +423,46 @@ fn build_packets(
     let cols = paths.layout;
     let stage_cols = paths.stages;
     check_point_columns(conn, runs, &cols, &stage_cols)?;
-    write_packets(conn, opts, columns, &cols, &stage_cols)?;
+    let weight = sample_weight(runs)?;
+    write_packets(conn, opts, columns, &cols, &stage_cols, &weight)?;
     mark_untraced(conn, &cols)?;
     mark_partial(conn, &cols)?;
     Ok((cols, paths.conflicts))
+}
+
+/// `sample_weight`'s expression: the runs must share their sample, or the
+/// datagrams one end kept and the other did not would look lost.
+fn sample_weight(runs: &[Run]) -> Result<String> {
+    let sample = &runs[0].meta.options.sample;
+    if let Some(other) = runs.iter().find(|r| &r.meta.options.sample != sample) {
+        let say = |s: &Option<xlap_records::sample::Sample>| {
+            s.as_ref()
+                .map_or("every datagram".to_string(), |s| s.describe())
+        };
+        return Err(AnalyzeError::Input {
+            path: other.dir.display().to_string(),
+            what: format!(
+                "this run stamped {}, the run {} {}: record every end with the same --sample (and --sample-kinds) to correlate them",
+                say(&other.meta.options.sample),
+                runs[0].dir.display(),
+                say(sample)
+            ),
+        });
+    }
+    Ok(match sample {
+        None => "1::UINTEGER".into(),
+        Some(s) if s.kinds.is_empty() => format!("{}::UINTEGER", s.one_in),
+        // A kind-less datagram counts as kind 0, as in the capture.
+        Some(s) => format!(
+            "(CASE WHEN greatest(p.kind, 0) IN ({}) THEN {} ELSE 1 END)::UINTEGER",
+            s.kinds
+                .iter()
+                .map(u32::to_string)
+                .collect::<Vec<_>>()
+                .join(", "),
+            s.one_in
+        ),
+    })
 }
 
 /// The pivot: `pk`, a row per packet with a column per point (its first
@@ -473,6 +511,7 @@ fn write_packets(
     columns: &StampColumns,
     cols: &[(String, String)],
     stage_cols: &[StageColumn],
+    weight: &str,
 ) -> Result<()> {
     let deadline = opts
         .deadline_ns
@@ -536,6 +575,7 @@ fn write_packets(
         ),
         "retransmitted" => "coalesce(sn.sends, 0) > 1".into(),
         "deadline_missed" => deadline.clone(),
+        "sample_weight" => weight.into(),
         other => unreachable!("packets column {other} has no expression"),
     });
     conn.execute_batch(&format!(

@@ -90,7 +90,7 @@ fn input(path: &Path, what: impl Into<String>) -> AnalyzeError {
     }
 }
 
-fn run_dirs_in(dir: &Path) -> Vec<PathBuf> {
+pub(crate) fn run_dirs_in(dir: &Path) -> Vec<PathBuf> {
     let mut out: Vec<PathBuf> = std::fs::read_dir(dir)
         .map(|rd| {
             rd.filter_map(|e| e.ok().map(|e| e.path()))

@@ -11,6 +11,8 @@ use crate::{AnalyzeError, Result};
 use duckdb::Connection;
 use serde::{Deserialize, Serialize};
 use std::path::Path;
+use xlap_records::sample::Sample;
+use xlap_records::tracer_cost::TracerCost;
 
 /// Version of the summary format (bumped on incompatible change).
 pub const SUMMARY_VERSION: u32 = 1;
@@ -83,6 +85,17 @@ pub struct Summary {
     /// The levels of every stage's `blocks_ns`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub block_levels: Vec<f64>,
+    /// `--sample 1/N`: the stages' `packets` are the sampled packets, each
+    /// standing for N (`Sample::weight`). Absent: every datagram was
+    /// stamped, or a pooled baseline's runs were sampled differently (then
+    /// mixed by the packets each stands for).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sample: Option<Sample>,
+    /// What tracing cost (`xlap_records::tracer_cost`): BPF ns per
+    /// datagram, per program, the recorder's CPU; a pooled baseline's
+    /// mean. Absent where the run says nothing of it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tracer: Option<TracerCost>,
     pub stages: Vec<StageSummary>,
 }
 
@@ -159,6 +172,14 @@ impl Summary {
             levels,
             duration_s,
             block_levels,
+            sample: match &meta {
+                Some(m) => m.options.sample.clone(),
+                None => sample_of_runs_in(dir),
+            },
+            tracer: match &meta {
+                Some(m) => TracerCost::of_run(m),
+                None => tracer_cost_of_runs_in(dir),
+            },
             stages,
         })
     }
@@ -345,9 +366,24 @@ impl Summary {
                 continue; // a stage not in every run is not compared
             }
             let packets: u64 = same.iter().map(|t| t.packets).sum();
+            // Mixed by the packets each run's stage stands for: a run
+            // sampled 1/16 weighs its packets 16 times.
+            let weighed: Vec<StageSummary> = parts
+                .iter()
+                .zip(&same)
+                .map(|(part, t)| StageSummary {
+                    packets: t.packets
+                        * part
+                            .sample
+                            .as_ref()
+                            .map_or(1, |x| u64::from(x.weight(u32::try_from(t.kind).ok()))),
+                    ..(*t).clone()
+                })
+                .collect();
+            let weighed: Vec<&StageSummary> = weighed.iter().collect();
             let quantiles_ns = levels
                 .iter()
-                .map(|&p| mixture_quantile(&same, &levels, p))
+                .map(|&p| mixture_quantile(&weighed, &levels, p))
                 .collect();
             // The runs' own grids (a pooled part brings its runs along).
             let runs_ns = same
@@ -387,6 +423,16 @@ impl Summary {
             levels,
             duration_s: parts.iter().filter_map(|s| s.duration_s).reduce(f64::max),
             block_levels: Vec::new(),
+            sample: first
+                .sample
+                .clone()
+                .filter(|s| parts.iter().all(|p| p.sample.as_ref() == Some(s))),
+            tracer: TracerCost::mean(
+                &parts
+                    .iter()
+                    .filter_map(|p| p.tracer.as_ref())
+                    .collect::<Vec<_>>(),
+            ),
             stages,
         })
     }
@@ -401,6 +447,46 @@ impl Summary {
 /// Each stage's quantiles in each of [`BLOCKS`] blocks of its packets in
 /// send order (stages with fewer than [`MIN_BLOCK_PACKETS`] per block keep
 /// none).
+/// The run.json of each run a directory of runs (or a packets file beside
+/// them) holds.
+fn metas_of_runs_in(dir: &Path) -> Vec<xlap_records::run_meta::RunMeta> {
+    crate::dataset::run_dirs_in(session::run_root(dir))
+        .iter()
+        .filter_map(|d| crate::runs::read_meta(&xlap_records::RunDir::new(d).meta()).ok())
+        .collect()
+}
+
+/// Their sample: correlating them required it to be the same.
+fn sample_of_runs_in(dir: &Path) -> Option<Sample> {
+    metas_of_runs_in(dir).first()?.options.sample.clone()
+}
+
+/// Their tracers' cost together: one recorder per host, each with its own
+/// programs and reader, so the BPF figures add up, and so do the CPU
+/// shares.
+fn tracer_cost_of_runs_in(dir: &Path) -> Option<TracerCost> {
+    let costs: Vec<TracerCost> = metas_of_runs_in(dir)
+        .iter()
+        .filter_map(TracerCost::of_run)
+        .collect();
+    let add = |f: &dyn Fn(&TracerCost) -> Option<f64>| {
+        let v: Vec<f64> = costs.iter().filter_map(f).collect();
+        (!v.is_empty()).then(|| v.iter().sum())
+    };
+    let mut programs = std::collections::BTreeMap::new();
+    for c in &costs {
+        for (name, ns) in &c.program_ns_per_datagram {
+            *programs.entry(name.clone()).or_insert(0.0) += ns;
+        }
+    }
+    let cost = TracerCost {
+        bpf_ns_per_datagram: add(&|c| c.bpf_ns_per_datagram),
+        program_ns_per_datagram: programs,
+        recorder_cpu_share: add(&|c| c.recorder_cpu_share),
+    };
+    (cost != TracerCost::default()).then_some(cost)
+}
+
 fn add_blocks(
     conn: &duckdb::Connection,
     levels: &[f64],
@@ -586,13 +672,27 @@ mod tests {
             levels: levels.clone(),
             duration_s: None,
             block_levels: Vec::new(),
+            sample: None,
+            tracer: None,
             stages: vec![st],
         };
         let pooled = Summary::pool(&[sum(a.clone()), sum(b.clone())]).unwrap();
         assert_eq!(
             pooled.stages[0].runs_ns,
-            vec![a.quantiles_ns, b.quantiles_ns]
+            vec![a.quantiles_ns.clone(), b.quantiles_ns.clone()]
         );
         assert_eq!(pooled.stages[0].packets, 400);
+        assert_eq!(pooled.sample, None);
+        // A run sampled 1/3 weighs its 100 packets as 300: an even mixture,
+        // whose median is where the two distributions meet.
+        let sampled = Summary {
+            sample: Sample::parse("1/3", vec![]).unwrap(),
+            ..sum(a.clone())
+        };
+        let pooled = Summary::pool(&[sampled, sum(b.clone())]).unwrap();
+        let median = pooled.stages[0].quantiles_ns[1];
+        assert!((median - 10.0).abs() < 1e-6, "{median}");
+        assert_eq!(pooled.stages[0].packets, 400, "the packets measured");
+        assert_eq!(pooled.sample, None, "sampled differently");
     }
 }

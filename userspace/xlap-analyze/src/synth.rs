@@ -198,6 +198,7 @@ pub fn generate(conn: &Connection, dir: &Path, packets: u64, seed: u32) -> Resul
         "untraced" | "partial" => "false".into(),
         "recovered" | "duplicate" | "reordered" | "retransmitted" => "false".into(),
         "deadline_missed" => format!("coalesce({} - {} > 1000000, false)", d.rx_last, d.tx_first),
+        "sample_weight" => "1".into(),
         other => unreachable!("packets column {other} has no expression"),
     });
     let sql = format!(

@@ -238,6 +238,8 @@ pub struct Settings {
     /// Stamp the send/receive boundary at the socket calls
     /// (`--boundary socket-calls`) rather than at the syscalls.
     pub socket_calls: bool,
+    /// Stamp only the datagrams of this sample (`--sample`).
+    pub sample: Option<xlap_records::sample::Sample>,
 }
 
 /// VXLAN's IANA port and the Linux kernel's historic default.
@@ -256,6 +258,10 @@ impl Capture {
         config.per_stamp = settings.per_stamp as u8;
         config.iface_filter = settings.iface_filter as u8;
         config.points_off = settings.points.off_mask();
+        if let Some(sample) = &settings.sample {
+            config.sample_below = sample.below();
+            config.sample_kinds = sample.kind_bits();
+        }
         if settings.tunnel_ports.len() > config.tunnel_ports.len() {
             return Err(failure(
                 Code::Usage,

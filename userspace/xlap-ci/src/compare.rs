@@ -166,6 +166,19 @@ pub struct Comparison {
     pub deciding: usize,
     pub baseline_runs: Vec<String>,
     pub candidate_runs: Vec<String>,
+    /// `--sample` of each side (`1/16`), absent where every datagram was
+    /// stamped: the box statistics' `packets` are the sampled packets.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub baseline_sample: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub candidate_sample: Option<String>,
+    /// What tracing cost on each side (`summary.json`'s `tracer`): beside
+    /// the protocol's stages, so that a stage grown by the tracer's own
+    /// cost is seen as such.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub baseline_tracer: Option<xlap_records::tracer_cost::TracerCost>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub candidate_tracer: Option<xlap_records::tracer_cost::TracerCost>,
     /// Runs pooled in the baseline; with two or more, their spread widens
     /// every interval (a single-run baseline knows no machine noise).
     pub baseline_run_count: usize,
@@ -182,6 +195,13 @@ pub struct Comparison {
     /// each, by the interval's lower end, highest first.
     pub rows: Vec<Row>,
 }
+
+/// A change of the tracer's BPF time per datagram that is only noise: it
+/// has no distribution to test, and unchanged runs of the example protocol
+/// differ by up to ×1.13 here (the statistics' windows see different
+/// moments, and the figure includes the calls filtered out for the rest of
+/// the machine). Growth beyond half is noted.
+const TRACER_COST_NOISE: f64 = 0.5;
 
 /// Why a metric whose interval clears the allowed regression is not
 /// called one.
@@ -454,6 +474,30 @@ pub fn compare(
             "the summaries have no blocks (written by an older xlap-trace): the intervals hold the packets' sampling noise only; pool baseline runs to account for the machine's".into(),
         ),
     }
+    let (base_sample, cand_sample) = (
+        base.sample.as_ref().map(|s| s.describe()),
+        cand.sample.as_ref().map(|s| s.describe()),
+    );
+    if base_sample != cand_sample {
+        let say = |s: &Option<String>| {
+            s.as_ref()
+                .map_or("every datagram".to_string(), |s| format!("sampled {s}"))
+        };
+        notes.push(format!(
+            "the baseline is {} and the candidate {}: quantiles compare alike, packet counts do not (each sampled packet stands for N)",
+            say(&base_sample),
+            say(&cand_sample)
+        ));
+    }
+    let bpf = |s: &Summary| s.tracer.as_ref().and_then(|t| t.bpf_ns_per_datagram);
+    if let (Some(b), Some(c)) = (bpf(base), bpf(cand)) {
+        if b > 0.0 && c > b * (1.0 + max_regression.max(TRACER_COST_NOISE)) {
+            notes.push(format!(
+                "tracing itself got dearer: the capture's BPF time per datagram went from {b:.0} to {c:.0} ns (×{:.2}); on a path that runs on one CPU that much of a stage's growth is the tracer's",
+                c / b
+            ));
+        }
+    }
     Ok(Comparison {
         format_version: 1,
         verdict: overall,
@@ -464,6 +508,10 @@ pub fn compare(
         deciding,
         baseline_runs: base.runs.clone(),
         candidate_runs: cand.runs.clone(),
+        baseline_sample: base_sample,
+        candidate_sample: cand_sample,
+        baseline_tracer: base.tracer.clone(),
+        candidate_tracer: cand.tracer.clone(),
         baseline_run_count: base
             .stages
             .iter()
@@ -536,5 +584,57 @@ mod tests {
         assert_eq!(parse_fraction("5%"), Ok(0.05));
         assert_eq!(parse_fraction("0.1"), Ok(0.1));
         assert!(parse_fraction("x").is_err());
+    }
+
+    fn traced_at(bpf_ns: f64) -> Summary {
+        let levels = super::super::summary::grid();
+        let quantiles_ns = levels.iter().map(|p| 10_000.0 + 1_000.0 * p).collect();
+        Summary {
+            summary_version: super::super::summary::SUMMARY_VERSION,
+            runs: vec!["r".into()],
+            hosts: Vec::new(),
+            kernels: Vec::new(),
+            stamps: 0,
+            lost: 0,
+            bpf_ns_per_stamp: None,
+            levels,
+            duration_s: Some(10.0),
+            block_levels: Vec::new(),
+            sample: None,
+            tracer: Some(xlap_records::tracer_cost::TracerCost {
+                bpf_ns_per_datagram: Some(bpf_ns),
+                recorder_cpu_share: Some(0.02),
+                ..Default::default()
+            }),
+            stages: vec![StageSummary {
+                stage: "e2e".into(),
+                side: String::new(),
+                position: 0,
+                kind: 1,
+                packets: 10_000,
+                quantiles_ns,
+                runs_ns: Vec::new(),
+                blocks_ns: Vec::new(),
+            }],
+        }
+    }
+
+    #[test]
+    fn the_tracers_cost_is_shown_and_a_much_dearer_tracer_is_noted() {
+        let th = Thresholds {
+            max_regression: 0.1,
+            min_change_ns: 20_000.0,
+            confidence: 0.99,
+        };
+        let dearer = |c: &Comparison| c.notes.iter().any(|n| n.contains("got dearer"));
+        let noise = compare(&traced_at(4_662.0), &traced_at(5_245.0), &[], th).unwrap();
+        assert!(!dearer(&noise), "{:?}", noise.notes);
+        let text = super::super::render::markdown(&noise);
+        assert!(
+            text.contains("Tracer cost (baseline → candidate): BPF 4662 → 5245 ns per datagram, recorder 2.0 % → 2.0 % of a CPU."),
+            "{text}"
+        );
+        let worse = compare(&traced_at(2_000.0), &traced_at(3_100.0), &[], th).unwrap();
+        assert!(dearer(&worse), "{:?}", worse.notes);
     }
 }

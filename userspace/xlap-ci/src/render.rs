@@ -107,6 +107,17 @@ pub fn table(c: &Comparison) -> String {
         if c.baseline_run_count == 1 { "" } else { "s" },
         noise_text(c.noise)
     );
+    for (side, sample) in [
+        ("baseline", &c.baseline_sample),
+        ("candidate", &c.candidate_sample),
+    ] {
+        if let Some(s) = sample {
+            let _ = writeln!(out, "{side} sampled {s}");
+        }
+    }
+    if let Some(line) = tracer_line(c) {
+        let _ = writeln!(out, "{line}");
+    }
     if !c.not_compared.is_empty() {
         let _ = writeln!(out, "not in the candidate: {}", c.not_compared.join(", "));
     }
@@ -173,15 +184,26 @@ pub fn markdown(c: &Comparison) -> String {
             boxes(&r.candidate)
         );
     }
+    let base_sample = c
+        .baseline_sample
+        .as_ref()
+        .map_or(String::new(), |s| format!(", sampled {s}"));
+    let cand_sample = c
+        .candidate_sample
+        .as_ref()
+        .map_or(String::new(), |s| format!(" (sampled {s})"));
     let _ = writeln!(
         out,
-        "\nBaseline: {} ({} run{}). Candidate: {}. Intervals {}.",
+        "\nBaseline: {} ({} run{}{base_sample}). Candidate: {}{cand_sample}. Intervals {}.",
         c.baseline_runs.join(", "),
         c.baseline_run_count,
         if c.baseline_run_count == 1 { "" } else { "s" },
         c.candidate_runs.join(", "),
         noise_text(c.noise)
     );
+    if let Some(line) = tracer_line(c) {
+        let _ = writeln!(out, "\n{line}");
+    }
     if !c.not_compared.is_empty() {
         let _ = writeln!(
             out,
@@ -193,6 +215,30 @@ pub fn markdown(c: &Comparison) -> String {
         let _ = writeln!(out, "\n> {n}");
     }
     out
+}
+
+/// The tracer's own cost on both sides, where the summaries carry it.
+fn tracer_line(c: &Comparison) -> Option<String> {
+    let (b, k) = (c.baseline_tracer.as_ref(), c.candidate_tracer.as_ref());
+    let pair = |f: &dyn Fn(&xlap_records::tracer_cost::TracerCost) -> Option<f64>,
+                show: &dyn Fn(f64) -> String| {
+        let (x, y) = (b.and_then(f), k.and_then(f));
+        (x.is_some() || y.is_some()).then(|| {
+            let say = |v: Option<f64>| v.map_or("?".to_string(), show);
+            format!("{} → {}", say(x), say(y))
+        })
+    };
+    let mut parts = Vec::new();
+    if let Some(p) = pair(&|t| t.bpf_ns_per_datagram, &|v| format!("{v:.0}")) {
+        parts.push(format!("BPF {p} ns per datagram"));
+    }
+    if let Some(p) = pair(&|t| t.recorder_cpu_share, &|v| {
+        format!("{:.1} %", v * 100.0)
+    }) {
+        parts.push(format!("recorder {p} of a CPU"));
+    }
+    (!parts.is_empty())
+        .then(|| format!("Tracer cost (baseline → candidate): {}.", parts.join(", ")))
 }
 
 fn xml_escape(s: &str) -> String {

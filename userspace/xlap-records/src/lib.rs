@@ -5,9 +5,11 @@
 pub mod points;
 pub mod run_dir;
 pub mod run_meta;
+pub mod sample;
 pub mod schema;
 pub mod stages;
 pub mod stamp;
+pub mod tracer_cost;
 pub mod writer;
 
 pub use points::{Layer, PointInfo, Side};

@@ -302,6 +302,10 @@ pub struct RunOptions {
     /// were asked for on a kernel without what they need.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub boundary: Option<String>,
+    /// `--sample 1/N`: the run stamped only the datagrams whose seq hashes
+    /// into its sample (`xlap_records::sample`); absent: every datagram.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sample: Option<crate::sample::Sample>,
     #[serde(default)]
     pub duration_s: Option<f64>,
     #[serde(default)]

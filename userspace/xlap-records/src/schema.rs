@@ -124,6 +124,10 @@ pub fn packets_flags() -> Vec<Field> {
         Field::new("reordered", DataType::Boolean, true),
         Field::new("retransmitted", DataType::Boolean, true),
         Field::new("deadline_missed", DataType::Boolean, true),
+        // The packets this row stands for: N in a run recorded with
+        // `--sample 1/N` (for the kinds sampled), else 1. Counts scale by
+        // it (`sum(sample_weight)`); quantiles need no weight.
+        Field::new("sample_weight", DataType::UInt32, true),
     ]
 }
 

@@ -509,6 +509,16 @@ pub struct RecordArgs {
     /// 6.12)
     #[arg(long, value_enum, value_name = "AT", default_value = "syscalls")]
     pub boundary: BoundaryArg,
+    /// Stamp one datagram in N, chosen by a hash of its seq, so recorders
+    /// on both hosts keep the same datagrams, each with every point; the
+    /// others cost each later point a lookup (run.json and the packets
+    /// table's sample_weight say the rate)
+    #[arg(long, value_name = "1/N")]
+    pub sample: Option<String>,
+    /// Sample only these kinds (numbers, or names of the layout's kinds,
+    /// separated by commas); datagrams of other kinds are all stamped
+    #[arg(long, value_name = "KINDS", requires = "sample", value_delimiter = ',')]
+    pub sample_kinds: Vec<String>,
     /// When the kernel times BPF programs, for the run's own cost figures:
     /// sampled (100 ms of every second), full (exact run counts) or off
     /// (the timing costs every BPF program of the machine two clock reads

@@ -214,9 +214,16 @@ pub struct LiveView {
     /// packets table names them.
     app_both: Vec<u16>,
     app_side: FastMap<u16, usize>,
+    /// `--sample 1/N`: "1/16", said in the view and the metrics.
+    sample: Option<(u32, String)>,
 }
 
 impl LiveView {
+    /// The run's sample (`--sample`): the view and the metrics say it.
+    pub fn set_sample(&mut self, sample: Option<&xlap_records::sample::Sample>) {
+        self.sample = sample.map(|s| (s.one_in, s.describe()));
+    }
+
     /// The app point names when points were added during the run.
     pub fn set_app_names(&mut self, app_names: Vec<String>) {
         self.app_names = app_names;
@@ -255,6 +262,7 @@ impl LiveView {
             orders: FastMap::default(),
             app_both: Vec::new(),
             app_side: FastMap::default(),
+            sample: None,
         })
     }
 
@@ -519,9 +527,15 @@ impl LiveView {
             self.window_start = Instant::now();
         }
         if let Some(m) = &self.metrics {
-            let text = openmetrics(&self.total, self.stamps, self.packets, losses, &|k| {
-                self.stage_name(k)
-            });
+            let one_in = self.sample.as_ref().map_or(1, |s| s.0);
+            let text = openmetrics(
+                &self.total,
+                self.stamps,
+                self.packets,
+                one_in,
+                losses,
+                &|k| self.stage_name(k),
+            );
             if let Ok(mut slot) = m.lock() {
                 *slot = text;
             }
@@ -554,8 +568,11 @@ impl LiveView {
         let lost: u64 = losses.iter().map(|(_, n)| n).sum();
         let _ = writeln!(
             s,
-            "xlap-trace live  {:.0} s  stamps {} ({:.0}/s)  packets {} ({:.0}/s)  pending {}  lost {}{}",
+            "xlap-trace live  {:.0} s{}  stamps {} ({:.0}/s)  packets {} ({:.0}/s)  pending {}  lost {}{}",
             self.started.elapsed().as_secs_f64(),
+            self.sample
+                .as_ref()
+                .map_or(String::new(), |s| format!("  sampled {}", s.1)),
             self.stamps,
             stamp_rate,
             self.packets,
@@ -636,10 +653,12 @@ fn openmetrics(
     stats: &Stats,
     stamps: u64,
     packets: u64,
+    sample_one_in: u32,
     losses: &[(&str, u64)],
     name: &dyn Fn(StageKey) -> String,
 ) -> String {
     let mut s = String::new();
+    let _ = writeln!(s, "# TYPE xlap_sample_one_in gauge\n# HELP xlap_sample_one_in Packets each recorded packet stands for (--sample 1/N; 1: every datagram): counts and histogram counts scale by it.\nxlap_sample_one_in {sample_one_in}");
     let _ = writeln!(s, "# TYPE xlap_stamps counter\n# HELP xlap_stamps Stamps recorded.\nxlap_stamps_total {stamps}");
     let _ = writeln!(s, "# TYPE xlap_packets counter\n# HELP xlap_packets Packets completed (two or more stamps).\nxlap_packets_total {packets}");
     let _ = writeln!(s, "# TYPE xlap_lost_stamps counter\n# HELP xlap_lost_stamps Stamps the tracer lost, by reason.");
@@ -827,6 +846,7 @@ mod tests {
             &v.total,
             v.stamps,
             v.packets,
+            16,
             &[("ringbuf_full", 0)],
             &|k| v.stage_name(k),
         );
@@ -834,6 +854,7 @@ mod tests {
             text.contains("xlap_latency_seconds_count{kind=\"1\",stage=\"e2e\"} 100"),
             "{text}"
         );
+        assert!(text.contains("\nxlap_sample_one_in 16\n"), "{text}");
         assert!(text.ends_with("# EOF\n"));
     }
 }

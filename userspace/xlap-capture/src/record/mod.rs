@@ -89,8 +89,25 @@ pub fn print_summary(meta: &RunMeta, dir: &std::path::Path) {
         "packets: {}  stamps: {}  lost: {}",
         meta.packets, meta.stamps, meta.lost
     );
+    if let Some(s) = &meta.options.sample {
+        println!(
+            "sampled {}: the datagrams whose seq hashes into the sample, about {} packets in all",
+            s.describe(),
+            meta.packets.saturating_mul(u64::from(s.one_in))
+        );
+    }
     if let Some(ns) = meta.bpf_ns_per_stamp {
         println!("BPF run time per stamp: {ns:.0} ns (all programs, filtered calls included)");
+    }
+    if let Some(cost) = xlap_records::tracer_cost::TracerCost::of_run(meta) {
+        let mut parts = Vec::new();
+        if let Some(ns) = cost.bpf_ns_per_datagram {
+            parts.push(format!("BPF {ns:.0} ns per datagram"));
+        }
+        if let Some(share) = cost.recorder_cpu_share {
+            parts.push(format!("the recorder {:.1} % of a CPU", share * 100.0));
+        }
+        println!("tracer cost: {}", parts.join(", "));
     }
     match &meta.segment {
         // The segments' live streams are gone once their Parquet is whole.

@@ -57,6 +57,8 @@ pub struct RecordOptions {
     /// Stamp the send/receive boundary at the socket calls rather than at
     /// the syscalls (which cost every syscall of the machine).
     pub socket_calls: bool,
+    /// Stamp only the datagrams of this sample (`--sample 1/N`).
+    pub sample: Option<xlap_records::sample::Sample>,
     /// When the kernel times BPF programs.
     pub stats_mode: StatsMode,
     /// Print only the summary.
@@ -101,6 +103,7 @@ impl Default for RecordOptions {
             full_priority: false,
             per_stamp_records: false,
             socket_calls: false,
+            sample: None,
             stats_mode: StatsMode::Sampled,
             quiet: false,
             live: false,

@@ -7,6 +7,8 @@ use std::process::ExitCode;
 use xlap_analyze::finish::{finish_run, FinishOptions};
 use xlap_capture::proto::{self, Layout, Layouts};
 use xlap_capture::record::{self, RecordOptions, StatsMode};
+use xlap_exit::{failure, Code};
+use xlap_records::sample::Sample;
 
 impl TryFrom<&RecordArgs> for RecordOptions {
     type Error = anyhow::Error;
@@ -17,6 +19,7 @@ impl TryFrom<&RecordArgs> for RecordOptions {
             ports: a.port_layouts.clone(),
         };
         layouts.to_abi()?; // the limits, checked before anything starts
+        let sample = sample(a, &layouts.default)?;
         Ok(RecordOptions {
             pids: a.pids.clone(),
             started_here: a.started_here,
@@ -38,6 +41,7 @@ impl TryFrom<&RecordArgs> for RecordOptions {
             full_priority: a.full_priority,
             per_stamp_records: a.per_stamp_records,
             socket_calls: a.boundary == crate::cli::BoundaryArg::SocketCalls,
+            sample,
             stats_mode: match (a.no_bpf_stats, a.bpf_stats) {
                 (true, _) | (false, BpfStats::Off) => StatsMode::Off,
                 (false, BpfStats::Sampled) => StatsMode::Sampled,
@@ -52,6 +56,44 @@ impl TryFrom<&RecordArgs> for RecordOptions {
             deadline_ms: a.deadline_ms,
         })
     }
+}
+
+/// `--sample` and `--sample-kinds`: kinds by number or by the default
+/// layout's names.
+fn sample(a: &RecordArgs, layout: &Layout) -> Result<Option<Sample>> {
+    let Some(rate) = &a.sample else {
+        return Ok(None);
+    };
+    if !a.sample_kinds.is_empty() && layout.kind_size == 0 {
+        return Err(failure(
+            Code::Usage,
+            "--sample-kinds needs a layout with a kind field (--proto, or --kind-offset and --kind-size)",
+        ));
+    }
+    let mut kinds = Vec::new();
+    for k in &a.sample_kinds {
+        let named = layout.kind_names.iter().find(|(_, name)| name == k);
+        let kind = match (named, k.parse::<u32>()) {
+            (Some((kind, _)), _) => *kind as u32,
+            (None, Ok(kind)) => kind,
+            (None, Err(_)) => {
+                let names: Vec<&str> = layout.kind_names.iter().map(|(_, n)| *n).collect();
+                return Err(failure(
+                    Code::Usage,
+                    format!(
+                        "--sample-kinds: {k:?} is neither a number nor a kind of the layout ({})",
+                        if names.is_empty() {
+                            "it names none".to_string()
+                        } else {
+                            names.join(", ")
+                        }
+                    ),
+                ));
+            }
+        };
+        kinds.push(kind);
+    }
+    Sample::parse(rate, kinds).map_err(|e| failure(Code::Usage, e))
 }
 
 /// The preset, with any explicit field options applied over it. A layout

@@ -175,6 +175,9 @@ struct Sink {
     stats: StatsSampler,
     /// `--live` / `--metrics`.
     view: Option<LiveView>,
+    /// `--sample`: markers read from a process's ring are filtered here
+    /// (the BPF side filters the rest).
+    sample: Option<xlap_records::sample::Sample>,
 }
 
 impl Sink {
@@ -188,6 +191,16 @@ impl Sink {
     }
 
     fn take(&mut self, raw: &xlap_stamp) {
+        if let Some(sample) = &self.sample {
+            if raw.point >= xlap_point::XLAP_POINT_APP_BASE as u16
+                && raw.flags & xlap_abi::XLAP_FLAG_SEQ_VALID as u8 != 0
+            {
+                let kind = (raw.flags & xlap_abi::XLAP_FLAG_KIND as u8 != 0).then_some(raw.kind);
+                if !sample.keeps(raw.seq, kind) {
+                    return;
+                }
+            }
+        }
         let stamp = Stamp::decode(raw);
         if self.foreign.note(&stamp) {
             return;
@@ -239,6 +252,7 @@ impl RunInfo {
             ringbuf_bytes: Some(plan.ringbuf_bytes),
             per_stamp_records: args.per_stamp_records,
             boundary: meta.options.boundary.clone(),
+            sample: args.sample.clone(),
             duration_s: args.duration,
             count: args.count,
             exited: following

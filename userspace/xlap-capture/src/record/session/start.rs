@@ -20,6 +20,7 @@ impl Session {
             iface_filter: !args.ifaces.is_empty(),
             hold_at_exec: plan.holds(),
             socket_calls: args.socket_calls,
+            sample: args.sample.clone(),
         })?;
         if !args.ifaces.is_empty() {
             let devices = crate::ifaces::resolve(&args.pids, &args.ifaces)?;
@@ -114,6 +115,10 @@ impl Session {
                     args.live,
                     args.metrics,
                 )
+                .map(|mut v| {
+                    v.set_sample(args.sample.as_ref());
+                    v
+                })
             })
             .transpose()?;
         let meta = initial_meta(
@@ -145,6 +150,7 @@ impl Session {
                 foreign: ForeignFlows::default(),
                 stats: StatsSampler::start(args.stats_mode),
                 view,
+                sample: args.sample.clone(),
             },
             files,
             segments,
@@ -238,6 +244,7 @@ fn initial_meta(
         clock_steps: Vec::new(),
         options: RunOptions {
             boundary: Some(capture.boundary.describe()),
+            sample: args.sample.clone(),
             ..RunOptions::default()
         },
         targets: Vec::new(),
