@@ -58,7 +58,7 @@ fn two_recorders_with_the_same_sample_keep_the_same_datagrams_whole_on_both_host
         &scratch,
         &ExampleOptions {
             count: 8000,
-            period_us: 50,
+            period_us: 100,
             markers: true,
             gated: true,
             ..Default::default()
@@ -143,9 +143,13 @@ fn two_recorders_with_the_same_sample_keep_the_same_datagrams_whole_on_both_host
     };
     let sent_data = data_of(&sent_kept);
     let received_data = data_of(&received_kept);
-    assert_eq!(
-        sent_data, received_data,
-        "nothing dropped: both ends saw the same data packets"
+    // The channel drops nothing, but a loaded machine's receive buffer may:
+    // the receiver's own log says what it got.
+    assert!(
+        received_data.is_subset(&sent_data) && received_data.len() * 100 >= sent_data.len() * 99,
+        "{} of {} sampled data packets received",
+        received_data.len(),
+        sent_data.len()
     );
     for (host, points, expected, meta, names) in [
         ("a", &points_a, &sent_data, &meta_a, SENDER_POINTS),
@@ -170,7 +174,8 @@ fn two_recorders_with_the_same_sample_keep_the_same_datagrams_whole_on_both_host
     }
 
     // The packets table of the two runs: one row per datagram in the
-    // sample, each standing for 16, complete on both ends.
+    // sample, each standing for 16, complete on both ends where it was
+    // received; those not received are the ones it calls lost.
     let packets = scratch.path("runs/packets.parquet");
     xlap_trace_ok(&[
         "correlate".as_ref(),
@@ -184,7 +189,7 @@ fn two_recorders_with_the_same_sample_keep_the_same_datagrams_whole_on_both_host
     let rows: Vec<(u64, u32, bool)> = {
         let mut stmt = conn
             .prepare(&format!(
-                "SELECT seq, sample_weight, e2e_ns IS NOT NULL FROM '{p}' WHERE kind = {data} ORDER BY seq"
+                "SELECT seq, sample_weight, lost FROM '{p}' WHERE kind = {data} ORDER BY seq"
             ))
             .unwrap();
         stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
@@ -201,6 +206,9 @@ fn two_recorders_with_the_same_sample_keep_the_same_datagrams_whole_on_both_host
         rows.iter().all(|r| r.1 == 16),
         "each row stands for 16 packets"
     );
+    let lost: BTreeSet<u64> = rows.iter().filter(|r| r.2).map(|r| r.0).collect();
+    let not_received: BTreeSet<u64> = sent_data.difference(&received_data).copied().collect();
+    assert_eq!(lost, not_received, "lost: sent and never received");
     let cols: Vec<String> = SENDER_POINTS
         .iter()
         .chain(RECEIVER_POINTS)
@@ -210,7 +218,9 @@ fn two_recorders_with_the_same_sample_keep_the_same_datagrams_whole_on_both_host
     for c in &cols {
         let null: i64 = conn
             .query_row(
-                &format!("SELECT count(*) FROM '{p}' WHERE kind = {data} AND {c} IS NULL"),
+                &format!(
+                    "SELECT count(*) FROM '{p}' WHERE kind = {data} AND NOT lost AND {c} IS NULL"
+                ),
                 [],
                 |r| r.get(0),
             )

@@ -14,7 +14,10 @@
 //! (`--points standard`, `--points minimal`), and at the socket calls
 //! (`--boundary socket-calls`, every point and minimal), and sampled there
 //! (`--sample 1/16`, `1/64`). Then the rest of
-//! the machine: an untraced process's getppid while each tracer runs.
+//! the machine: an untraced process's getppid while each tracer runs; and
+//! always-on monitoring (sockperf under-load at a fixed rate, sampled with
+//! metrics and a bounded rotation: the protocol's p50 and the recorder's
+//! CPU).
 //!
 //! Prints Markdown (p50/p99/p99.9 half-RTT, their ratios to untraced, the
 //! message rate ratio, and which capture programs run per round trip at
@@ -144,8 +147,10 @@ fn main() -> Result<()> {
         }
     }
     let machine = machine_syscalls(&stage, &tracers, baseline.as_deref(), rounds)?;
+    let monitoring = monitoring(&stage, rounds, seconds)?;
     let mut report = print_report(&tracers, &mut cells, rounds, seconds);
     report["machine_syscalls"] = machine;
+    report["monitoring"] = monitoring;
     std::fs::create_dir_all("bench-results")?;
     std::fs::write(
         "bench-results/perturbation.json",
@@ -357,6 +362,136 @@ fn machine_syscalls(
         );
     }
     Ok(Value::Array(rows))
+}
+
+/// Always-on monitoring: sockperf under-load across the stage at
+/// MONITOR_MPS requests per second, each answered (twice that many
+/// datagrams), untraced and traced as a production host would be: at the
+/// socket calls, sampled, metrics served, the files a bounded rotation.
+/// The protocol's p50 and the recorder's CPU (its /proc stat over the
+/// load, start-up and the last write left out).
+fn monitoring(stage: &Stage, rounds: u64, seconds: u64) -> Result<Value> {
+    const MONITOR_MPS: u32 = 50_000;
+    let monitor = |sample: &'static str| {
+        let mut args = vec![
+            "--boundary",
+            "socket-calls",
+            "--metrics",
+            "127.0.0.1:0",
+            "--rotate",
+            "16MiB",
+            "--max-size",
+            "64MiB",
+        ];
+        if !sample.is_empty() {
+            args.extend(["--sample", sample]);
+        }
+        args
+    };
+    let configs: [(&str, Option<Vec<&str>>); 4] = [
+        ("untraced", None),
+        ("--sample 1/64 --metrics, rotated", Some(monitor("1/64"))),
+        ("--sample 1/16 --metrics, rotated", Some(monitor("1/16"))),
+        ("every datagram --metrics, rotated", Some(monitor(""))),
+    ];
+    let mut p50s: Vec<Vec<f64>> = vec![Vec::new(); configs.len()];
+    let mut cpu: Vec<Vec<f64>> = vec![Vec::new(); configs.len()];
+    let (a, b) = (stage.host(0), stage.host(1));
+    for round in 0..rounds {
+        for (i, (name, args)) in configs.iter().enumerate() {
+            eprintln!(
+                "xlap-bench-perturb: monitoring at {MONITOR_MPS} requests/s, round {}, {name}",
+                round + 1
+            );
+            let scratch = Scratch::new("bench-monitor");
+            let server = sockperf_server(b, "")?;
+            let start = scratch.path("start");
+            let log = scratch.path("full.csv");
+            let script = format!(
+                "while [ ! -e '{}' ]; do sleep 0.01; done; exec sockperf under-load -i {} -p {PORT} -m 64 --mps {MONITOR_MPS} --reply-every 1 -t {seconds} --full-log '{}'",
+                start.display(),
+                b.ipv4,
+                log.display()
+            );
+            let mut client = KillOnDrop(
+                a.command("sh")
+                    .args(["-c", &script])
+                    .stdin(Stdio::null())
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null())
+                    .spawn()
+                    .context("sockperf client")?,
+            );
+            let mut args: Vec<&str> = args.clone().unwrap_or_default();
+            let recorder = if args.is_empty() {
+                None
+            } else {
+                args.extend([
+                    "--quiet",
+                    "--no-correlate",
+                    "--no-usdt",
+                    "--proto",
+                    "sockperf",
+                ]);
+                Some(Recorder::start(
+                    &[client.0.id(), server.0.id()],
+                    &scratch.path("run"),
+                    &args,
+                ))
+            };
+            let cpu_at = |r: &Option<Recorder>| r.as_ref().map(|r| process_cpu_s(r.child.id()));
+            let (t0, c0) = (Instant::now(), cpu_at(&recorder));
+            std::fs::write(&start, "go")?;
+            let status = client.0.wait()?;
+            if !status.success() {
+                bail!("sockperf under-load failed ({status})");
+            }
+            if let (Some(c0), Some(c1)) = (c0, cpu_at(&recorder)) {
+                cpu[i].push((c1? - c0?) / t0.elapsed().as_secs_f64());
+            }
+            drop(server);
+            if let Some(r) = recorder {
+                r.wait();
+            }
+            let (mut latencies, _, _) = read_full_log(&log)?;
+            latencies.sort_by(f64::total_cmp);
+            p50s[i].push(percentile(&latencies, 0.5));
+        }
+    }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v.get(v.len() / 2).copied()
+    };
+    println!("\n## Always-on monitoring: sockperf under-load, {MONITOR_MPS} requests/s each answered, unpinned, --boundary socket-calls, --metrics, --rotate 16MiB --max-size 64MiB ({rounds} interleaved rounds of {seconds} s)\n");
+    println!("| configuration | p50 µs (median of rounds) | ratio p50 | recorder CPU, share of one core |\n|---|---|---|---|");
+    let base = median(&mut p50s[0]).unwrap_or(f64::NAN);
+    let mut rows = Vec::new();
+    for (i, (name, _)) in configs.iter().enumerate() {
+        let p50 = median(&mut p50s[i]).unwrap_or(f64::NAN);
+        let share = median(&mut cpu[i]);
+        println!(
+            "| {name} | {p50:.1} | {:.2} | {} |",
+            p50 / base,
+            share.map_or(String::new(), |s| format!("{:.1} %", s * 100.0))
+        );
+        rows.push(json!({"configuration": name, "p50_us": p50, "p50_ratio": p50 / base, "recorder_cpu_share": share}));
+    }
+    Ok(Value::Array(rows))
+}
+
+/// CPU seconds (user + system) process `pid` has used so far, all its
+/// threads.
+fn process_cpu_s(pid: u32) -> Result<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    // The fields after the command name, which may hold spaces: utime and
+    // stime are the 14th and 15th of the line.
+    let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: f64 = f.get(11).and_then(|v| v.parse().ok()).unwrap_or(0.0)
+        + f.get(12).and_then(|v| v.parse().ok()).unwrap_or(0.0);
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    Ok(ticks / hz)
 }
 
 /// Starts the DIY script and waits until its probes are attached.
