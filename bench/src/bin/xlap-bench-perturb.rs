@@ -175,23 +175,13 @@ fn one_run(
     let pin = if pinned { "taskset -c 0" } else { "" };
     let server_addr = b.ipv4.to_string();
     let server = sockperf_server(b, pin)?;
-    // The client waits for the start file first.
-    let start = scratch.path("start");
-    let log = scratch.path("full.csv");
-    let script = format!(
-        "while [ ! -e '{}' ]; do sleep 0.01; done; exec {pin} sockperf ping-pong -i {server_addr} -p {PORT} -m 64 --mps=max -t {seconds} --full-log '{}'",
-        start.display(),
-        log.display()
-    );
-    let mut client = KillOnDrop(
-        a.command("sh")
-            .args(["-c", &script])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .context("sockperf client")?,
-    );
+    let (mut client, start, log) = sockperf_client(
+        a,
+        &scratch,
+        &format!(
+            "{pin} sockperf ping-pong -i {server_addr} -p {PORT} -m 64 --mps=max -t {seconds}"
+        ),
+    )?;
     let pids = [client.0.id(), server.0.id()];
     let (diy, recorder) = start_tracer(tracer, &pids, &scratch, baseline)?;
     std::fs::write(&start, "go")?;
@@ -222,6 +212,33 @@ fn one_run(
     cell.seconds += duration;
     cell.latencies_us.extend(latencies);
     Ok(())
+}
+
+/// A sockperf client on host `a` (`command`: what it execs, without its
+/// log), waiting for the start file it returns before it starts, and its
+/// `--full-log` file.
+fn sockperf_client(
+    a: &xlap_stage::Host,
+    scratch: &Scratch,
+    command: &str,
+) -> Result<(KillOnDrop, std::path::PathBuf, std::path::PathBuf)> {
+    let start = scratch.path("start");
+    let log = scratch.path("full.csv");
+    let script = format!(
+        "while [ ! -e '{}' ]; do sleep 0.01; done; exec {command} --full-log '{}'",
+        start.display(),
+        log.display()
+    );
+    let client = KillOnDrop(
+        a.command("sh")
+            .args(["-c", &script])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .context("sockperf client")?,
+    );
+    Ok((client, start, log))
 }
 
 /// A sockperf server on host `b` (`pin`: a taskset prefix or ""), given
@@ -405,23 +422,14 @@ fn monitoring(stage: &Stage, rounds: u64, seconds: u64) -> Result<Value> {
             );
             let scratch = Scratch::new("bench-monitor");
             let server = sockperf_server(b, "")?;
-            let start = scratch.path("start");
-            let log = scratch.path("full.csv");
-            let script = format!(
-                "while [ ! -e '{}' ]; do sleep 0.01; done; exec sockperf under-load -i {} -p {PORT} -m 64 --mps {MONITOR_MPS} --reply-every 1 -t {seconds} --full-log '{}'",
-                start.display(),
-                b.ipv4,
-                log.display()
-            );
-            let mut client = KillOnDrop(
-                a.command("sh")
-                    .args(["-c", &script])
-                    .stdin(Stdio::null())
-                    .stdout(Stdio::null())
-                    .stderr(Stdio::null())
-                    .spawn()
-                    .context("sockperf client")?,
-            );
+            let (mut client, start, log) = sockperf_client(
+                a,
+                &scratch,
+                &format!(
+                    "sockperf under-load -i {} -p {PORT} -m 64 --mps {MONITOR_MPS} --reply-every 1 -t {seconds}",
+                    b.ipv4
+                ),
+            )?;
             let mut args: Vec<&str> = args.clone().unwrap_or_default();
             let recorder = if args.is_empty() {
                 None
