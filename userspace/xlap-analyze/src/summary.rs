@@ -157,6 +157,20 @@ impl Summary {
             path if path.is_file() => Some(crate::runs::read_meta(&path)?),
             _ => None,
         };
+        // A directory of runs (a recorder per host): their sample, which
+        // correlating them required to be one, and their tracers' costs
+        // added up.
+        let (sample, tracer) = match &meta {
+            Some(m) => (m.options.sample.clone(), TracerCost::of_run(m)),
+            None => {
+                let runs = metas_of_runs_in(dir);
+                let costs: Vec<TracerCost> = runs.iter().filter_map(TracerCost::of_run).collect();
+                (
+                    runs.first().and_then(|m| m.options.sample.clone()),
+                    TracerCost::sum(&costs.iter().collect::<Vec<_>>()),
+                )
+            }
+        };
         Ok(Summary {
             summary_version: SUMMARY_VERSION,
             runs: meta.iter().map(|m| m.run_id.clone()).collect(),
@@ -172,14 +186,8 @@ impl Summary {
             levels,
             duration_s,
             block_levels,
-            sample: match &meta {
-                Some(m) => m.options.sample.clone(),
-                None => sample_of_runs_in(dir),
-            },
-            tracer: match &meta {
-                Some(m) => TracerCost::of_run(m),
-                None => tracer_cost_of_runs_in(dir),
-            },
+            sample,
+            tracer,
             stages,
         })
     }
@@ -454,37 +462,6 @@ fn metas_of_runs_in(dir: &Path) -> Vec<xlap_records::run_meta::RunMeta> {
         .iter()
         .filter_map(|d| crate::runs::read_meta(&xlap_records::RunDir::new(d).meta()).ok())
         .collect()
-}
-
-/// Their sample: correlating them required it to be the same.
-fn sample_of_runs_in(dir: &Path) -> Option<Sample> {
-    metas_of_runs_in(dir).first()?.options.sample.clone()
-}
-
-/// Their tracers' cost together: one recorder per host, each with its own
-/// programs and reader, so the BPF figures add up, and so do the CPU
-/// shares.
-fn tracer_cost_of_runs_in(dir: &Path) -> Option<TracerCost> {
-    let costs: Vec<TracerCost> = metas_of_runs_in(dir)
-        .iter()
-        .filter_map(TracerCost::of_run)
-        .collect();
-    let add = |f: &dyn Fn(&TracerCost) -> Option<f64>| {
-        let v: Vec<f64> = costs.iter().filter_map(f).collect();
-        (!v.is_empty()).then(|| v.iter().sum())
-    };
-    let mut programs = std::collections::BTreeMap::new();
-    for c in &costs {
-        for (name, ns) in &c.program_ns_per_datagram {
-            *programs.entry(name.clone()).or_insert(0.0) += ns;
-        }
-    }
-    let cost = TracerCost {
-        bpf_ns_per_datagram: add(&|c| c.bpf_ns_per_datagram),
-        program_ns_per_datagram: programs,
-        recorder_cpu_share: add(&|c| c.recorder_cpu_share),
-    };
-    (cost != TracerCost::default()).then_some(cost)
 }
 
 fn add_blocks(

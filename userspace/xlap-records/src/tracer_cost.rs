@@ -63,9 +63,20 @@ impl TracerCost {
     /// Several runs' costs as one (a pooled baseline): the mean of each
     /// figure over the runs that have it.
     pub fn mean(parts: &[&TracerCost]) -> Option<TracerCost> {
-        let mean = |f: &dyn Fn(&TracerCost) -> Option<f64>| {
+        Self::combine(parts, |v| v.iter().sum::<f64>() / v.len() as f64)
+    }
+
+    /// The runs of one connection, a recorder per host: each end's
+    /// programs and reader are its own, so the figures add up.
+    pub fn sum(parts: &[&TracerCost]) -> Option<TracerCost> {
+        Self::combine(parts, |v| v.iter().sum())
+    }
+
+    /// Each figure of `parts` reduced by `reduce` over the runs that have it.
+    fn combine(parts: &[&TracerCost], reduce: fn(&[f64]) -> f64) -> Option<TracerCost> {
+        let over = |f: &dyn Fn(&TracerCost) -> Option<f64>| {
             let v: Vec<f64> = parts.iter().filter_map(|c| f(c)).collect();
-            (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64)
+            (!v.is_empty()).then(|| reduce(&v))
         };
         let mut programs: BTreeMap<String, Vec<f64>> = BTreeMap::new();
         for c in parts {
@@ -74,12 +85,12 @@ impl TracerCost {
             }
         }
         let cost = TracerCost {
-            bpf_ns_per_datagram: mean(&|c| c.bpf_ns_per_datagram),
+            bpf_ns_per_datagram: over(&|c| c.bpf_ns_per_datagram),
             program_ns_per_datagram: programs
                 .into_iter()
-                .map(|(name, v)| (name, v.iter().sum::<f64>() / v.len() as f64))
+                .map(|(name, v)| (name, reduce(&v)))
                 .collect(),
-            recorder_cpu_share: mean(&|c| c.recorder_cpu_share),
+            recorder_cpu_share: over(&|c| c.recorder_cpu_share),
         };
         (cost != TracerCost::default()).then_some(cost)
     }
@@ -132,6 +143,9 @@ mod tests {
         assert_eq!(sampled.bpf_ns_per_datagram, Some(150.0));
         let pooled = TracerCost::mean(&[&cost, &sampled]).unwrap();
         assert_eq!(pooled.bpf_ns_per_datagram, Some(375.0));
+        let ends = TracerCost::sum(&[&cost, &sampled]).unwrap();
+        assert_eq!(ends.bpf_ns_per_datagram, Some(750.0));
+        assert_eq!(ends.recorder_cpu_share, Some(0.1));
         assert_eq!(TracerCost::of_run(&RunMeta::default()), None);
     }
 }

@@ -90,10 +90,19 @@ pub fn print_summary(meta: &RunMeta, dir: &std::path::Path) {
         meta.packets, meta.stamps, meta.lost
     );
     if let Some(s) = &meta.options.sample {
+        // With --sample-kinds the other kinds were all stamped: no single
+        // factor scales the count.
+        let estimate = if s.kinds.is_empty() {
+            format!(
+                ", about {} packets in all",
+                meta.packets.saturating_mul(u64::from(s.one_in))
+            )
+        } else {
+            String::new()
+        };
         println!(
-            "sampled {}: the datagrams whose seq hashes into the sample, about {} packets in all",
-            s.describe(),
-            meta.packets.saturating_mul(u64::from(s.one_in))
+            "sampled {}: the datagrams whose seq hashes into the sample{estimate}",
+            s.describe()
         );
     }
     if let Some(ns) = meta.bpf_ns_per_stamp {
