@@ -84,8 +84,9 @@ bench-long *ARGS: build
 bench-compare *ARGS: build
     PATH="{{target}}/debug:$PATH" {{python}} bench/compare_verdicts.py {{ARGS}}
 
-# The analysis benchmark: every bundled query (DuckDB) against a pandas
-# re-implementation of X-LAP's notebook on the same 10 M synthetic packets
-# (--quick: 1 M), interleaved rounds; ./run.sh installs pandas in a venv.
+# The analysis benchmark on the same 10 M synthetic packets (--quick: 1 M),
+# interleaved rounds: the default analysis (with and without the run's
+# stored aggregates) against polars, every bundled query against a pandas
+# re-implementation of X-LAP's notebook; ./run.sh installs both in a venv.
 bench-analysis *ARGS: build
     {{target}}/debug/xlap-bench-analysis --python {{python}} {{ARGS}}

@@ -57,13 +57,14 @@ fi
 
 recipe="${1:-demo}"
 [ "$recipe" = setup ] && exit 0
-# The pandas baseline of bench-analysis, from PyPI, outside the system Python.
+# The pandas and polars baselines of bench-analysis, from PyPI, outside the
+# system Python.
 if [ "$recipe" = bench-analysis ]; then
 	venv="${XLAP_CACHE_DIR:-$HOME/.cache/xlap-trace}/venv"
-	if ! "$venv/bin/python" -c 'import pandas, pyarrow' 2>/dev/null; then
-		echo "run.sh: installing pandas and pyarrow into $venv"
+	if ! "$venv/bin/python" -c 'import pandas, pyarrow, polars' 2>/dev/null; then
+		echo "run.sh: installing pandas, pyarrow and polars into $venv"
 		python3 -m venv "$venv"
-		"$venv/bin/pip" install --quiet pandas pyarrow
+		"$venv/bin/pip" install --quiet pandas pyarrow polars
 	fi
 	export XLAP_PYTHON="$venv/bin/python"
 fi

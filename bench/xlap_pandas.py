@@ -12,7 +12,6 @@ to do the same work.
 Usage: xlap_pandas.py RUN_DIR_OR_PACKETS_PARQUET
 """
 import json
-import os
 import sys
 import time
 
@@ -20,24 +19,21 @@ import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 
-TOTALS = ["sender_total_ns", "channel_ns", "receiver_total_ns", "e2e_ns"]
+from anchor import Steps, packets_path, stage_columns
+
 LEVELS = [0.5, 0.7, 0.8, 0.9, 0.95, 0.97, 0.98, 0.99, 0.995, 0.997, 0.998, 0.999,
           0.9995, 0.9998, 0.9999, 0.99995, 0.99998, 0.99999, 0.999995, 0.999998, 0.999999]
 
 
 def main(path):
-    if os.path.isdir(path):
-        path = os.path.join(path, "packets.parquet")
-    steps = {}
-    t_all = time.perf_counter()
-
-    def step(name, t0):
-        steps[name] = round(time.perf_counter() - t0, 3)
+    path = packets_path(path)
+    steps = Steps()
+    step = steps.done
 
     t0 = time.perf_counter()
     # Only what the analyses read (the point columns are not needed).
     names = pq.read_schema(path).names
-    stages = [c for c in names if "__" in c and c.endswith("_ns")] + TOTALS
+    stages = stage_columns(names)
     keys = ["flow", "kind", "seq", "sent_ns", "lost", "recovered", "duplicate", "reordered", "retransmitted"]
     df = pd.read_parquet(path, engine="pyarrow", columns=keys + stages)
     step("read", t0)
@@ -123,8 +119,8 @@ def main(path):
     d.nlargest(5, "e2e_ns")
     step("trace", t0)
 
-    total = round(time.perf_counter() - t_all, 3)
-    print(json.dumps({"seconds": total, "steps": steps, "packets": len(df), "results": results}))
+    total = steps.total()
+    print(json.dumps({"seconds": total, "steps": steps.seconds, "packets": len(df), "results": results}))
 
 
 if __name__ == "__main__":

@@ -12,8 +12,9 @@ WITH w AS (
 )
 SELECT flow, kind, count(gap_ns) AS gaps,
        round(min(gap_ns) / 1e3, 3) AS min_us,
-       round(quantile_cont(gap_ns, 0.01) / 1e3, 3) AS p1_us,
-       round(quantile_cont(gap_ns, 0.5) / 1e3, 3) AS p50_us,
+       -- both quantiles from one aggregate: one copy of the gaps, not two
+       round(quantile_cont(gap_ns, [0.01, 0.5])[1] / 1e3, 3) AS p1_us,
+       round(quantile_cont(gap_ns, [0.01, 0.5])[2] / 1e3, 3) AS p50_us,
        round(max(gap_ns) / 1e3, 3) AS max_us,
        getvariable('bag')::DOUBLE AS bag_us,
        count(*) FILTER (WHERE gap_ns < getvariable('bag') * 1000) AS violations,

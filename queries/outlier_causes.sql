@@ -1,6 +1,6 @@
 -- name: outlier_causes
 -- description: End-to-end outliers (above Q3 + 1.5·IQR of their kind, the threshold shown) and their causes: a stage causes an outlier packet when that stage is itself above its own fence. Frequency of each cause among the outliers (X-LAP §3.3.3); a packet can have several causes, or none.
--- reads: late, late_stages, fences (views.sql, from packets)
+-- reads: late, late_causes, fences (views.sql, from packets)
 -- params: kind = packet kind to keep (default: every kind)
 WITH per_kind AS (
     SELECT f.kind, f.fence AS e2e_fence_ns, count(l.seq) AS e2e_outliers
@@ -8,13 +8,13 @@ WITH per_kind AS (
     WHERE f.stage = 'e2e' GROUP BY ALL
 ), causes AS (
     SELECT kind, stage, side, position, fence AS stage_fence_ns, count(*) AS packets
-    FROM late_stages WHERE above GROUP BY ALL
+    FROM late_causes GROUP BY ALL
 ), uncaused AS (
     SELECT kind, '(no stage above its fence)' AS stage, NULL AS side, 1e9 AS position,
            NULL::DOUBLE AS stage_fence_ns, count(*) AS packets
     FROM late l
-    WHERE NOT EXISTS (SELECT 1 FROM late_stages s
-                      WHERE s.above AND s.flow = l.flow AND s.kind = l.kind AND s.seq = l.seq)
+    WHERE NOT EXISTS (SELECT 1 FROM late_causes s
+                      WHERE s.flow = l.flow AND s.kind = l.kind AND s.seq = l.seq)
     GROUP BY kind
 )
 SELECT c.kind, c.stage AS cause, c.side, c.packets,

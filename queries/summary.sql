@@ -1,6 +1,6 @@
 -- name: summary
 -- description: One screen for one packet kind (default: the most common): packets, rate and losses, then per stage (path order) and total the packet count, p50/p99/max and how often the stage causes an end-to-end outlier.
--- reads: packets, kinds, stage_quantiles, stage_counts, late, late_stages (views.sql)
+-- reads: packets, kinds, stage_quantiles, stage_counts, late, late_causes (views.sql)
 -- params: kind = packet kind to show (default: the most common kind)
 WITH k AS (
     SELECT coalesce(getvariable('kind'), (SELECT mode(kind) FROM packets)) AS kind
@@ -14,8 +14,8 @@ WITH k AS (
 ), l AS (
     SELECT * FROM late WHERE kind = (SELECT kind FROM k)
 ), causes AS (
-    SELECT stage, count(*) AS n FROM late_stages
-    WHERE above AND (kind = (SELECT kind FROM k)) GROUP BY stage
+    SELECT stage, count(*) AS n FROM late_causes
+    WHERE (kind = (SELECT kind FROM k)) GROUP BY stage
 ), per_stage AS (
     SELECT q.stage, q.side, q.position, any_value(q.packets) AS packets,
            max(q.ns) FILTER (WHERE q.p = 0.5) AS p50, max(q.ns) FILTER (WHERE q.p = 0.99) AS p99

@@ -88,51 +88,53 @@ FROM (
 -- end-to-end latency (r, slope, covariance share) and to sequence and
 -- send time (trend), the mean of the first and last tenth of the run.
 -- Plain sums in one scan (the regression aggregates cost three times as
--- much); sums over y, s and t are masked to the rows where the stage has
--- a value, so every statistic pairs complete rows. The variance share is
--- the exception: over every delivered packet, a stage the packet does not
--- have counting 0 (its points were absent, the time is in the stage that
--- spans them), so that the shares of stages partitioning the path sum to 1.
+-- much), grouped by kind, part of the run (first tenth, middle, last
+-- tenth) and which stages the packet lacks: within a group a stage is
+-- present in every row or in none, so the sums over y, s and t that pair
+-- with a stage (only the rows where it has a value) are the group's own,
+-- summed over the groups where the stage is present, not a masked sum per
+-- stage (half the aggregates). The variance share is the exception: over
+-- every delivered packet, a stage the packet does not have counting 0 (its
+-- points were absent, the time is in the stage that spans them), so that
+-- the shares of stages partitioning the path sum to 1.
 CREATE OR REPLACE TEMP TABLE stage_moments AS
 WITH b AS (
     SELECT kind, min(seq) AS s0, min(sent_ns) AS t0, max(sent_ns) - min(sent_ns) AS span
     FROM packets WHERE e2e_ns IS NOT NULL GROUP BY kind
 ), c AS (
-    -- centred regressors keep the sums of products well inside DOUBLE
     SELECT p.kind, (p.seq - b.s0)::DOUBLE AS s, (p.sent_ns - b.t0)::DOUBLE AS t, p.e2e_ns::DOUBLE AS y,
-           (p.sent_ns - b.t0) * 10 <= b.span AS first_tenth, (p.sent_ns - b.t0) * 10 >= 9 * b.span AS last_tenth,
+           CASE WHEN (p.sent_ns - b.t0) * 10 <= b.span THEN 1 WHEN (p.sent_ns - b.t0) * 10 >= 9 * b.span THEN 9 ELSE 5 END AS part,
+           COLUMNS('^(.*__.+|sender_total|channel|receiver_total|e2e)_ns$') IS NULL AS '\1_absent',
            COLUMNS('__.+_ns$|^(sender_total|channel|receiver_total|e2e)_ns$')::DOUBLE
     FROM packets p JOIN b USING (kind) WHERE p.e2e_ns IS NOT NULL
 ), w AS (
-    -- by part of the run (first tenth, middle, last tenth), so the tenths
-    -- need no conditional sums per stage
-    SELECT kind, CASE WHEN first_tenth THEN 1 WHEN last_tenth THEN 9 ELSE 5 END AS part, {
+    SELECT kind, part, COLUMNS('_absent$'),
+           count(*) AS g_n, sum(y) AS g_sy, sum(y * y) AS g_syy, sum(s) AS g_ss, sum(s * s) AS g_sss, sum(t) AS g_st, sum(t * t) AS g_stt,
+           {
         'n': count(COLUMNS('__.+_ns$|^(sender_total|channel|receiver_total|e2e)_ns$')),
         'sx': sum(COLUMNS('__.+_ns$|^(sender_total|channel|receiver_total|e2e)_ns$')), 'sxx': sum(COLUMNS('__.+_ns$|^(sender_total|channel|receiver_total|e2e)_ns$') * COLUMNS('__.+_ns$|^(sender_total|channel|receiver_total|e2e)_ns$')),
-        'sy': sum(y + 0 * COLUMNS('__.+_ns$|^(sender_total|channel|receiver_total|e2e)_ns$')), 'syy': sum(y * y + 0 * COLUMNS('__.+_ns$|^(sender_total|channel|receiver_total|e2e)_ns$')), 'sxy': sum(COLUMNS('__.+_ns$|^(sender_total|channel|receiver_total|e2e)_ns$') * y),
-        'ss': sum(s + 0 * COLUMNS('__.+_ns$|^(sender_total|channel|receiver_total|e2e)_ns$')), 'sss': sum(s * s + 0 * COLUMNS('__.+_ns$|^(sender_total|channel|receiver_total|e2e)_ns$')), 'sxs': sum(COLUMNS('__.+_ns$|^(sender_total|channel|receiver_total|e2e)_ns$') * s),
-        'st': sum(t + 0 * COLUMNS('__.+_ns$|^(sender_total|channel|receiver_total|e2e)_ns$')), 'stt': sum(t * t + 0 * COLUMNS('__.+_ns$|^(sender_total|channel|receiver_total|e2e)_ns$')), 'sxt': sum(COLUMNS('__.+_ns$|^(sender_total|channel|receiver_total|e2e)_ns$') * t),
-        'n0': count(y + 0 * coalesce(COLUMNS('__.+_ns$|^(sender_total|channel|receiver_total|e2e)_ns$'), 0)), 'sx0': sum(coalesce(COLUMNS('__.+_ns$|^(sender_total|channel|receiver_total|e2e)_ns$'), 0)),
-        'sy0': sum(y + 0 * coalesce(COLUMNS('__.+_ns$|^(sender_total|channel|receiver_total|e2e)_ns$'), 0)), 'syy0': sum(y * y + 0 * coalesce(COLUMNS('__.+_ns$|^(sender_total|channel|receiver_total|e2e)_ns$'), 0)),
-        'sx0y': sum(coalesce(COLUMNS('__.+_ns$|^(sender_total|channel|receiver_total|e2e)_ns$'), 0) * y)
+        'sxy': sum(COLUMNS('__.+_ns$|^(sender_total|channel|receiver_total|e2e)_ns$') * y),
+        'sxs': sum(COLUMNS('__.+_ns$|^(sender_total|channel|receiver_total|e2e)_ns$') * s),
+        'sxt': sum(COLUMNS('__.+_ns$|^(sender_total|channel|receiver_total|e2e)_ns$') * t)
     }
     FROM c GROUP BY ALL
 ), u AS (
     SELECT col, kind,
-           sum(m.n) AS n, sum(m.sx) AS sx, sum(m.sxx) AS sxx, sum(m.sy) AS sy, sum(m.syy) AS syy, sum(m.sxy) AS sxy,
-           sum(m.ss) AS ss, sum(m.sss) AS sss, sum(m.sxs) AS sxs, sum(m.st) AS st, sum(m.stt) AS stt, sum(m.sxt) AS sxt,
+           sum(m.n) AS n, sum(m.sx) AS sx, sum(m.sxx) AS sxx, sum(m.sxy) AS sxy, sum(m.sxs) AS sxs, sum(m.sxt) AS sxt,
+           sum(g_sy) FILTER (WHERE m.n > 0) AS sy, sum(g_syy) FILTER (WHERE m.n > 0) AS syy,
+           sum(g_ss) FILTER (WHERE m.n > 0) AS ss, sum(g_sss) FILTER (WHERE m.n > 0) AS sss,
+           sum(g_st) FILTER (WHERE m.n > 0) AS st, sum(g_stt) FILTER (WHERE m.n > 0) AS stt,
            sum(m.n) FILTER (WHERE part = 1) AS n1, sum(m.sx) FILTER (WHERE part = 1) AS sx1,
            sum(m.n) FILTER (WHERE part = 9) AS n9, sum(m.sx) FILTER (WHERE part = 9) AS sx9,
-           sum(m.n0) AS n0, sum(m.sx0) AS sx0, sum(m.sy0) AS sy0, sum(m.syy0) AS syy0, sum(m.sx0y) AS sx0y
-    FROM (UNPIVOT w ON COLUMNS(* EXCLUDE (kind, part)) INTO NAME col VALUE m)
+           sum(g_n) AS n0, coalesce(sum(m.sx), 0) AS sx0, sum(g_sy) AS sy0, sum(g_syy) AS syy0, coalesce(sum(m.sxy), 0) AS sx0y
+    FROM (UNPIVOT w ON COLUMNS('__.+_ns$|^(sender_total|channel|receiver_total|e2e)_ns$') INTO NAME col VALUE m)
     GROUP BY col, kind
 ), d AS (
-    -- centred sums of squares and products
     SELECT *, sxx - sx * sx / n AS cxx, syy - sy * sy / n AS cyy, sxy - sx * sy / n AS cxy,
            sss - ss * ss / n AS css, sxs - sx * ss / n AS cxs, stt - st * st / n AS ctt, sxt - sx * st / n AS cxt
     FROM u WHERE n > 0
 )
-SELECT c.stage, c.side, c.position, d.kind, d.n,
+SELECT c.stage, c.side, c.position, d.kind, d.n::BIGINT AS n,
        sx / n AS mean,
        CASE WHEN n > 1 THEN sqrt(greatest(cxx, 0) / (n - 1)) END AS stddev,
        cxy / nullif(sqrt(cxx * cyy), 0) AS r,
@@ -155,13 +157,21 @@ SELECT p.flow, p.kind, p.seq, p.e2e_ns, f.fence
 FROM packets p JOIN fences f ON f.stage = 'e2e' AND f.kind = p.kind
 WHERE p.e2e_ns > f.fence;
 
-CREATE OR REPLACE TEMP TABLE late_stages AS
+-- late_stages: the same packets as late (found by the fence, not by
+-- joining late's keys back to every packet); a view, since the bundled
+-- queries need only its rows above their fence (late_causes: an eighth
+-- of them on a synthetic run of 10 M packets), and materialising every
+-- row cost more than finding the causes.
+CREATE OR REPLACE TEMP VIEW late_stages AS
 SELECT s.flow, s.kind, s.seq, c.stage, c.side, c.position, s.ns, f.fence, s.ns > f.fence AS above
 FROM (
     UNPIVOT (SELECT flow, kind, seq, COLUMNS('__.+_ns$|^channel_ns$')
-             FROM packets p SEMI JOIN late l ON p.flow = l.flow AND p.kind = l.kind AND p.seq = l.seq)
+             FROM packets p SEMI JOIN fences e ON e.stage = 'e2e' AND e.kind = p.kind AND p.e2e_ns > e.fence)
     ON COLUMNS(* EXCLUDE (flow, kind, seq)) INTO NAME col VALUE ns
 ) s
 JOIN stage_columns c USING (col)
 JOIN fences f ON f.stage = c.stage AND f.kind = s.kind
 WHERE c.side IN ('tx', 'channel', 'rx');
+
+CREATE OR REPLACE TEMP TABLE late_causes AS
+SELECT * EXCLUDE (above) FROM late_stages WHERE above;

@@ -475,6 +475,117 @@ fn sql_runs_statements_from_the_command_line_and_stdin() {
     assert!(text.contains("top\n1999\n"), "{text}");
 }
 
+/// Every bundled query's rows on `run` (`-q all`, JSON), and what
+/// analyze said on stderr.
+fn all_queries(run: &Path, extra: &[&str]) -> (Value, String) {
+    let mut args = vec!["analyze", run.to_str().unwrap(), "-q", "all", "-f", "json"];
+    args.extend_from_slice(extra);
+    let out = xlap(&args);
+    let text = stdout(&out);
+    (
+        serde_json::from_str(&text).expect("JSON output"),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Whether two query outputs agree: the same rows, keys, types and text;
+/// numbers up to the last rounded digit (the engine's threads add floating
+/// sums in no fixed order, so two computations of the same table may
+/// differ there).
+fn agree(a: &Value, b: &Value) -> bool {
+    match (a, b) {
+        (Value::Number(x), Value::Number(y)) => {
+            let (x_float, y_float) = (x.is_f64(), y.is_f64());
+            let (x, y) = (x.as_f64().unwrap(), y.as_f64().unwrap());
+            x_float == y_float && (x - y).abs() <= 1e-3 + 1e-9 * x.abs().max(y.abs())
+        }
+        (Value::Array(x), Value::Array(y)) => {
+            x.len() == y.len() && x.iter().zip(y).all(|(x, y)| agree(x, y))
+        }
+        (Value::Object(x), Value::Object(y)) => {
+            x.len() == y.len() && x.iter().all(|(k, v)| y.get(k).is_some_and(|w| agree(v, w)))
+        }
+        _ => a == b,
+    }
+}
+
+/// The per-run aggregates `synth` (like `record` and `correlate`) keeps
+/// beside the packets give every analysis exactly what the packets give
+/// without them, and they are read only for the packets they were made
+/// from: stale or broken ones are said and left aside.
+#[test]
+fn stored_aggregates_give_the_analyses_of_the_packets_themselves() {
+    let _guard = xlap_tests::unprivileged();
+    let scratch = Scratch::new("stored");
+    let synth = |name: &str, seed: &str| -> PathBuf {
+        let dir = scratch.path(name);
+        stdout(&xlap(&[
+            "synth",
+            "-o",
+            dir.to_str().unwrap(),
+            "--packets",
+            "3000",
+            "--seed",
+            seed,
+        ]));
+        dir
+    };
+    let stored = |dir: &Path, name: &str| dir.join(format!("packets.{name}.parquet"));
+    let tables = ["stage_counts", "stage_moments"];
+    let (run, other) = (synth("run", "7"), synth("other", "8"));
+    for t in tables {
+        assert!(stored(&run, t).is_file(), "synth kept no {t}");
+    }
+    let (with, said) = all_queries(&run, &[]);
+    for t in tables {
+        assert!(said.contains(&format!("read {t} in")), "{said}");
+    }
+    let (inliers_with, _) = all_queries(&run, &["--inliers"]);
+    // The same run without them: computed from the packets.
+    let aside = scratch.path("aside");
+    std::fs::create_dir_all(&aside).unwrap();
+    for t in tables {
+        std::fs::rename(stored(&run, t), aside.join(t)).unwrap();
+    }
+    let (without, said) = all_queries(&run, &[]);
+    assert!(!said.contains("read stage_"), "{said}");
+    assert!(
+        agree(&with, &without),
+        "the analyses with and without the stored aggregates:\n{with}\n{without}"
+    );
+    let (inliers_without, _) = all_queries(&run, &["--inliers"]);
+    assert!(
+        agree(&inliers_with, &inliers_without),
+        "--inliers computes its own:\n{inliers_with}\n{inliers_without}"
+    );
+    // Another run's aggregates beside these packets: not read.
+    let (truth, _) = all_queries(&other, &[]);
+    for t in tables {
+        std::fs::copy(aside.join(t), stored(&other, t)).unwrap();
+    }
+    let (got, said) = all_queries(&other, &[]);
+    assert!(
+        said.contains("stage_counts computed from the packets, not read from")
+            && said.contains("computed from other packets"),
+        "{said}"
+    );
+    assert!(
+        agree(&got, &truth),
+        "stale aggregates must not be read:\n{got}\n{truth}"
+    );
+    // A file that is not Parquet: said, and computed.
+    std::fs::write(stored(&other, "stage_moments"), b"not parquet").unwrap();
+    let (got, said) = all_queries(&other, &[]);
+    assert!(
+        said.contains("stage_moments computed from the packets, not read from"),
+        "{said}"
+    );
+    assert!(
+        agree(&got, &truth),
+        "a broken file must not be read:\n{got}\n{truth}"
+    );
+}
+
 /// (exit code, stderr) of analyze on `path`.
 fn refused(args: &[&str]) -> (i32, String) {
     let out = xlap(args);

@@ -1,8 +1,14 @@
-//! `just bench-analysis`: the whole bundled query set (`xlap-trace analyze
-//! --query all`) against a pandas re-implementation of X-LAP's notebook
-//! analyses (`bench/xlap_pandas.py`) on the same synthetic Parquet run,
-//! interleaved rounds in one session: wall time, peak memory, their ratio.
-//! Both sides' results are compared (e2e median per kind, top outlier
+//! `just bench-analysis`, interleaved rounds in one session on the same
+//! synthetic Parquet run, wall time and peak memory side by side:
+//! - the default analysis (`xlap-trace analyze RUN`) against the same set
+//!   written in polars (`bench/xlap_polars.py`), with the run's stored
+//!   aggregates (as `record`, `correlate` and `synth` leave them) and
+//!   without (computed from the packets, as for a run of an older release);
+//! - the whole bundled query set (`--query all`) against a pandas
+//!   re-implementation of X-LAP's notebook analyses (`bench/xlap_pandas.py`);
+//! - `xlap-trace synth` itself, once (the run is kept between sessions).
+//!
+//! Every side's results are compared (e2e median per kind, top outlier
 //! cause) so they are seen to do the same work.
 //!
 //! Usage: xlap-bench-analysis [--packets N] [--rounds R] [--python PATH]
@@ -82,8 +88,9 @@ fn arg<T: std::str::FromStr>(name: &str, default: T) -> Result<T> {
     Ok(xlap_bench::args::arg_value(name)?.unwrap_or(default))
 }
 
-/// The synthetic run, generated once per size and kept in bench-results/.
-fn dataset(packets: u64) -> Result<PathBuf> {
+/// The synthetic run, generated once per size and kept in bench-results/;
+/// the seconds `synth` took when it ran now.
+fn dataset(packets: u64) -> Result<(PathBuf, Option<f64>)> {
     let dir = PathBuf::from(format!("bench-results/synth-{packets}"));
     let meta: Option<Value> = std::fs::read_to_string(dir.join("run.json"))
         .ok()
@@ -91,12 +98,16 @@ fn dataset(packets: u64) -> Result<PathBuf> {
     let current = meta.is_some_and(|m| {
         m["options"]["synthetic"]["packets"] == packets && dir.join("packets.parquet").exists()
     });
-    if !current {
-        eprintln!(
-            "generating {packets} synthetic packets into {}",
-            dir.display()
-        );
-        let s = Command::new(bin("xlap-trace"))
+    let stored = dir.join("packets.stage_counts.parquet").exists();
+    if current && stored {
+        return Ok((dir, None));
+    }
+    eprintln!(
+        "generating {packets} synthetic packets into {}",
+        dir.display()
+    );
+    let m = measure(
+        Command::new(bin("xlap-trace"))
             .args([
                 "synth",
                 "--packets",
@@ -105,13 +116,108 @@ fn dataset(packets: u64) -> Result<PathBuf> {
                 "1",
                 "-o",
             ])
-            .arg(&dir)
-            .status()?;
-        if !s.success() {
-            bail!("xlap-trace synth failed");
+            .arg(&dir),
+    )?;
+    eprintln!("  {:.2} s, {:.0} MiB", m.seconds, m.peak_rss_mib);
+    Ok((dir, Some(m.seconds)))
+}
+
+/// The same run without its stored aggregates: its packets and run.json
+/// linked into a directory of their own.
+fn bare_copy(run: &Path) -> Result<PathBuf> {
+    let bare = run.with_file_name(format!(
+        "{}-bare",
+        run.file_name().unwrap_or_default().to_string_lossy()
+    ));
+    let _ = std::fs::remove_dir_all(&bare);
+    std::fs::create_dir_all(&bare)?;
+    for f in ["packets.parquet", "run.json"] {
+        std::fs::hard_link(run.join(f), bare.join(f))?;
+    }
+    Ok(bare)
+}
+
+/// The e2e median per kind and the top outlier cause per kind of the
+/// default analysis' JSON, as the anchors print them.
+fn headline(a: &Value) -> (Value, Value) {
+    let mut median = serde_json::Map::new();
+    for row in a["jitter"].as_array().into_iter().flatten() {
+        if row["stage"] == "e2e" {
+            median.insert(row["kind"].to_string(), row["median_ns"].clone());
         }
     }
-    Ok(dir)
+    let mut top = serde_json::Map::new();
+    for row in a["outlier_causes"].as_array().into_iter().flatten() {
+        top.entry(row["kind"].to_string())
+            .or_insert_with(|| row["cause"].clone());
+    }
+    (Value::Object(median), Value::Object(top))
+}
+
+/// Whether an anchor's results are xlap-trace's (numbers as numbers).
+fn same_results(name: &str, ours: &(Value, Value), theirs: &Value) -> bool {
+    let mut agree = true;
+    for (k, v) in ours.0.as_object().into_iter().flatten() {
+        let t = &theirs["e2e_median"][k];
+        if v.as_f64() != t.as_f64() {
+            eprintln!("e2e median of kind {k} differs: xlap-trace {v}, {name} {t}");
+            agree = false;
+        }
+    }
+    for (k, v) in ours.1.as_object().into_iter().flatten() {
+        let t = &theirs["top_cause"][k];
+        if v != t {
+            eprintln!("top cause of kind {k} differs: xlap-trace {v}, {name} {t}");
+            agree = false;
+        }
+    }
+    agree
+}
+
+/// One side of the benchmark: what it runs, and its measured rounds.
+struct Side {
+    name: &'static str,
+    cmd: Box<dyn Fn() -> Command>,
+    rounds: Vec<(f64, f64)>,
+    last: Option<Measured>,
+}
+
+impl Side {
+    fn new(name: &'static str, cmd: impl Fn() -> Command + 'static) -> Self {
+        Side {
+            name,
+            cmd: Box::new(cmd),
+            rounds: Vec::new(),
+            last: None,
+        }
+    }
+
+    fn run(&mut self) -> Result<()> {
+        eprintln!("  {}", self.name);
+        let m = measure(&mut (self.cmd)())?;
+        eprintln!("    {:.2} s, {:.0} MiB", m.seconds, m.peak_rss_mib);
+        self.rounds.push((m.seconds, m.peak_rss_mib));
+        self.last = Some(m);
+        Ok(())
+    }
+
+    fn median_s(&self) -> f64 {
+        median(&mut self.rounds.iter().map(|r| r.0).collect::<Vec<_>>())
+    }
+
+    fn peak_mib(&self) -> f64 {
+        self.rounds.iter().map(|r| r.1).fold(0.0, f64::max)
+    }
+
+    fn stdout_json(&self) -> Result<Value> {
+        let out = self.last.as_ref().map(|m| m.stdout.trim()).unwrap_or("");
+        serde_json::from_str(out).with_context(|| format!("{}: its output is not JSON", self.name))
+    }
+
+    fn json(&self) -> Value {
+        let seconds: Vec<f64> = self.rounds.iter().map(|r| r.0).collect();
+        json!({"seconds": seconds, "median_s": self.median_s(), "peak_rss_mib": self.peak_mib()})
+    }
 }
 
 fn main() -> Result<()> {
@@ -119,102 +225,123 @@ fn main() -> Result<()> {
     let packets: u64 = arg("--packets", if quick { 1_000_000 } else { 10_000_000 })?;
     let rounds: usize = arg("--rounds", if quick { 1 } else { 3 })?.max(1);
     let python: String = arg("--python", "python3".to_string())?;
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("xlap_pandas.py");
-    let run = dataset(packets)?;
+    let here = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let (run, synth_s) = dataset(packets)?;
+    let bare = bare_copy(&run)?;
     let size_mib = std::fs::metadata(run.join("packets.parquet"))?.len() as f64 / 1048576.0;
     println!("## Analysis: {packets} packets ({size_mib:.0} MiB of Parquet), {rounds} interleaved rounds\n");
 
-    let mut ours = Vec::new();
-    let mut theirs = Vec::new();
-    let mut last_ours = None;
-    let mut last_theirs = None;
+    let analyze = |dir: &Path, all: bool| {
+        let dir = dir.to_path_buf();
+        move || {
+            let mut c = Command::new(bin("xlap-trace"));
+            c.arg("analyze").arg(&dir).args(["--format", "json"]);
+            if all {
+                c.args(["--query", "all"]);
+            }
+            c
+        }
+    };
+    let script = |name: &str| {
+        let (python, script, run) = (python.clone(), here.join(name), run.clone());
+        move || {
+            let mut c = Command::new(&python);
+            c.arg(&script).arg(&run);
+            c
+        }
+    };
+    let mut sides = [
+        Side::new("xlap-trace analyze (default set)", analyze(&run, false)),
+        Side::new(
+            "xlap-trace analyze (default set), no stored aggregates",
+            analyze(&bare, false),
+        ),
+        Side::new(
+            "polars, the default set (bench/xlap_polars.py)",
+            script("xlap_polars.py"),
+        ),
+        Side::new("xlap-trace analyze --query all", analyze(&run, true)),
+        Side::new(
+            "pandas, X-LAP notebook style (bench/xlap_pandas.py)",
+            script("xlap_pandas.py"),
+        ),
+    ];
     for round in 1..=rounds {
-        eprintln!("round {round}/{rounds}: xlap-trace analyze --query all");
-        let m = measure(
-            Command::new(bin("xlap-trace"))
-                .args(["analyze", "--query", "all", "--format", "json"])
-                .arg(&run),
-        )?;
-        eprintln!("  {:.2} s, {:.0} MiB", m.seconds, m.peak_rss_mib);
-        ours.push((m.seconds, m.peak_rss_mib));
-        last_ours = Some(m);
-        eprintln!("round {round}/{rounds}: pandas (bench/xlap_pandas.py)");
-        let p = measure(Command::new(&python).arg(&script).arg(&run))?;
-        eprintln!("  {:.2} s, {:.0} MiB", p.seconds, p.peak_rss_mib);
-        theirs.push((p.seconds, p.peak_rss_mib));
-        last_theirs = Some(p);
+        eprintln!("round {round}/{rounds}");
+        for side in sides.iter_mut() {
+            side.run()?;
+        }
     }
-    let (ours_out, theirs_out) = (last_ours.unwrap(), last_theirs.unwrap());
+    let [default, bare_default, polars, all, pandas] = &sides;
 
     // Same work: the e2e median per kind and the top outlier cause agree.
-    let a: Value = serde_json::from_str(&ours_out.stdout)?;
-    let b: Value = serde_json::from_str(theirs_out.stdout.trim())?;
-    let mut agree = true;
-    for row in a["jitter"].as_array().into_iter().flatten() {
-        if row["stage"] == "e2e" {
-            let k = row["kind"].to_string();
-            let (x, y) = (
-                row["median_ns"].as_f64(),
-                b["results"]["e2e_median"][&k].as_f64(),
-            );
-            if x != y {
-                eprintln!("e2e median of kind {k} differs: xlap-trace {x:?}, pandas {y:?}");
-                agree = false;
-            }
-        }
+    let ours = headline(&default.stdout_json()?);
+    let mut agree = headline(&bare_default.stdout_json()?) == ours;
+    if !agree {
+        eprintln!("the default analysis differs with and without the stored aggregates");
     }
-    for row in a["outlier_causes"].as_array().into_iter().flatten() {
-        let k = row["kind"].to_string();
-        let first = a["outlier_causes"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|r| r["kind"] == row["kind"])
-            .unwrap();
-        if first == row && b["results"]["top_cause"][&k] != row["cause"] {
-            eprintln!(
-                "top cause of kind {k} differs: xlap-trace {}, pandas {}",
-                row["cause"], b["results"]["top_cause"][&k]
-            );
-            agree = false;
-        }
-    }
+    let (p, q) = (polars.stdout_json()?, pandas.stdout_json()?);
+    agree &= same_results("polars", &ours, &p["results"]);
+    agree &= same_results("pandas", &headline(&all.stdout_json()?), &q["results"]);
 
-    let mut our_s: Vec<f64> = ours.iter().map(|m| m.0).collect();
-    let mut their_s: Vec<f64> = theirs.iter().map(|m| m.0).collect();
-    let (ms, ps) = (median(&mut our_s), median(&mut their_s));
-    let our_rss = ours.iter().map(|m| m.1).fold(0.0, f64::max);
-    let their_rss = theirs.iter().map(|m| m.1).fold(0.0, f64::max);
     println!("| analysis | wall s (median) | all rounds | peak RSS MiB |\n|---|---|---|---|");
-    println!("| xlap-trace analyze --query all (DuckDB) | {ms:.2} | {our_s:.2?} | {our_rss:.0} |");
-    println!("| pandas (X-LAP notebook style) | {ps:.2} | {their_s:.2?} | {their_rss:.0} |");
-    println!(
-        "\nxlap-trace is **{:.1}×** faster; results agree: {agree}",
-        ps / ms
-    );
-    let steps: Vec<String> = ours_out
-        .stderr
-        .lines()
-        .filter_map(|l| l.strip_prefix("xlap-trace: "))
-        .map(String::from)
-        .collect();
-    println!("\nxlap-trace steps (last round):\n");
-    for s in &steps {
-        println!("- {s}");
+    for side in &sides {
+        let all_s: Vec<f64> = side.rounds.iter().map(|r| r.0).collect();
+        println!(
+            "| {} | {:.2} | {all_s:.2?} | {:.0} |",
+            side.name,
+            side.median_s(),
+            side.peak_mib()
+        );
     }
-    println!("\npandas steps (last round, s): {}", b["steps"]);
+    if let Some(s) = synth_s {
+        println!("| xlap-trace synth (this session) | {s:.2} | | |");
+    }
+    println!(
+        "\nThe default analysis is **{:.1}×** faster than polars ({:.1}× without stored aggregates); the whole set is **{:.1}×** faster than pandas; results agree: {agree}",
+        polars.median_s() / default.median_s(),
+        polars.median_s() / bare_default.median_s(),
+        pandas.median_s() / all.median_s()
+    );
+    let steps = |side: &Side| -> Vec<String> {
+        side.last
+            .as_ref()
+            .map(|m| {
+                m.stderr
+                    .lines()
+                    .filter_map(|l| l.strip_prefix("xlap-trace: "))
+                    .map(String::from)
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    for side in [default, bare_default, all] {
+        println!("\n{} steps (last round):\n", side.name);
+        for s in steps(side) {
+            println!("- {s}");
+        }
+    }
+    println!("\npolars steps (last round, s): {}", p["steps"]);
+    println!("\npandas steps (last round, s): {}", q["steps"]);
     std::fs::create_dir_all("bench-results")?;
     std::fs::write(
         "bench-results/analysis.json",
         serde_json::to_string_pretty(&json!({
             "packets": packets, "parquet_mib": size_mib, "rounds": rounds,
-            "xlap_trace": {"seconds": our_s, "median_s": ms, "peak_rss_mib": our_rss, "steps": steps},
-            "pandas": {"seconds": their_s, "median_s": ps, "peak_rss_mib": their_rss, "steps": b["steps"]},
-            "speedup": ps / ms, "results_agree": agree,
+            "synth_s": synth_s,
+            "default": default.json(), "default_without_stored": bare_default.json(),
+            "polars": polars.json(), "all": all.json(), "pandas": pandas.json(),
+            "default_steps": steps(default), "default_without_stored_steps": steps(bare_default),
+            "all_steps": steps(all), "polars_steps": p["steps"], "pandas_steps": q["steps"],
+            "speedup_vs_polars": polars.median_s() / default.median_s(),
+            "speedup_vs_pandas": pandas.median_s() / all.median_s(),
+            "results_agree": agree,
         }))? + "\n",
     )?;
     if !agree {
-        bail!("xlap-trace and pandas disagree (see above): the comparison is not like for like");
+        bail!(
+            "xlap-trace and its anchors disagree (see above): the comparison is not like for like"
+        );
     }
     Ok(())
 }

@@ -116,6 +116,35 @@ fn statements(sql: &str) -> Vec<&str> {
     out
 }
 
+/// The statements of `queries/views.sql` that make something (comments
+/// alone are skipped).
+fn shared_statements() -> Vec<&'static str> {
+    let code = |l: &str| !l.trim().is_empty() && !l.trim_start().starts_with("--");
+    statements(VIEWS_SQL)
+        .into_iter()
+        .filter(|s| s.lines().any(code))
+        .collect()
+}
+
+/// The name a `views.sql` statement creates (`CREATE OR REPLACE TEMP
+/// TABLE name AS`).
+fn statement_name(stmt: &str) -> Option<&str> {
+    stmt.lines()
+        .find(|l| l.starts_with("CREATE"))
+        .and_then(|l| l.split_whitespace().nth(5))
+}
+
+/// Why a dataset is opened.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Purpose {
+    /// For the analyses: the stored tables of its packets file are read
+    /// where they match it.
+    Analyse,
+    /// To compute the stored tables (crate::stored): the statements up to
+    /// the last of them, from the packets.
+    Store,
+}
+
 /// How `queries/views.sql`'s shared tables are made.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Shared {
@@ -162,7 +191,7 @@ pub fn open_view(
     progress: bool,
     view: View,
 ) -> Result<Dataset> {
-    open_checked(conn, arg, shared, progress, view, true)
+    open_checked(conn, arg, shared, progress, view, true, Purpose::Analyse)
 }
 
 /// [`open_view`] for the user's own SQL (`xlap-trace sql`): a run with one
@@ -175,7 +204,22 @@ pub fn open_one_end_ok(
     progress: bool,
     view: View,
 ) -> Result<Dataset> {
-    open_checked(conn, arg, shared, progress, view, false)
+    open_checked(conn, arg, shared, progress, view, false, Purpose::Analyse)
+}
+
+/// Opens the packets file `packets` to compute its stored tables
+/// (crate::stored::store): the statements of `views.sql` up to them, a run
+/// with one end only included (its tables are empty).
+pub(crate) fn open_for_store(conn: &Connection, packets: &Path) -> Result<Dataset> {
+    open_checked(
+        conn,
+        packets,
+        Shared::Materialized,
+        false,
+        View::default(),
+        false,
+        Purpose::Store,
+    )
 }
 
 fn open_checked(
@@ -185,6 +229,7 @@ fn open_checked(
     progress: bool,
     view: View,
     both_ends: bool,
+    purpose: Purpose,
 ) -> Result<Dataset> {
     if !arg.exists() {
         return Err(input(
@@ -258,15 +303,33 @@ fn open_checked(
             stamp_files.join(", ")
         ))?;
     }
-    let code = |l: &&str| !l.trim().is_empty() && !l.trim_start().starts_with("--");
-    for stmt in statements(VIEWS_SQL)
-        .into_iter()
-        .filter(|s| s.lines().any(|l| code(&l)))
-    {
+    // The stored tables of a packets file read as it is (crate::stored).
+    let stored = match (&packets_file, purpose) {
+        (Some(file), Purpose::Analyse) if view == View::default() => {
+            crate::stored::usable(conn, file)
+        }
+        _ => Vec::new(),
+    };
+    for (name, how) in &stored {
+        if let (Err(why), true) = (how, progress) {
+            eprintln!(
+                "xlap-trace: {name} computed from the packets, not read from {}: {why}",
+                crate::stored::path(packets_file.as_deref().unwrap_or(arg), name).display()
+            );
+        }
+    }
+    let last = crate::stored::TABLES.last().copied();
+    for stmt in shared_statements() {
         let t0 = std::time::Instant::now();
-        let stmt = match shared {
-            Shared::Materialized => stmt.to_string(),
-            Shared::Lazy => stmt.replace(
+        let name = statement_name(stmt);
+        let from = stored
+            .iter()
+            .find(|(n, _)| Some(*n) == name)
+            .and_then(|(_, how)| how.as_ref().ok());
+        let stmt = match (from, shared) {
+            (Some(from), _) => crate::stored::load_statement(name.unwrap_or("?"), from, shared),
+            (None, Shared::Materialized) => stmt.to_string(),
+            (None, Shared::Lazy) => stmt.replace(
                 "CREATE OR REPLACE TEMP TABLE",
                 "CREATE OR REPLACE TEMP VIEW",
             ),
@@ -278,15 +341,15 @@ fn open_checked(
             )
         })?;
         if progress {
-            let name = stmt
-                .lines()
-                .find(|l| l.starts_with("CREATE"))
-                .and_then(|l| l.split_whitespace().nth(5))
-                .unwrap_or("?");
             eprintln!(
-                "xlap-trace: prepared {name} in {:.2} s",
+                "xlap-trace: {} {} in {:.2} s",
+                if from.is_some() { "read" } else { "prepared" },
+                name.unwrap_or("?"),
                 t0.elapsed().as_secs_f64()
             );
+        }
+        if purpose == Purpose::Store && name == last {
+            break;
         }
     }
 
@@ -295,7 +358,7 @@ fn open_checked(
         [],
         |r| Ok((r.get(0)?, r.get(1)?)),
     )?;
-    if packets == 0 {
+    if packets == 0 && purpose == Purpose::Analyse {
         return Err(input(
             arg,
             "the run has no packets (no stamp carried a sequence number: check --proto or --seq-offset, and that the pids sent traffic while recording)",

@@ -122,7 +122,20 @@ fn correlate_on(
         .map_err(|e| AnalyzeError::Other(format!("correlation summary: {e}")))?;
     std::fs::write(&json, text + "\n")
         .map_err(|e| AnalyzeError::Other(format!("cannot write {}: {e}", json.display())))?;
+    store_aggregates(out);
     Ok(result)
+}
+
+/// Keeps the aggregates every analysis of `packets` reads beside it
+/// (crate::stored). Without them the analyses compute them, as before:
+/// a failure here is said, not the end of the correlation.
+pub fn store_aggregates(packets: &Path) {
+    if let Err(e) = crate::stored::store(packets) {
+        eprintln!(
+            "xlap-trace: warning: the per-run aggregates of {} were not stored ({e}); analyses compute them from the packets",
+            packets.display()
+        );
+    }
 }
 
 /// The correlation as `correlate` and `record` print it.

@@ -18,6 +18,7 @@ pub mod report;
 pub mod runs;
 pub mod session;
 pub mod sql;
+pub mod stored;
 pub mod summary;
 pub mod synth;
 

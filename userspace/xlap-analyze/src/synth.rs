@@ -201,16 +201,18 @@ pub fn generate(conn: &Connection, dir: &Path, packets: u64, seed: u32) -> Resul
         "sample_weight" => "1".into(),
         other => unreachable!("packets column {other} has no expression"),
     });
-    let sql = format!(
-        "CREATE OR REPLACE TEMP TABLE synth_packets AS
-           WITH r AS (SELECT range AS i, range::UBIGINT AS seq, CASE WHEN range % 8 = 7 THEN 1 ELSE 0 END AS kind,
+    // Streamed into the Parquet writer in the order range() yields (the
+    // engine keeps insertion order by default): no table of every packet
+    // and no sort, which took 10 M packets 45 s and 8.6 GB.
+    let query = format!(
+        "(WITH r AS (SELECT range AS i, range::UBIGINT AS seq, CASE WHEN range % 8 = 7 THEN 1 ELSE 0 END AS kind,
                              u(range, 0) < {LOSS_RATE} AS lost
                       FROM range({packets})),
                 d AS (SELECT *, {durations} FROM r),
                 tx AS (SELECT *, {point_cols} FROM d),
                 rx AS (SELECT *, {rx_cols} FROM tx),
                 p AS (SELECT i, seq, kind, lost, {tx_list}, {rx_null} FROM rx)
-           SELECT {columns} FROM p ORDER BY p.i;",
+           SELECT {columns} FROM p)",
         durations = durations.join(",\n  "),
         point_cols = point_cols.join(", "),
         rx_cols = rx_cols.join(", "),
@@ -221,9 +223,10 @@ pub fn generate(conn: &Connection, dir: &Path, packets: u64, seed: u32) -> Resul
             .join(", "),
         rx_null = rx_null.join(", "),
     );
-    conn.execute_batch(&sql)?;
-    packets_table::write(conn, "synth_packets", &RunDir::new(dir).packets(), &cols)?;
-    write_run_json(conn, dir, packets, seed, &tx_points, &rx_points)
+    packets_table::write(conn, &query, &RunDir::new(dir).packets(), &cols)?;
+    write_run_json(conn, dir, packets, seed, &tx_points, &rx_points)?;
+    crate::finish::store_aggregates(&RunDir::new(dir).packets());
+    Ok(())
 }
 
 /// The tracer's side: per-point stamp counts, with a planted ring-buffer

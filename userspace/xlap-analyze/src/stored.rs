@@ -1,0 +1,184 @@
+//! Per-run aggregates kept beside a packets file: the shared tables of
+//! `queries/views.sql` that every analysis reads and that cost a full pass
+//! over the packets each (`stage_counts`, `stage_moments`: together two
+//! thirds of a default analysis of 10 M packets), computed once when the
+//! packets are written (`record`, `correlate`, `synth`) and read back by
+//! every later analysis of the same file instead of scanning it again.
+//!
+//! A stored table is used only when it was computed from these very
+//! packets by these very statements: its Parquet metadata names the
+//! packets file (its size and a hash of its footer, which holds every
+//! column chunk's offsets and statistics) and the statements (a hash of
+//! `views.sql` and of this crate's version). Anything else (a file of an
+//! older release, packets rewritten by a later `correlate`, a file that
+//! does not read) is ignored, said when progress is shown, and the table
+//! computed from the packets as before. Only the default view of the
+//! packets uses them: `--e2e xlap` and `--inliers` change what the tables
+//! hold.
+
+use crate::dataset::{self, Shared, VIEWS_SQL};
+use crate::{sql, AnalyzeError, Result};
+use duckdb::Connection;
+use std::io::{Read, Seek, SeekFrom};
+use std::path::{Path, PathBuf};
+
+/// The shared tables kept beside a packets file.
+pub const TABLES: &[&str] = &["stage_counts", "stage_moments"];
+
+/// Metadata keys of a stored table.
+const PACKETS_KEY: &str = "xlap.packets";
+const STATEMENTS_KEY: &str = "xlap.statements";
+
+/// The bytes of a packets file's end hashed: its Parquet footer (the
+/// metadata of every row group and column chunk) lies there.
+const FOOTER_BYTES: u64 = 64 * 1024;
+
+/// Where table `name` of `packets` is kept: `RUN/packets.parquet` →
+/// `RUN/packets.stage_counts.parquet`.
+pub fn path(packets: &Path, name: &str) -> PathBuf {
+    packets.with_extension(format!("{name}.parquet"))
+}
+
+/// FNV-1a, 64 bits: stable across releases and platforms (the standard
+/// library's hasher is not), enough to tell files and statements apart.
+fn fnv1a(bytes: &[u8], mut h: u64) -> u64 {
+    for b in bytes {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h
+}
+
+const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+
+/// Names the packets file's content: its size and the hash of its footer.
+fn packets_id(packets: &Path) -> std::io::Result<String> {
+    let mut f = std::fs::File::open(packets)?;
+    let size = f.metadata()?.len();
+    let from = size.saturating_sub(FOOTER_BYTES);
+    f.seek(SeekFrom::Start(from))?;
+    let mut tail = Vec::with_capacity((size - from) as usize);
+    f.read_to_end(&mut tail)?;
+    Ok(format!("{size}:{:016x}", fnv1a(&tail, FNV_OFFSET)))
+}
+
+/// Names the statements that make the tables.
+fn statements_id() -> String {
+    let h = fnv1a(VIEWS_SQL.as_bytes(), FNV_OFFSET);
+    format!(
+        "{}:{:016x}",
+        env!("CARGO_PKG_VERSION"),
+        fnv1a(env!("CARGO_PKG_VERSION").as_bytes(), h)
+    )
+}
+
+/// Computes the stored tables of the packets file `packets` (just written)
+/// and writes them beside it, on an engine confined to its directory.
+pub fn store(packets: &Path) -> Result<()> {
+    let conn = crate::engine()?;
+    conn.execute_batch("SET preserve_insertion_order = false;")?;
+    crate::confine(&conn, &[crate::session::run_root(packets)])?;
+    dataset::open_for_store(&conn, packets)?;
+    write(&conn, packets)
+}
+
+/// Writes the tables, already made in `conn` from `packets`, beside it.
+fn write(conn: &Connection, packets: &Path) -> Result<()> {
+    let id = packets_id(packets).map_err(|e| io_error(packets, e))?;
+    for name in TABLES {
+        let out = path(packets, name);
+        let tmp = out.with_extension("parquet.tmp");
+        conn.execute_batch(&format!(
+            "COPY {name} TO {} (FORMAT PARQUET, COMPRESSION ZSTD, KV_METADATA {{{}: {}, {}: {}}});",
+            sql::path(&tmp),
+            sql::literal(PACKETS_KEY),
+            sql::literal(&id),
+            sql::literal(STATEMENTS_KEY),
+            sql::literal(&statements_id()),
+        ))?;
+        std::fs::rename(&tmp, &out).map_err(|e| io_error(&out, e))?;
+    }
+    Ok(())
+}
+
+fn io_error(path: &Path, e: std::io::Error) -> AnalyzeError {
+    AnalyzeError::Input {
+        path: path.display().to_string(),
+        what: e.to_string(),
+    }
+}
+
+/// The stored tables of `packets` that match it, by name: for each, the
+/// statement that loads it, or why it is not used (`None` when there is
+/// none).
+pub fn usable(
+    conn: &Connection,
+    packets: &Path,
+) -> Vec<(&'static str, std::result::Result<String, String>)> {
+    let Ok(id) = packets_id(packets) else {
+        return Vec::new();
+    };
+    TABLES
+        .iter()
+        .filter(|name| path(packets, name).is_file())
+        .map(|name| (*name, check(conn, &path(packets, name), &id)))
+        .collect()
+}
+
+/// Whether `file` was computed from the packets named `id` by these
+/// statements.
+fn check(conn: &Connection, file: &Path, id: &str) -> std::result::Result<String, String> {
+    let meta = |key: &str| -> std::result::Result<Option<String>, String> {
+        conn.query_row(
+            &format!(
+                "SELECT decode(value) FROM parquet_kv_metadata({}) WHERE decode(key) = ?",
+                sql::path(file)
+            ),
+            [key],
+            |r| r.get(0),
+        )
+        .map(Some)
+        .or_else(|e| match e {
+            duckdb::Error::QueryReturnedNoRows => Ok(None),
+            e => Err(e.to_string()),
+        })
+    };
+    if meta(PACKETS_KEY)?.as_deref() != Some(id) {
+        return Err("computed from other packets".into());
+    }
+    if meta(STATEMENTS_KEY)?.as_deref() != Some(statements_id().as_str()) {
+        return Err("made by another version of xlap-trace or of its queries/views.sql".into());
+    }
+    Ok(format!("FROM read_parquet({})", sql::path(file)))
+}
+
+/// What `views.sql` statement `stmt` becomes when table `name` is stored:
+/// the table read from its file, in the shape `shared` asks.
+pub fn load_statement(name: &str, from: &str, shared: Shared) -> String {
+    let what = match shared {
+        Shared::Materialized => "TABLE",
+        Shared::Lazy => "VIEW",
+    };
+    format!("CREATE OR REPLACE TEMP {what} {name} AS {from};")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fnv1a_is_the_published_function() {
+        // Test vectors of FNV-1a 64 (Fowler, Noll, Vo).
+        assert_eq!(fnv1a(b"", FNV_OFFSET), 0xcbf2_9ce4_8422_2325);
+        assert_eq!(fnv1a(b"a", FNV_OFFSET), 0xaf63_dc4c_8601_ec8c);
+        assert_eq!(fnv1a(b"foobar", FNV_OFFSET), 0x8594_4171_f739_67e8);
+    }
+
+    #[test]
+    fn stored_tables_sit_beside_their_packets() {
+        assert_eq!(
+            path(Path::new("run/packets.parquet"), "stage_counts"),
+            Path::new("run/packets.stage_counts.parquet")
+        );
+    }
+}
