@@ -30,6 +30,18 @@ fn synth(dir: &Path, seed: &str) {
     assert!(dir.join("summary.json").exists());
 }
 
+/// The summary.json of a synthetic run per seed, in `scratch`.
+fn summaries(scratch: &Scratch, seeds: &[&str]) -> Vec<std::path::PathBuf> {
+    seeds
+        .iter()
+        .map(|seed| {
+            let d = scratch.path(&format!("s{seed}"));
+            synth(&d, seed);
+            d.join("summary.json")
+        })
+        .collect()
+}
+
 const METRICS: &[&str] = &[
     "--metric",
     "e2e.p50",
@@ -123,13 +135,9 @@ fn compare_bad_input_is_said_with_its_code() {
 fn history_over_a_series() {
     let _guard = xlap_tests::unprivileged();
     let scratch = Scratch::new("history-cli");
-    let dirs: Vec<_> = ["1", "2", "3"]
+    let dirs: Vec<String> = summaries(&scratch, &["1", "2", "3"])
         .iter()
-        .map(|seed| {
-            let d = scratch.path(&format!("s{seed}"));
-            synth(&d, seed);
-            d.join("summary.json").to_str().unwrap().to_string()
-        })
+        .map(|f| f.to_str().unwrap().to_string())
         .collect();
     let svg = scratch.path("h.svg");
     let mut args = vec!["history"];
@@ -168,4 +176,61 @@ fn history_over_a_series() {
     let plot = std::fs::read_to_string(&svg).unwrap();
     assert!(plot.starts_with("<svg") && plot.trim_end().ends_with("</svg>"));
     assert_eq!(plot.matches("<polyline").count(), 6, "3 metrics x 2 kinds");
+}
+
+/// A CI history of many runs: the Markdown keeps to the first and last
+/// runs, says how many it leaves out, and gives the spread over every run
+/// (as the JSON series, which `history_over_a_series` holds to `compare`).
+#[test]
+fn a_long_history_shows_its_ends_and_the_spread_of_every_run() {
+    let _guard = xlap_tests::unprivileged();
+    let scratch = Scratch::new("history-long");
+    let seeds = summaries(&scratch, &["4", "5", "6"]);
+    let files: Vec<String> = (0..30)
+        .map(|i| {
+            let f = scratch.path(&format!("{i:02}.json"));
+            std::fs::copy(&seeds[i % 3], &f).unwrap();
+            f.to_str().unwrap().to_string()
+        })
+        .collect();
+    let mut args = vec!["history", "--metric", "e2e.p50"];
+    args.extend(files.iter().map(String::as_str));
+    let out = xlap(&args);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let md = String::from_utf8(out.stdout).unwrap();
+    let mut json_args = args.clone();
+    json_args.push("--json");
+    let series: serde_json::Value =
+        serde_json::from_slice(&xlap(&json_args).stdout).expect("JSON series");
+    let lines: Vec<&str> = md.lines().collect();
+    assert!(lines[0].contains("| … 21 runs |"), "{md}");
+    assert!(lines[0].ends_with("| min | median | max | drift |"), "{md}");
+    for s in series.as_array().unwrap() {
+        let mut v: Vec<f64> = s["values_us"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_f64().unwrap())
+            .collect();
+        assert_eq!(v.len(), 30);
+        let (first, last) = (v[0], v[29]);
+        v.sort_by(f64::total_cmp);
+        let row = lines
+            .iter()
+            .find(|l| l.starts_with(&format!("| `e2e.p50` | {} |", s["kind"])))
+            .unwrap_or_else(|| panic!("no row of kind {} in\n{md}", s["kind"]));
+        let cells: Vec<&str> = row.split('|').map(str::trim).collect();
+        // | metric | kind | 3 first | … | 6 last | min | median | max | drift |
+        assert_eq!(cells.len(), 2 + 2 + 3 + 1 + 6 + 3 + 1, "{row}");
+        assert_eq!(cells[3], format!("{first:.1}"), "{row}");
+        assert_eq!(cells[6], "…", "{row}");
+        assert_eq!(cells[12], format!("{last:.1}"), "{row}");
+        assert_eq!(cells[13], format!("{:.1}", v[0]), "{row}");
+        assert_eq!(cells[14], format!("{:.1}", v[15]), "{row}");
+        assert_eq!(cells[15], format!("{:.1}", v[29]), "{row}");
+    }
 }

@@ -318,7 +318,7 @@ fn open_checked(
             );
         }
     }
-    let last = crate::stored::TABLES.last().copied();
+    let mut to_store: Vec<&str> = crate::stored::TABLES.to_vec();
     for stmt in shared_statements() {
         let t0 = std::time::Instant::now();
         let name = statement_name(stmt);
@@ -348,7 +348,10 @@ fn open_checked(
                 t0.elapsed().as_secs_f64()
             );
         }
-        if purpose == Purpose::Store && name == last {
+        // Computing the stored tables needs the statements up to the
+        // last of them, not the outliers after.
+        to_store.retain(|t| Some(*t) != name);
+        if purpose == Purpose::Store && to_store.is_empty() {
             break;
         }
     }

@@ -108,9 +108,9 @@ fn io_error(path: &Path, e: std::io::Error) -> AnalyzeError {
     }
 }
 
-/// The stored tables of `packets` that match it, by name: for each, the
-/// statement that loads it, or why it is not used (`None` when there is
-/// none).
+/// The stored tables beside `packets`, by name: for each, what the
+/// statement that makes it reads instead (`FROM read_parquet(...)`), or
+/// why the file is left aside. A table without a file is not listed.
 pub fn usable(
     conn: &Connection,
     packets: &Path,
@@ -152,8 +152,8 @@ fn check(conn: &Connection, file: &Path, id: &str) -> std::result::Result<String
     Ok(format!("FROM read_parquet({})", sql::path(file)))
 }
 
-/// What `views.sql` statement `stmt` becomes when table `name` is stored:
-/// the table read from its file, in the shape `shared` asks.
+/// The statement that makes table `name` from its stored file (`from`, as
+/// [`usable`] gives it), as a table or a view as `shared` asks.
 pub fn load_statement(name: &str, from: &str, shared: Shared) -> String {
     let what = match shared {
         Shared::Materialized => "TABLE",

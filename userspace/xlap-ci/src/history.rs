@@ -73,8 +73,36 @@ fn drift(d: Option<f64>) -> String {
     d.map_or("–".to_string(), |d| format!("{:+.1}%", d * 100.0))
 }
 
+/// Runs shown one column each; a longer series (a CI history of hundreds
+/// of runs) shows its first and last runs and the spread over all of them.
+const WHOLE_SERIES: usize = 12;
+const SHOWN_FIRST: usize = 3;
+const SHOWN_LAST: usize = 6;
+
+/// The columns of a series of `n` runs: the indexes shown, with `None`
+/// where runs are left out.
+fn shown_columns(n: usize) -> Vec<Option<usize>> {
+    if n <= WHOLE_SERIES {
+        return (0..n).map(Some).collect();
+    }
+    (0..SHOWN_FIRST)
+        .map(Some)
+        .chain(std::iter::once(None))
+        .chain((n - SHOWN_LAST..n).map(Some))
+        .collect()
+}
+
+/// The smallest, median and largest of a series' values.
+fn spread(values: &[Option<f64>]) -> Option<(f64, f64, f64)> {
+    let mut v: Vec<f64> = values.iter().flatten().copied().collect();
+    v.sort_by(f64::total_cmp);
+    let (first, last) = (*v.first()?, *v.last()?);
+    Some((first, v[v.len() / 2], last))
+}
+
 /// Markdown (also fine in a terminal): one row per metric and kind, one
-/// column per run.
+/// column per run; beyond a dozen runs, the first and last ones and the
+/// spread (min, median, max) over every run.
 pub fn markdown(runs: &[Summary], series: &[Series]) -> String {
     let mut out = String::new();
     let names: Vec<String> = runs
@@ -87,13 +115,47 @@ pub fn markdown(runs: &[Summary], series: &[Series]) -> String {
                 .unwrap_or_else(|| format!("run {}", i + 1))
         })
         .collect();
-    let _ = writeln!(out, "| metric | kind | {} | drift |", names.join(" | "));
-    let _ = writeln!(out, "|---|---|{}---|", "---|".repeat(names.len()));
+    let columns = shown_columns(runs.len());
+    let whole = columns.len() == runs.len();
+    let left_out = runs.len() + 1 - columns.len();
+    let header: Vec<String> = columns
+        .iter()
+        .map(|c| match c {
+            Some(i) => names[*i].clone(),
+            None => format!("… {left_out} runs"),
+        })
+        .collect();
+    let spread_header = if whole { "" } else { " min | median | max |" };
+    let _ = writeln!(
+        out,
+        "| metric | kind | {} |{spread_header} drift |",
+        header.join(" | ")
+    );
+    let rule_cells = columns.len() + if whole { 0 } else { 3 };
+    let _ = writeln!(out, "|---|---|{}---|", "---|".repeat(rule_cells));
     for s in series {
-        let cells: Vec<String> = s.values_us.iter().map(|v| cell(*v)).collect();
+        let cells: Vec<String> = columns
+            .iter()
+            .map(|c| match c {
+                Some(i) => cell(s.values_us[*i]),
+                None => "…".to_string(),
+            })
+            .collect();
+        let spread_cells = match (whole, spread(&s.values_us)) {
+            (true, _) => String::new(),
+            (false, Some((lo, mid, hi))) => {
+                format!(
+                    " {} | {} | {} |",
+                    cell(Some(lo)),
+                    cell(Some(mid)),
+                    cell(Some(hi))
+                )
+            }
+            (false, None) => " – | – | – |".to_string(),
+        };
         let _ = writeln!(
             out,
-            "| `{}` | {} | {} | {} |",
+            "| `{}` | {} | {} |{spread_cells} {} |",
             s.metric,
             s.kind,
             cells.join(" | "),
@@ -102,7 +164,15 @@ pub fn markdown(runs: &[Summary], series: &[Series]) -> String {
     }
     let _ = writeln!(
         out,
-        "\nValues in µs, oldest run first; drift = last / first − 1."
+        "\nValues in µs, oldest run first; drift = last / first − 1{}.",
+        if whole {
+            String::new()
+        } else {
+            format!(
+                "; {} runs, the first {SHOWN_FIRST} and the last {SHOWN_LAST} shown, min/median/max over all of them",
+                runs.len()
+            )
+        }
     );
     out
 }
