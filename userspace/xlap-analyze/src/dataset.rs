@@ -411,7 +411,8 @@ fn apply_view(conn: &Connection, view: View) -> Result<()> {
 
 /// `point_columns` (col, point, side, position) and `stage_columns` (col,
 /// stage, side, position): sender stages in path order, the channel,
-/// receiver stages, then the totals.
+/// receiver stages, then the totals. (The stored tables hold these:
+/// raise `stored::FORMAT` when what they hold changes.)
 fn describe_columns(conn: &Connection, sides: &[(String, String)]) -> Result<()> {
     let mut stmt = conn.prepare("SELECT column_name FROM (DESCRIBE SELECT * FROM packets)")?;
     let cols: Vec<String> = stmt

@@ -62,11 +62,16 @@ fn packets_id(packets: &Path) -> std::io::Result<String> {
     Ok(format!("{size}:{:016x}", fnv1a(&tail, FNV_OFFSET)))
 }
 
+/// What the tables hold beyond `views.sql`'s text: the `packets` view and
+/// `stage_columns` that `dataset` makes. Raise it when those change, so that
+/// tables stored before are computed again.
+const FORMAT: u32 = 1;
+
 /// Names the statements that make the tables.
 fn statements_id() -> String {
     let h = fnv1a(VIEWS_SQL.as_bytes(), FNV_OFFSET);
     format!(
-        "{}:{:016x}",
+        "{}:{FORMAT}:{:016x}",
         env!("CARGO_PKG_VERSION"),
         fnv1a(env!("CARGO_PKG_VERSION").as_bytes(), h)
     )
