@@ -326,10 +326,13 @@ fn open_checked(
             .iter()
             .find(|(n, _)| Some(*n) == name)
             .and_then(|(_, how)| how.as_ref().ok());
-        let stmt = match (from, shared) {
-            (Some(from), _) => crate::stored::load_statement(name.unwrap_or("?"), from, shared),
-            (None, Shared::Materialized) => stmt.to_string(),
-            (None, Shared::Lazy) => stmt.replace(
+        let stmt = match from {
+            Some(from) => crate::stored::load_statement(name.unwrap_or("?"), from),
+            None => stmt.to_string(),
+        };
+        let stmt = match shared {
+            Shared::Materialized => stmt,
+            Shared::Lazy => stmt.replace(
                 "CREATE OR REPLACE TEMP TABLE",
                 "CREATE OR REPLACE TEMP VIEW",
             ),

@@ -16,7 +16,7 @@
 //! packets uses them: `--e2e xlap` and `--inliers` change what the tables
 //! hold.
 
-use crate::dataset::{self, Shared, VIEWS_SQL};
+use crate::dataset::{self, VIEWS_SQL};
 use crate::{sql, AnalyzeError, Result};
 use duckdb::Connection;
 use std::io::{Read, Seek, SeekFrom};
@@ -69,11 +69,10 @@ const FORMAT: u32 = 1;
 
 /// Names the statements that make the tables.
 fn statements_id() -> String {
-    let h = fnv1a(VIEWS_SQL.as_bytes(), FNV_OFFSET);
     format!(
         "{}:{FORMAT}:{:016x}",
         env!("CARGO_PKG_VERSION"),
-        fnv1a(env!("CARGO_PKG_VERSION").as_bytes(), h)
+        fnv1a(VIEWS_SQL.as_bytes(), FNV_OFFSET)
     )
 }
 
@@ -158,13 +157,10 @@ fn check(conn: &Connection, file: &Path, id: &str) -> std::result::Result<String
 }
 
 /// The statement that makes table `name` from its stored file (`from`, as
-/// [`usable`] gives it), as a table or a view as `shared` asks.
-pub fn load_statement(name: &str, from: &str, shared: Shared) -> String {
-    let what = match shared {
-        Shared::Materialized => "TABLE",
-        Shared::Lazy => "VIEW",
-    };
-    format!("CREATE OR REPLACE TEMP {what} {name} AS {from};")
+/// [`usable`] gives it), in views.sql's own form (a view where the caller
+/// makes views of the tables).
+pub fn load_statement(name: &str, from: &str) -> String {
+    format!("CREATE OR REPLACE TEMP TABLE {name} AS {from};")
 }
 
 #[cfg(test)]
