@@ -36,10 +36,11 @@ command -v cargo >/dev/null || die "cargo not found: install Rust (rustup, stabl
 # pandas baseline of bench-analysis; bpftrace is the perturbation bench's
 # anchor (a hand-written script); capsh (libcap2-bin) runs the least-privilege
 # test, python3 its third-party-style senders; ping the stage tests;
-# golang-go builds the conformance matrix's Go program (tests/go).
+# golang-go builds the conformance matrix's Go program (tests/go); Spark
+# (pyspark, the dataset's reader test) runs on the JVM.
 PACKAGES=(clang llvm libbpf-dev bpftool libclang-dev clang-format systemtap-sdt-dev
 	build-essential pkg-config iproute2 iperf3 sockperf ethtool chromium python3-venv bpftrace
-	libcap2-bin python3 iputils-ping golang-go)
+	libcap2-bin python3 iputils-ping golang-go openjdk-17-jre-headless)
 missing=()
 for p in "${PACKAGES[@]}"; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -57,14 +58,21 @@ fi
 
 recipe="${1:-demo}"
 [ "$recipe" = setup ] && exit 0
-# The pandas and polars baselines of bench-analysis, from PyPI, outside the
-# system Python.
-if [ "$recipe" = bench-analysis ]; then
+# Python packages from PyPI, outside the system Python: Spark for the
+# dataset's reader test (test), the pandas and polars baselines of
+# bench-analysis.
+case "$recipe" in
+test) wheels=(pyspark) ;;
+bench-analysis) wheels=(pandas pyarrow polars) ;;
+*) wheels=() ;;
+esac
+if ((${#wheels[@]})); then
 	venv="${XLAP_CACHE_DIR:-$HOME/.cache/xlap-trace}/venv"
-	if ! "$venv/bin/python" -c 'import pandas, pyarrow, polars' 2>/dev/null; then
-		echo "run.sh: installing pandas, pyarrow and polars into $venv"
+	imports=$(IFS=,; echo "${wheels[*]}")
+	if ! "$venv/bin/python" -c "import $imports" 2>/dev/null; then
+		echo "run.sh: installing ${wheels[*]} into $venv"
 		python3 -m venv "$venv"
-		"$venv/bin/pip" install --quiet pandas pyarrow polars
+		"$venv/bin/pip" install --quiet "${wheels[@]}"
 	fi
 	export XLAP_PYTHON="$venv/bin/python"
 fi

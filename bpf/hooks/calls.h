@@ -128,18 +128,27 @@ int BPF_PROG(on_sock_send_length, struct sock *sk, int ret, int flags) {
  * empty: the reader takes from reader_queue, which UDP refills from
  * sk_receive_queue when it runs dry. */
 static __always_inline __u64 queue_head(struct sock *sk) {
+  /* The reader queue's head in one read (its next and qlen together); the
+   * socket's own queue is a field of the traced sock, loaded directly. */
+  struct sk_buff_head q;
   struct udp_sock *up = (struct udp_sock *)sk;
-  if (BPF_CORE_READ(up, reader_queue.qlen))
-    return (__u64)BPF_CORE_READ(up, reader_queue.next);
-  if (BPF_CORE_READ(sk, sk_receive_queue.qlen))
-    return (__u64)BPF_CORE_READ(sk, sk_receive_queue.next);
-  return 0;
+  __u64 head = 0;
+  if (!bpf_probe_read_kernel(&q, sizeof(q), &up->reader_queue) && q.qlen) {
+    head = (__u64)q.next;
+    /* Kept apart from the load below: one instruction may not load from
+     * the stack and from the sock (the verifier refuses it). */
+    asm volatile("" : "+r"(head));
+  } else if (sk->sk_receive_queue.qlen) {
+    head = (__u64)sk->sk_receive_queue.next;
+    asm volatile("" : "+r"(head));
+  }
+  return head;
 }
 
 /* The stamp of the datagrams of skb `key` (its slot `slot`) that a read
  * took (several for a UDP GRO read). */
 static __always_inline void stamp_read(__u64 key, struct xl_rx_slot *slot,
-                                       __u64 pid_tgid) {
+                                       __u64 pid_tgid, __u64 now) {
   struct xl_ident id = slot->id;
   id.pid = pid_tgid >> 32; /* the reader: a forked child reads its parent's
                               socket */
@@ -153,9 +162,8 @@ static __always_inline void stamp_read(__u64 key, struct xl_rx_slot *slot,
     }
   }
   rx_free(slot, key);
-  struct xl_at at = {.point = XLAP_POINT_SOCK_RECV_EXIT,
-                     .ts = bpf_ktime_get_ns(),
-                     .tid = (__u32)pid_tgid};
+  struct xl_at at = {
+      .point = XLAP_POINT_SOCK_RECV_EXIT, .ts = now, .tid = (__u32)pid_tgid};
   emit_all(&at, &id, segs, n);
   if (segs)
     bpf_map_delete_elem(&RX_SEGS, &key);
@@ -243,8 +251,9 @@ socket_recv_return(struct sock *sk, struct xlap_sock *s, int ret, int flags) {
    * before (its read frees its slot) and passed the point just now. Three
    * on their way at once: the check below finds the wrong one at the
    * head. */
+  /* One clock read for the whole call (the stamp's time too). */
+  __u64 now = bpf_ktime_get_ns();
   if (!head) {
-    __u64 now = bpf_ktime_get_ns();
     __u64 last2 = s->rx_last2, last = s->rx_last;
     if (in_flight(last2, taken, now))
       head = last2;
@@ -264,7 +273,7 @@ socket_recv_return(struct sock *sk, struct xlap_sock *s, int ret, int flags) {
     count_loss(XLAP_POINT_SOCK_RECV_EXIT, XLAP_LOSS_UNMATCHED);
     return;
   }
-  stamp_read(taken, slot, bpf_get_current_pid_tgid());
+  stamp_read(taken, slot, bpf_get_current_pid_tgid(), now);
 }
 
 #endif

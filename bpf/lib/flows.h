@@ -14,7 +14,8 @@
 #include "common.h"
 #include "packet.h"
 
-#define FLOW_SEEN_SLOTS 16 /* per direction; a power of two */
+#define FLOW_SEEN_BITS 4
+#define FLOW_SEEN_SLOTS (1 << FLOW_SEEN_BITS) /* per direction */
 
 /* Per-CPU room for the header when the parse cache does not hold it (the
  * inner header of a tunnel). */
@@ -89,7 +90,11 @@ __attribute__((noinline)) int xl_note_tuple(const struct xl_bytes64 *buf,
     sig = (sig ^ w[0]) * 0x85ebca6b + (sig >> 13);
     sig = (sig ^ w[1]) * 0xc2b2ae35 + (sig >> 16);
   }
-  __u32 slot = (__u32)(flow ^ (flow >> 16) ^ (flow >> 32) ^ (flow >> 48));
+  /* A multiplicative hash, not a fold: XOR-folding the flow's four 16-bit
+   * fields gives a flow and its reply (addresses and ports swapped) the
+   * same slot, and a ping-pong's two flows then evicted each other on
+   * every datagram (a FLOWS lookup each time). */
+  __u32 slot = (__u32)((flow * 0x9E3779B97F4A7C15ULL) >> (64 - FLOW_SEEN_BITS));
   slot = (slot & (FLOW_SEEN_SLOTS - 1)) + (rx ? FLOW_SEEN_SLOTS : 0);
   slot &= 2 * FLOW_SEEN_SLOTS - 1;
   if (seen->flow[slot] == flow && seen->sig[slot] == sig)

@@ -488,27 +488,6 @@ fn all_queries(run: &Path, extra: &[&str]) -> (Value, String) {
     )
 }
 
-/// Whether two query outputs agree: the same rows, keys, types and text;
-/// numbers up to the last rounded digit (the engine's threads add floating
-/// sums in no fixed order, so two computations of the same table may
-/// differ there).
-fn agree(a: &Value, b: &Value) -> bool {
-    match (a, b) {
-        (Value::Number(x), Value::Number(y)) => {
-            let (x_float, y_float) = (x.is_f64(), y.is_f64());
-            let (x, y) = (x.as_f64().unwrap(), y.as_f64().unwrap());
-            x_float == y_float && (x - y).abs() <= 1e-3 + 1e-9 * x.abs().max(y.abs())
-        }
-        (Value::Array(x), Value::Array(y)) => {
-            x.len() == y.len() && x.iter().zip(y).all(|(x, y)| agree(x, y))
-        }
-        (Value::Object(x), Value::Object(y)) => {
-            x.len() == y.len() && x.iter().all(|(k, v)| y.get(k).is_some_and(|w| agree(v, w)))
-        }
-        _ => a == b,
-    }
-}
-
 /// The per-run aggregates `synth` (like `record` and `correlate`) keeps
 /// beside the packets give every analysis exactly what the packets give
 /// without them, and they are read only for the packets they were made
@@ -550,12 +529,12 @@ fn stored_aggregates_give_the_analyses_of_the_packets_themselves() {
     let (without, said) = all_queries(&run, &[]);
     assert!(!said.contains("read stage_"), "{said}");
     assert!(
-        agree(&with, &without),
+        xlap_tests::json_agree(&with, &without),
         "the analyses with and without the stored aggregates:\n{with}\n{without}"
     );
     let (inliers_without, _) = all_queries(&run, &["--inliers"]);
     assert!(
-        agree(&inliers_with, &inliers_without),
+        xlap_tests::json_agree(&inliers_with, &inliers_without),
         "--inliers computes its own:\n{inliers_with}\n{inliers_without}"
     );
     // Another run's aggregates beside these packets: not read.
@@ -570,7 +549,7 @@ fn stored_aggregates_give_the_analyses_of_the_packets_themselves() {
         "{said}"
     );
     assert!(
-        agree(&got, &truth),
+        xlap_tests::json_agree(&got, &truth),
         "stale aggregates must not be read:\n{got}\n{truth}"
     );
     // A file that is not Parquet: said, and computed.
@@ -581,7 +560,7 @@ fn stored_aggregates_give_the_analyses_of_the_packets_themselves() {
         "{said}"
     );
     assert!(
-        agree(&got, &truth),
+        xlap_tests::json_agree(&got, &truth),
         "a broken file must not be read:\n{got}\n{truth}"
     );
 }

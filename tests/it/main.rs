@@ -23,6 +23,7 @@ mod conformance;
 mod correlate_live;
 mod correlate_synthetic;
 mod crash_recovery;
+mod dataset;
 mod deadline_activation;
 mod estimate;
 mod event_loops;

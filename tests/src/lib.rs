@@ -284,6 +284,30 @@ pub fn bytes_under(dir: &Path) -> u64 {
         .sum()
 }
 
+/// Whether two query outputs agree: the same rows, keys, types and text;
+/// numbers up to the last rounded digit (the engine's threads add floating
+/// sums in no fixed order, so two computations of the same table may
+/// differ there).
+pub fn json_agree(a: &serde_json::Value, b: &serde_json::Value) -> bool {
+    use serde_json::Value;
+    match (a, b) {
+        (Value::Number(x), Value::Number(y)) => {
+            let (x_float, y_float) = (x.is_f64(), y.is_f64());
+            let (x, y) = (x.as_f64().unwrap(), y.as_f64().unwrap());
+            x_float == y_float && (x - y).abs() <= 1e-3 + 1e-9 * x.abs().max(y.abs())
+        }
+        (Value::Array(x), Value::Array(y)) => {
+            x.len() == y.len() && x.iter().zip(y).all(|(x, y)| json_agree(x, y))
+        }
+        (Value::Object(x), Value::Object(y)) => {
+            x.len() == y.len()
+                && x.iter()
+                    .all(|(k, v)| y.get(k).is_some_and(|w| json_agree(v, w)))
+        }
+        _ => a == b,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -6,13 +6,17 @@
 //!   without (computed from the packets, as for a run of an older release);
 //! - the whole bundled query set (`--query all`) against a pandas
 //!   re-implementation of X-LAP's notebook analyses (`bench/xlap_pandas.py`);
-//! - `xlap-trace synth` itself, once (the run is kept between sessions).
+//! - `xlap-trace synth` itself, once (the run is kept between sessions);
+//! - a CI history of many runs (`--history-runs`, 500): `history` and a
+//!   per-run `sql` query over a dataset of them (`dataset add`, built once
+//!   and kept), against `history` over the same runs' directories, each
+//!   opened (as before datasets kept summaries).
 //!
 //! Every side's results are compared (e2e median per kind, top outlier
 //! cause) so they are seen to do the same work.
 //!
 //! Usage: xlap-bench-analysis [--packets N] [--rounds R] [--python PATH]
-//! [--quick]. Prints Markdown, writes `bench-results/analysis.json`.
+//! [--history-runs N] [--quick]. Prints Markdown, writes `bench-results/analysis.json`.
 
 use anyhow::{bail, Context, Result};
 use serde_json::{json, Value};
@@ -122,6 +126,54 @@ fn dataset(packets: u64) -> Result<(PathBuf, Option<f64>)> {
     Ok((dir, Some(m.seconds)))
 }
 
+/// `runs` small synthetic runs (2000 packets each, seeds 1..) and a
+/// dataset of them, generated once and kept in bench-results/.
+fn history_runs(runs: u32) -> Result<(Vec<PathBuf>, PathBuf)> {
+    let base = PathBuf::from(format!("bench-results/history-{runs}"));
+    let dirs: Vec<PathBuf> = (1..=runs).map(|i| base.join(format!("r{i:04}"))).collect();
+    let ds = base.join("dataset");
+    let made = base.join("complete");
+    if made.exists() {
+        return Ok((dirs, ds));
+    }
+    let _ = std::fs::remove_dir_all(&base);
+    eprintln!(
+        "generating {runs} runs of 2000 packets and their dataset in {}",
+        base.display()
+    );
+    for (i, dir) in dirs.iter().enumerate() {
+        if i % 50 == 0 {
+            eprintln!("  run {}/{runs}", i + 1);
+        }
+        let out = Command::new(bin("xlap-trace"))
+            .args([
+                "synth",
+                "--packets",
+                "2000",
+                "--seed",
+                &(i + 1).to_string(),
+                "-o",
+            ])
+            .arg(dir)
+            .output()?;
+        if !out.status.success() {
+            bail!("synth: {}", String::from_utf8_lossy(&out.stderr));
+        }
+    }
+    let m = measure(
+        Command::new(bin("xlap-trace"))
+            .args(["dataset", "add", "-o"])
+            .arg(&ds)
+            .args(&dirs),
+    )?;
+    eprintln!(
+        "  dataset add: {:.1} s, {:.0} MiB",
+        m.seconds, m.peak_rss_mib
+    );
+    std::fs::write(&made, format!("{}\n", m.seconds))?;
+    Ok((dirs, ds))
+}
+
 /// The same run without its stored aggregates: its packets and run.json
 /// linked into a directory of their own.
 fn bare_copy(run: &Path) -> Result<PathBuf> {
@@ -225,6 +277,7 @@ fn main() -> Result<()> {
     let packets: u64 = arg("--packets", if quick { 1_000_000 } else { 10_000_000 })?;
     let rounds: usize = arg("--rounds", if quick { 1 } else { 3 })?.max(1);
     let python: String = arg("--python", "python3".to_string())?;
+    let history_n: u32 = arg("--history-runs", if quick { 50 } else { 500 })?;
     let here = Path::new(env!("CARGO_MANIFEST_DIR"));
     let (run, synth_s) = dataset(packets)?;
     let bare = bare_copy(&run)?;
@@ -266,11 +319,58 @@ fn main() -> Result<()> {
             script("xlap_pandas.py"),
         ),
     ];
+    let (history_dirs, history_ds) = history_runs(history_n)?;
+    let mut history = [
+        Side::new("history of a dataset", {
+            let ds = history_ds.clone();
+            move || {
+                let mut c = Command::new(bin("xlap-trace"));
+                c.arg("history").arg(&ds).arg("--json");
+                c
+            }
+        }),
+        Side::new("sql over a dataset: each run's e2e median", {
+            let ds = history_ds.clone();
+            move || {
+                let mut c = Command::new(bin("xlap-trace"));
+                c.arg("sql").arg(&ds).args([
+                    "SELECT run_id, kind, median(e2e_ns) FROM packets GROUP BY ALL",
+                    "-f",
+                    "json",
+                ]);
+                c
+            }
+        }),
+        Side::new("history of the run directories, each opened", {
+            // In the dataset's order: synthetic runs all start at the same
+            // instant, so it orders them by partition name (synth-1,
+            // synth-10, ...).
+            let mut dirs = history_dirs.clone();
+            dirs.sort_by_key(|d| {
+                let seed = d.file_name().unwrap_or_default().to_string_lossy();
+                format!(
+                    "synth-{}",
+                    seed.trim_start_matches('r').trim_start_matches('0')
+                )
+            });
+            move || {
+                let mut c = Command::new(bin("xlap-trace"));
+                c.arg("history").args(&dirs).arg("--json");
+                c
+            }
+        }),
+    ];
     for round in 1..=rounds {
         eprintln!("round {round}/{rounds}");
-        for side in sides.iter_mut() {
+        for side in sides.iter_mut().chain(history.iter_mut()) {
             side.run()?;
         }
+    }
+    let [of_dataset, sql_dataset, of_dirs] = &history;
+    // Same work: the dataset's history is the directories' history.
+    let same_history = of_dataset.stdout_json()? == of_dirs.stdout_json()?;
+    if !same_history {
+        eprintln!("history differs between the dataset and the run directories");
     }
     let [default, bare_default, polars, all, pandas] = &sides;
 
@@ -297,6 +397,20 @@ fn main() -> Result<()> {
     if let Some(s) = synth_s {
         println!("| xlap-trace synth (this session) | {s:.2} | | |");
     }
+    println!("\n### {history_n} runs of 2000 packets\n\n| | wall s (median) | all rounds | peak RSS MiB |\n|---|---|---|---|");
+    for side in &history {
+        let all_s: Vec<f64> = side.rounds.iter().map(|r| r.0).collect();
+        println!(
+            "| {} | {:.2} | {all_s:.2?} | {:.0} |",
+            side.name,
+            side.median_s(),
+            side.peak_mib()
+        );
+    }
+    println!(
+        "\n`history` of the dataset is **{:.1}×** faster than over the run directories; same series: {same_history}",
+        of_dirs.median_s() / of_dataset.median_s()
+    );
     println!(
         "\nThe default analysis is **{:.1}×** faster than polars ({:.1}× without stored aggregates); the whole set is **{:.1}×** faster than pandas; results agree: {agree}",
         polars.median_s() / default.median_s(),
@@ -336,8 +450,15 @@ fn main() -> Result<()> {
             "speedup_vs_polars": polars.median_s() / default.median_s(),
             "speedup_vs_pandas": pandas.median_s() / all.median_s(),
             "results_agree": agree,
+            "history": {"runs": history_n, "dataset": of_dataset.json(), "sql_dataset": sql_dataset.json(),
+                        "run_directories": of_dirs.json(),
+                        "speedup": of_dirs.median_s() / of_dataset.median_s(),
+                        "same_series": same_history},
         }))? + "\n",
     )?;
+    if !same_history {
+        bail!("history of the dataset and of the run directories differ");
+    }
     if !agree {
         bail!(
             "xlap-trace and its anchors disagree (see above): the comparison is not like for like"

@@ -12,6 +12,7 @@ pub mod dataset;
 pub mod finish;
 pub mod format;
 pub mod packets_table;
+pub mod partitioned;
 pub mod perfetto;
 pub mod queries;
 pub mod report;
@@ -77,8 +78,12 @@ pub const DEFAULT_MEMORY_LIMIT: &str = "4GB";
 /// SQL (`xlap-trace sql`) keeps it.
 pub fn engine() -> Result<duckdb::Connection> {
     let conn = duckdb::Connection::open_in_memory()?;
+    // The Parquet footers cached: a view over many files (a dataset's runs)
+    // is bound again by every statement that reads it, and each binding
+    // read every file's footer again (a 500-run dataset: 8.5 s to open).
     conn.execute_batch(
-        "SET autoinstall_known_extensions = false; SET autoload_known_extensions = false;",
+        "SET autoinstall_known_extensions = false; SET autoload_known_extensions = false;
+         SET parquet_metadata_cache = true;",
     )?;
     let limit = std::env::var("XLAP_MEMORY_LIMIT").unwrap_or_else(|_| DEFAULT_MEMORY_LIMIT.into());
     conn.execute_batch(&format!(

@@ -56,6 +56,11 @@ pub enum Command {
     /// Join the stamps of one or more runs (e.g. the two hosts of a
     /// connection) into the per-packet table, clocks mapped onto the first.
     Correlate(CorrelateArgs),
+    /// A partitioned dataset of runs (hive layout: DIR/run_id=…/), which
+    /// DuckDB and Spark read alike, and every command that takes a run
+    /// takes: DIR for all its runs, DIR/run_id=ID for one.
+    #[command(subcommand)]
+    Dataset(DatasetCommand),
     /// Make runs whose recorder died (kill -9, out of memory) whole again:
     /// stamps.parquet from the live stream, run.json marked `recovered`
     /// with what cannot be known. The commands that read runs do it by
@@ -566,6 +571,31 @@ pub struct SchemaArgs {
     /// Fail (exit 1) when the files in this directory differ from the code.
     #[arg(long)]
     pub check: Option<PathBuf>,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum DatasetCommand {
+    /// Add runs to a dataset (created if missing): each run's packets
+    /// (correlated first if it has none), its recordings' stamps and its
+    /// metadata, hard-linked where they share a file system, else copied.
+    Add(DatasetAddArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct DatasetAddArgs {
+    /// Runs: run directories, or directories of the hosts' runs.
+    #[arg(required = true)]
+    pub runs: Vec<PathBuf>,
+    /// The dataset directory.
+    #[arg(short, long)]
+    pub output: PathBuf,
+    /// Replace a run already in the dataset (by its run id) instead of
+    /// refusing it.
+    #[arg(long)]
+    pub replace: bool,
+    /// Print what was added as JSON instead of text.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Subcommand, Debug)]

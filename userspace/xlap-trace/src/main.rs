@@ -8,7 +8,7 @@ mod commands;
 
 use anyhow::Result;
 use clap::Parser;
-use cli::{Cli, Command};
+use cli::{Cli, Command, DatasetCommand};
 use commands::{analyze, ci, correlate, demo, estimate, points, record, report, schema, stage};
 use std::process::ExitCode;
 use xlap_analyze::AnalyzeError;
@@ -60,6 +60,9 @@ fn runs_read(command: &Option<Command>) -> Vec<&std::path::Path> {
         Some(Command::Summary(a)) => a.runs.iter().map(|p| p.as_path()).collect(),
         Some(Command::Compare(a)) => vec![a.baseline.as_path(), a.candidate.as_path()],
         Some(Command::History(a)) => a.runs.iter().map(|p| p.as_path()).collect(),
+        Some(Command::Dataset(DatasetCommand::Add(a))) => {
+            a.runs.iter().map(|p| p.as_path()).collect()
+        }
         _ => Vec::new(),
     }
 }
@@ -86,6 +89,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
         Some(Command::Estimate(a)) => estimate::estimate(&a),
         Some(Command::Recover(a)) => correlate::recover(&a),
         Some(Command::Correlate(a)) => correlate::correlate(&a),
+        Some(Command::Dataset(DatasetCommand::Add(a))) => correlate::dataset_add(&a),
         Some(Command::Points) => {
             points::points();
             Ok(())

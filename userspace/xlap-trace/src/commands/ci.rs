@@ -77,8 +77,16 @@ pub fn compare(a: &cli::CompareArgs) -> Result<ExitCode> {
 
 pub fn history(a: &cli::HistoryArgs) -> Result<()> {
     use xlap_ci::history;
-    let runs = a
+    // A dataset stands for its runs, oldest first.
+    let paths: Vec<std::path::PathBuf> = a
         .runs
+        .iter()
+        .flat_map(|r| match xlap_analyze::partitioned::runs_by_start(r) {
+            runs if runs.is_empty() => vec![r.clone()],
+            runs => runs,
+        })
+        .collect();
+    let runs = paths
         .iter()
         .map(|r| Summary::load(r))
         .collect::<std::result::Result<Vec<_>, _>>()?;

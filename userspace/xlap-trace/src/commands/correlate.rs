@@ -1,7 +1,8 @@
-//! `correlate` and `recover`: a run's stamps joined into packets, and runs
-//! whose recorder died made whole.
+//! `correlate`, `dataset add` and `recover`: a run's stamps joined into
+//! packets, runs laid out as a partitioned dataset, and runs whose recorder
+//! died made whole.
 
-use crate::cli::{CorrelateArgs, RecoverArgs};
+use crate::cli::{CorrelateArgs, DatasetAddArgs, RecoverArgs};
 use anyhow::Result;
 use std::path::Path;
 use xlap_analyze::finish::{correlate_dirs, print_correlation};
@@ -14,6 +15,39 @@ pub fn correlate(a: &CorrelateArgs) -> Result<()> {
         println!("{}", serde_json::to_string_pretty(&result)?);
     } else {
         print_correlation(&result, &a.output);
+    }
+    Ok(())
+}
+
+pub fn dataset_add(a: &DatasetAddArgs) -> Result<()> {
+    let mut added = Vec::new();
+    for (i, run) in a.runs.iter().enumerate() {
+        if !a.json {
+            eprintln!(
+                "xlap-trace: adding {} ({}/{})",
+                run.display(),
+                i + 1,
+                a.runs.len()
+            );
+        }
+        let r = xlap_analyze::partitioned::add(run, &a.output, a.replace)?;
+        if !a.json {
+            println!(
+                "{}: run {} ({} packets, {} recording{}){}: {} files linked, {} copied",
+                r.dir.display(),
+                r.run_id,
+                r.packets,
+                r.recorders.len(),
+                if r.recorders.len() == 1 { "" } else { "s" },
+                if r.replaced { ", replaced" } else { "" },
+                r.linked,
+                r.copied
+            );
+        }
+        added.push(r);
+    }
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&added)?);
     }
     Ok(())
 }
