@@ -373,6 +373,19 @@ fn main() -> Result<()> {
         eprintln!("history differs between the dataset and the run directories");
     }
     let [default, bare_default, polars, all, pandas] = &sides;
+    // The default side measures a run as `synth` leaves it now: stored
+    // aggregates of an older build are left aside (and computed), which
+    // would measure the other side twice.
+    if !default
+        .last
+        .as_ref()
+        .is_some_and(|m| m.stderr.contains("read stage_counts"))
+    {
+        bail!(
+            "{} has no stored aggregates this build reads (made by an older one): remove it to generate it again",
+            run.display()
+        );
+    }
 
     // Same work: the e2e median per kind and the top outlier cause agree.
     let ours = headline(&default.stdout_json()?);
