@@ -253,6 +253,17 @@ impl Side {
         Ok(())
     }
 
+    /// The side's row of a Markdown table: name, median, every round, peak.
+    fn row(&self) -> String {
+        let all_s: Vec<f64> = self.rounds.iter().map(|r| r.0).collect();
+        format!(
+            "| {} | {:.2} | {all_s:.2?} | {:.0} |",
+            self.name,
+            self.median_s(),
+            self.peak_mib()
+        )
+    }
+
     fn median_s(&self) -> f64 {
         median(&mut self.rounds.iter().map(|r| r.0).collect::<Vec<_>>())
     }
@@ -399,26 +410,14 @@ fn main() -> Result<()> {
 
     println!("| analysis | wall s (median) | all rounds | peak RSS MiB |\n|---|---|---|---|");
     for side in &sides {
-        let all_s: Vec<f64> = side.rounds.iter().map(|r| r.0).collect();
-        println!(
-            "| {} | {:.2} | {all_s:.2?} | {:.0} |",
-            side.name,
-            side.median_s(),
-            side.peak_mib()
-        );
+        println!("{}", side.row());
     }
     if let Some(s) = synth_s {
         println!("| xlap-trace synth (this session) | {s:.2} | | |");
     }
     println!("\n### {history_n} runs of 2000 packets\n\n| | wall s (median) | all rounds | peak RSS MiB |\n|---|---|---|---|");
     for side in &history {
-        let all_s: Vec<f64> = side.rounds.iter().map(|r| r.0).collect();
-        println!(
-            "| {} | {:.2} | {all_s:.2?} | {:.0} |",
-            side.name,
-            side.median_s(),
-            side.peak_mib()
-        );
+        println!("{}", side.row());
     }
     println!(
         "\n`history` of the dataset is **{:.1}×** faster than over the run directories; same series: {same_history}",

@@ -557,9 +557,8 @@ type Sides = Vec<(String, String)>;
 /// [`check_packets_file`] for many files (a dataset's runs): their footers
 /// read by two queries, not two per file; the sides of every file's point
 /// columns, each once. A file the joint reading cannot take is checked
-/// alone, which names it.
-/// Also returns the files in groups of one schema (column names and types
-/// in order), for [`dataset_packets`].
+/// alone, which names it. Also returns the files in groups of one schema
+/// (column names and types in order), for [`dataset_packets`].
 fn check_packets_files(conn: &Connection, files: &[PathBuf]) -> Result<(Sides, Vec<Vec<PathBuf>>)> {
     let list = sql::paths(files);
     let joint = (|| -> std::result::Result<_, duckdb::Error> {
