@@ -3,14 +3,15 @@
 -- reads: packets
 -- params: period = the sender's period per sequence number in µs (default: the median send-time gap per sequence step, or the mean period when bursts make that 0); late = lateness in µs that makes a start late (default: half the period); kind = packet kind to keep (default: every kind)
 WITH p AS (
-    SELECT flow, kind, seq, sent_ns, e2e_ns FROM packets
+    SELECT run_id, flow, kind, seq, sent_ns, e2e_ns FROM packets
     WHERE sent_ns IS NOT NULL AND (getvariable('kind') IS NULL OR kind = getvariable('kind'))
 ), gaps AS (
-    SELECT flow, kind, seq, sent_ns,
+    -- each run of a dataset is its own schedule
+    SELECT run_id, flow, kind, seq, sent_ns,
            (sent_ns - lag(sent_ns) OVER w) / nullif(seq - lag(seq) OVER w, 0) AS gap
-    FROM p WINDOW w AS (PARTITION BY flow, kind ORDER BY seq)
+    FROM p WINDOW w AS (PARTITION BY run_id, flow, kind ORDER BY seq)
 ), period AS (
-    SELECT flow, kind,
+    SELECT run_id, flow, kind,
            coalesce(getvariable('period') * 1000,
                     CASE WHEN median(gap) > 0 THEN median(gap) ELSE regr_slope(sent_ns, seq) END) AS period_ns,
            min(seq) AS seq0, arg_min(sent_ns, seq) AS t0
@@ -18,7 +19,7 @@ WITH p AS (
 ), dev AS (
     SELECT p.*, p.sent_ns - (r.t0 + (p.seq - r.seq0) * r.period_ns) AS dev_ns,
            (p.sent_ns - r.t0) / 1e9 AS t_s, r.period_ns
-    FROM p JOIN period r USING (flow, kind)
+    FROM p JOIN period r USING (run_id, flow, kind)
 )
 -- both quantiles from one aggregate: one copy of the deviations, not two
 SELECT flow, kind, count(*) AS packets, round(any_value(period_ns) / 1e3, 3) AS period_us,

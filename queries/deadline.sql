@@ -13,10 +13,10 @@ WITH d AS (
            max(e2e_ns) FILTER (WHERE missed) AS worst_ns
     FROM d GROUP BY kind
 ), miss_stages AS (
-    SELECT s.flow, s.kind, s.seq, c.stage, c.side, c.position, s.ns > f.fence AS above
+    SELECT s.run_id, s.flow, s.kind, s.seq, c.stage, c.side, c.position, s.ns > f.fence AS above
     FROM (
-        UNPIVOT (SELECT flow, kind, seq, COLUMNS('__.+_ns$|^channel_ns$') FROM d WHERE missed)
-        ON COLUMNS(* EXCLUDE (flow, kind, seq)) INTO NAME col VALUE ns
+        UNPIVOT (SELECT run_id, flow, kind, seq, COLUMNS('__.+_ns$|^channel_ns$') FROM d WHERE missed)
+        ON COLUMNS(* EXCLUDE (run_id, flow, kind, seq)) INTO NAME col VALUE ns
     ) s
     JOIN stage_columns c USING (col)
     JOIN fences f ON f.stage = c.stage AND f.kind = s.kind
@@ -29,7 +29,7 @@ WITH d AS (
     SELECT kind, '(no stage above its fence)' AS stage, NULL AS side, 1e9 AS position, count(*) AS packets
     FROM d
     WHERE missed AND NOT EXISTS (SELECT 1 FROM miss_stages s
-                                 WHERE s.above AND s.flow = d.flow AND s.kind = d.kind AND s.seq = d.seq)
+                                 WHERE s.above AND s.run_id = d.run_id AND s.flow = d.flow AND s.kind = d.kind AND s.seq = d.seq)
     GROUP BY kind
 )
 SELECT k.kind, getvariable('deadline')::DOUBLE AS deadline_us,

@@ -5,11 +5,11 @@
 WITH p AS (
     SELECT * FROM packets WHERE getvariable('kind') IS NULL OR kind = getvariable('kind')
 ), runs_of_loss AS (
-    -- islands of consecutive lost seqs (gaps-and-islands)
+    -- islands of consecutive lost seqs (gaps-and-islands), in each run
     SELECT flow, kind, count(*) AS len
-    FROM (SELECT flow, kind, seq, seq - row_number() OVER (PARTITION BY flow, kind ORDER BY seq) AS island
+    FROM (SELECT run_id, flow, kind, seq, seq - row_number() OVER (PARTITION BY run_id, flow, kind ORDER BY seq) AS island
           FROM p WHERE lost)
-    GROUP BY flow, kind, island
+    GROUP BY run_id, flow, kind, island
 ), per_kind AS (
     SELECT kind,
            count(*) AS sent,

@@ -14,7 +14,7 @@ WITH per_kind AS (
            NULL::DOUBLE AS stage_fence_ns, count(*) AS packets
     FROM late l
     WHERE NOT EXISTS (SELECT 1 FROM late_causes s
-                      WHERE s.flow = l.flow AND s.kind = l.kind AND s.seq = l.seq)
+                      WHERE s.run_id = l.run_id AND s.flow = l.flow AND s.kind = l.kind AND s.seq = l.seq)
     GROUP BY kind
 )
 SELECT c.kind, c.stage AS cause, c.side, c.packets,

@@ -4,17 +4,18 @@
 -- params: seq = one packet's sequence number (default: the slowest packets); top = how many slowest packets (default 5); kind = packet kind to keep (default: every kind)
 WITH chosen AS (
     -- top-N by end-to-end latency reads four columns, not the whole table
-    SELECT *, row_number() OVER (ORDER BY e2e_ns DESC NULLS LAST, flow, kind, seq) AS rank
+    -- a packet is its (run_id, flow, kind, seq): a dataset repeats the rest
+    SELECT *, row_number() OVER (ORDER BY e2e_ns DESC NULLS LAST, flow, kind, seq, run_id) AS rank
     FROM (
-        SELECT flow, kind, seq, e2e_ns FROM packets
+        SELECT run_id, flow, kind, seq, e2e_ns FROM packets
         WHERE (getvariable('kind') IS NULL OR kind = getvariable('kind'))
           AND (getvariable('seq') IS NULL OR seq = getvariable('seq'))
-        ORDER BY e2e_ns DESC NULLS LAST, flow, kind, seq
+        ORDER BY e2e_ns DESC NULLS LAST, flow, kind, seq, run_id
         LIMIT CASE WHEN getvariable('seq') IS NULL THEN coalesce(getvariable('top'), 5) ELSE 1000000 END
     )
 ), stamps_long AS (
-    UNPIVOT (SELECT flow, kind, seq, tx_host, rx_host, COLUMNS('_ns$') FROM packets
-             WHERE seq IN (SELECT seq FROM chosen) AND (flow, kind, seq) IN (SELECT (flow, kind, seq) FROM chosen))
+    UNPIVOT (SELECT run_id, flow, kind, seq, tx_host, rx_host, COLUMNS('_ns$') FROM packets
+             WHERE seq IN (SELECT seq FROM chosen) AND (run_id, flow, kind, seq) IN (SELECT (run_id, flow, kind, seq) FROM chosen))
     ON COLUMNS('_ns$') INTO NAME col VALUE t
 )
 SELECT c.rank, s.flow, s.kind, s.seq, pc.point, pc.side,
@@ -24,6 +25,6 @@ SELECT c.rank, s.flow, s.kind, s.seq, pc.point, pc.side,
        c.e2e_ns
 FROM stamps_long s
 JOIN point_columns pc USING (col)
-JOIN chosen c USING (flow, kind, seq)
-WINDOW w AS (PARTITION BY s.flow, s.kind, s.seq)
+JOIN chosen c USING (run_id, flow, kind, seq)
+WINDOW w AS (PARTITION BY s.run_id, s.flow, s.kind, s.seq)
 ORDER BY c.rank, at_ns, pc.position;

@@ -42,21 +42,25 @@ FROM (
 ) s
 JOIN stage_columns c USING (col);
 
--- Every value of every stage per kind with its count, and how many packets
--- lie below it: exact quantiles of any level without sorting the packets.
-CREATE OR REPLACE TEMP TABLE stage_counts AS
+-- Every value of every stage column per kind with its count. A dataset of
+-- runs whose stored stage_counts all match their packets makes this from
+-- them instead (counts add up across runs: crate::stored::merged).
+CREATE OR REPLACE TEMP VIEW stage_value_counts AS
 WITH h AS (
     SELECT kind, histogram(COLUMNS('__.+_ns$|^(sender_total|channel|receiver_total|e2e)_ns$'))
     FROM packets WHERE e2e_ns IS NOT NULL GROUP BY kind
 ), u AS (
     UNPIVOT h ON COLUMNS(* EXCLUDE kind) INTO NAME col VALUE m
-), v AS (
-    SELECT col, kind, unnest(map_keys(m)) AS ns, unnest(map_values(m))::BIGINT AS n FROM u
 )
+SELECT col, kind, unnest(map_keys(m)) AS ns, unnest(map_values(m))::BIGINT AS n FROM u;
+
+-- Every value of every stage per kind with its count, and how many packets
+-- lie below it: exact quantiles of any level without sorting the packets.
+CREATE OR REPLACE TEMP TABLE stage_counts AS
 SELECT c.stage, c.side, c.position, v.kind, v.ns, v.n,
        (sum(v.n) OVER (PARTITION BY c.stage, v.kind ORDER BY v.ns ROWS UNBOUNDED PRECEDING) - v.n)::BIGINT AS below,
        (sum(v.n) OVER (PARTITION BY c.stage, v.kind))::BIGINT AS total
-FROM v JOIN stage_columns c USING (col);
+FROM stage_value_counts v JOIN stage_columns c USING (col);
 
 -- Quantiles at `levels` of every stage per kind, as DuckDB's quantile_cont
 -- computes them: linear between the order statistics around (n - 1)·p.
@@ -151,9 +155,10 @@ FROM d JOIN stage_columns c USING (col);
 -- End-to-end outliers (above the e2e fence of their kind), and each of
 -- their stages on the path beside that stage's own fence (a sender's
 -- stages after its wire point run alongside the channel and the receiver:
--- their time is already in those, so they are no cause).
+-- their time is already in those, so they are no cause). A packet is its
+-- (run_id, flow, kind, seq): a dataset of runs repeats the others.
 CREATE OR REPLACE TEMP TABLE late AS
-SELECT p.flow, p.kind, p.seq, p.e2e_ns, f.fence
+SELECT p.run_id, p.flow, p.kind, p.seq, p.e2e_ns, f.fence
 FROM packets p JOIN fences f ON f.stage = 'e2e' AND f.kind = p.kind
 WHERE p.e2e_ns > f.fence;
 
@@ -163,11 +168,11 @@ WHERE p.e2e_ns > f.fence;
 -- of them on a synthetic run of 10 M packets), and materialising every
 -- row cost more than finding the causes.
 CREATE OR REPLACE TEMP VIEW late_stages AS
-SELECT s.flow, s.kind, s.seq, c.stage, c.side, c.position, s.ns, f.fence, s.ns > f.fence AS above
+SELECT s.run_id, s.flow, s.kind, s.seq, c.stage, c.side, c.position, s.ns, f.fence, s.ns > f.fence AS above
 FROM (
-    UNPIVOT (SELECT flow, kind, seq, COLUMNS('__.+_ns$|^channel_ns$')
+    UNPIVOT (SELECT run_id, flow, kind, seq, COLUMNS('__.+_ns$|^channel_ns$')
              FROM packets p SEMI JOIN fences e ON e.stage = 'e2e' AND e.kind = p.kind AND p.e2e_ns > e.fence)
-    ON COLUMNS(* EXCLUDE (flow, kind, seq)) INTO NAME col VALUE ns
+    ON COLUMNS(* EXCLUDE (run_id, flow, kind, seq)) INTO NAME col VALUE ns
 ) s
 JOIN stage_columns c USING (col)
 JOIN fences f ON f.stage = c.stage AND f.kind = s.kind

@@ -270,3 +270,137 @@ fn spark_reads_the_dataset_and_computes_our_quantiles() {
         .collect();
     assert_eq!(left.len(), 2, "only the two runs: {left:?}");
 }
+
+/// Loss islands (runs of consecutive lost seqs) per kind, as a reader of
+/// the packets counts them: (islands, longest).
+fn islands(lost_seqs: &BTreeSet<i64>) -> (u64, u64) {
+    let (mut count, mut longest, mut len, mut prev) = (0, 0, 0, None);
+    for &s in lost_seqs {
+        if prev == Some(s - 1) {
+            len += 1;
+        } else {
+            count += 1;
+            len = 1;
+        }
+        longest = longest.max(len);
+        prev = Some(s);
+    }
+    (count, longest)
+}
+
+/// Runs of one setup repeat each other's flows and seqs (40 000 packets:
+/// enough that some runs lose neighbouring seqs, which one island across
+/// runs would join). In a dataset a
+/// packet stays its run's: loss islands do not run across runs, a traced
+/// packet's waterfall holds that packet alone, and the value counts summed
+/// from the runs' stored tables give what the packets themselves give.
+#[test]
+fn runs_that_share_seqs_stay_apart_in_a_dataset() {
+    let _guard = xlap_tests::unprivileged();
+    let scratch = Scratch::new("dataset-shared-seqs");
+    let ds = scratch.path("ds");
+    let mut runs = Vec::new();
+    for seed in ["11", "12", "13"] {
+        let run = scratch.path(&format!("synth-{seed}"));
+        ok(
+            xlap_trace(&[
+                "synth",
+                "-o",
+                path(&run),
+                "--packets",
+                "40000",
+                "--seed",
+                seed,
+            ]),
+            "synth",
+        );
+        ok(
+            xlap_trace(&["dataset", "add", path(&run), "-o", path(&ds)]),
+            "dataset add",
+        );
+        runs.push(run);
+    }
+
+    // Loss islands, counted here from each run's own lost seqs.
+    let loss = xlap_tests::trace::analyze_rows(&ds, "loss", &[]);
+    for kind in [0, 1] {
+        let (mut gaps, mut longest) = (0, 0);
+        for run in &runs {
+            let lost = ints(
+                run,
+                &format!("SELECT seq FROM packets WHERE lost AND kind = {kind}"),
+            );
+            let (g, l) = islands(&lost);
+            gaps += g;
+            longest = longest.max(l);
+        }
+        assert!(gaps > 0, "the generator plants loss");
+        let measure = |m: &str| {
+            loss.iter()
+                .find(|r| {
+                    r["scope"] == "protocol" && r["what"] == kind.to_string() && r["measure"] == m
+                })
+                .unwrap_or_else(|| panic!("{m} of kind {kind}: {loss:?}"))["value"]
+                .as_u64()
+                .unwrap()
+        };
+        assert_eq!(measure("gaps"), gaps, "kind {kind}");
+        assert_eq!(measure("longest_gap"), longest, "kind {kind}");
+    }
+
+    // The slowest packets' waterfalls: each holds one packet's points once,
+    // and its end to end is that packet's in one run.
+    let trace = xlap_tests::trace::analyze_rows(&ds, "trace", &["--param", "top=5"]);
+    let mut seen = BTreeSet::new();
+    for r in &trace {
+        let key = (
+            r["rank"].as_u64().unwrap(),
+            r["point"].as_str().unwrap().to_string(),
+        );
+        assert!(seen.insert(key.clone()), "{key:?} twice in the trace");
+    }
+    for rank in 1..=5u64 {
+        let row = trace.iter().find(|r| r["rank"] == rank).expect("5 packets");
+        let e2e = row["e2e_ns"].as_i64().unwrap();
+        let seq = row["seq"].as_i64().unwrap();
+        let owners = runs
+            .iter()
+            .filter(|run| {
+                ints(
+                    run,
+                    &format!("SELECT e2e_ns FROM packets WHERE seq = {seq}"),
+                )
+                .contains(&e2e)
+            })
+            .count();
+        assert_eq!(owners, 1, "rank {rank}: seq {seq}, e2e {e2e}");
+    }
+
+    // The runs' stored value counts, summed, are the dataset's.
+    let analyzed = xlap_trace(&["analyze", path(&ds), "-q", "jitter", "-f", "json"]);
+    let said = String::from_utf8_lossy(&analyzed.stderr).to_string();
+    assert!(said.contains("read stage_value_counts"), "{said}");
+    let bare = scratch.path("bare");
+    std::fs::create_dir(&bare).unwrap();
+    for entry in std::fs::read_dir(&ds).unwrap() {
+        let part = entry.unwrap().path();
+        let to = bare.join(part.file_name().unwrap());
+        ok(
+            Command::new("cp")
+                .arg("-r")
+                .arg(&part)
+                .arg(&to)
+                .output()
+                .unwrap(),
+            "cp",
+        );
+        for stored in std::fs::read_dir(&to).unwrap() {
+            let p = stored.unwrap().path();
+            if p.to_str().unwrap().contains("packets.stage_") {
+                std::fs::remove_file(p).unwrap();
+            }
+        }
+    }
+    let (merged, computed) = (all_queries(&ds), all_queries(&bare));
+    assert!(json_agree(&merged, &computed), "{merged}\n{computed}");
+}

@@ -338,18 +338,31 @@ fn open_checked(
         ))?;
     }
     // The stored tables of a packets file read as it is (crate::stored).
+    // A dataset's: the runs' stored value counts, summed.
     let stored = match (&packets_file, purpose) {
         (Some(file), Purpose::Analyse) if view == View::default() => {
             crate::stored::usable(conn, file)
+        }
+        (None, Purpose::Analyse) if view == View::default() && !partitions.is_empty() => {
+            let files: Vec<PathBuf> = partitions
+                .iter()
+                .map(|r| RunDir::new(r).packets())
+                .collect();
+            crate::stored::merged(conn, &files)
         }
         _ => Vec::new(),
     };
     for (name, how) in &stored {
         if let (Err(why), true) = (how, progress) {
-            eprintln!(
-                "xlap-trace: {name} computed from the packets, not read from {}: {why}",
-                crate::stored::path(packets_file.as_deref().unwrap_or(arg), name).display()
-            );
+            match &packets_file {
+                Some(file) => eprintln!(
+                    "xlap-trace: {name} computed from the packets, not read from {}: {why}",
+                    crate::stored::path(file, name).display()
+                ),
+                None => eprintln!(
+                    "xlap-trace: {name} computed from the packets, not from the runs' stored tables: {why}"
+                ),
+            }
         }
     }
     let mut to_store: Vec<&str> = crate::stored::TABLES.to_vec();

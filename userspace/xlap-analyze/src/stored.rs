@@ -147,18 +147,92 @@ fn check(conn: &Connection, file: &Path, id: &str) -> std::result::Result<String
             e => Err(e.to_string()),
         })
     };
-    if meta(PACKETS_KEY)?.as_deref() != Some(id) {
-        return Err("computed from other packets".into());
-    }
-    if meta(STATEMENTS_KEY)?.as_deref() != Some(statements_id().as_str()) {
-        return Err("made by another version of xlap-trace or of its queries/views.sql".into());
-    }
+    verdict(
+        meta(PACKETS_KEY)?.as_deref(),
+        meta(STATEMENTS_KEY)?.as_deref(),
+        id,
+    )?;
     Ok(format!("FROM read_parquet({})", sql::path(file)))
 }
 
+/// Whether a stored table's metadata (its packets and statements keys)
+/// says it was computed from the packets named `id` by these statements.
+fn verdict(
+    packets: Option<&str>,
+    statements: Option<&str>,
+    id: &str,
+) -> std::result::Result<(), String> {
+    if packets != Some(id) {
+        return Err("computed from other packets".into());
+    }
+    if statements != Some(statements_id().as_str()) {
+        return Err("made by another version of xlap-trace or of its queries/views.sql".into());
+    }
+    Ok(())
+}
+
+/// For a dataset of runs (`packets`: each run's packets file), the
+/// statement tables of the whole population can take from the runs'
+/// stored tables: `stage_value_counts` as the sum of every run's
+/// `stage_counts` (value counts add up; the moments do not: their trends
+/// and correlations span the whole population, and are computed from the
+/// packets). Given only when every run's table matches its packets (the
+/// reason otherwise); all files' metadata is read by one query.
+pub fn merged(
+    conn: &Connection,
+    packets: &[PathBuf],
+) -> Vec<(&'static str, std::result::Result<String, String>)> {
+    vec![("stage_value_counts", merged_counts(conn, packets))]
+}
+
+fn merged_counts(conn: &Connection, packets: &[PathBuf]) -> std::result::Result<String, String> {
+    let files: Vec<PathBuf> = packets.iter().map(|p| path(p, "stage_counts")).collect();
+    if let Some(missing) = files.iter().find(|f| !f.is_file()) {
+        return Err(format!("{} is missing", missing.display()));
+    }
+    let list = sql::paths(&files);
+    let mut stmt = conn
+        .prepare(&format!(
+            "SELECT file_name, decode(key), decode(value) FROM parquet_kv_metadata([{list}])
+             WHERE decode(key) IN ({}, {})",
+            sql::literal(PACKETS_KEY),
+            sql::literal(STATEMENTS_KEY)
+        ))
+        .map_err(|e| e.to_string())?;
+    let mut meta = std::collections::HashMap::new();
+    let rows = stmt
+        .query_map([], |r| {
+            Ok((
+                r.get::<_, String>(0)?,
+                r.get::<_, String>(1)?,
+                r.get::<_, String>(2)?,
+            ))
+        })
+        .map_err(|e| e.to_string())?;
+    for row in rows {
+        let (file, key, value) = row.map_err(|e| e.to_string())?;
+        meta.insert((file, key), value);
+    }
+    for (file, packets) in files.iter().zip(packets) {
+        let id = packets_id(packets).map_err(|e| format!("{}: {e}", packets.display()))?;
+        // The engine names each file as the list gave it: absolute.
+        let name = crate::absolute(file).display().to_string();
+        let get = |key: &str| {
+            meta.get(&(name.clone(), key.to_string()))
+                .map(String::as_str)
+        };
+        verdict(get(PACKETS_KEY), get(STATEMENTS_KEY), &id)
+            .map_err(|why| format!("{}: {why}", file.display()))?;
+    }
+    Ok(format!(
+        "SELECT c.col, s.kind, s.ns, sum(s.n)::BIGINT AS n
+         FROM read_parquet([{list}]) s JOIN stage_columns c USING (stage) GROUP BY ALL"
+    ))
+}
+
 /// The statement that makes table `name` from its stored file (`from`, as
-/// [`usable`] gives it), in views.sql's own form (a view where the caller
-/// makes views of the tables).
+/// [`usable`] or [`merged`] gives it), in views.sql's own form (a view where
+/// the caller makes views of the tables).
 pub fn load_statement(name: &str, from: &str) -> String {
     format!("CREATE OR REPLACE TEMP TABLE {name} AS {from};")
 }
