@@ -2,7 +2,9 @@
 -- description: Deadline misses (cf. time-triggered systems): per kind, the delivered packets whose end-to-end latency exceeds the deadline, their rate and the worst, and each miss attributed to the stages that were outliers in it (above their own fence, as outlier_causes): the share of misses each stage explains. A miss can have several causes, or none.
 -- reads: packets, fences, stage_columns (views.sql)
 -- params: deadline = end-to-end deadline in µs (default: the one given at correlation, `--deadline-ms`, as the packets' deadline_missed flag); kind = packet kind to keep (default: every kind)
-WITH d AS (
+-- d is read more than once: inlined, each reader scans the columns it
+-- needs; materialised, it held a copy of them (10 M packets: up to 1.9 GB)
+WITH d AS NOT MATERIALIZED (
     SELECT *,
            CASE WHEN getvariable('deadline') IS NULL THEN coalesce(deadline_missed, false)
                 ELSE e2e_ns > getvariable('deadline') * 1000 END AS missed

@@ -3,11 +3,11 @@
 -- reads: packets
 -- params: bag = minimum gap in µs (default: none, statistics only); kind = packet kind to keep (default: every kind)
 WITH w AS (
-    SELECT run_id, flow, kind, seq, sent_ns + sender_total_ns AS wire_ns
+    SELECT run_key(run_id) AS run, flow, kind, seq, sent_ns + sender_total_ns AS wire_ns
     FROM packets
     WHERE sender_total_ns IS NOT NULL AND (getvariable('kind') IS NULL OR kind = getvariable('kind'))
 ), g AS (
-    SELECT flow, kind, seq, wire_ns - lag(wire_ns) OVER (PARTITION BY run_id, flow, kind ORDER BY wire_ns, seq) AS gap_ns
+    SELECT flow, kind, seq, wire_ns - lag(wire_ns) OVER (PARTITION BY run, flow, kind ORDER BY wire_ns, seq) AS gap_ns
     FROM w
 )
 SELECT flow, kind, count(gap_ns) AS gaps,

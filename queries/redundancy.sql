@@ -2,7 +2,9 @@
 -- description: Redundant transmission over several paths (AFDX's networks A and B, PRP, D2DRR): the packets of one sending and one receiving process and kind that arrive over two or more flows are copies of one another. Per such stream: its paths (the receiving address:port of each) with the copies each carried and how often each delivered first, the packets that came over one path only, the seqs the usually slower path won, the skew between the copies at the receiver's device (p50, p99, max), and the copies later than `skew_max` after the first (AFDX's SkewMax: beyond it a receiver cannot tell a late copy from a new frame) with their seqs.
 -- reads: packets
 -- params: skew_max = SkewMax in µs (default: none, statistics only); kind = packet kind to keep (default: every kind)
-WITH c AS (
+-- c is read more than once: inlined, each reader scans the columns it
+-- needs; materialised, it held a copy of them (10 M packets: up to 1.9 GB)
+WITH c AS NOT MATERIALIZED (
     SELECT tx_host, tx_pid, rx_host, rx_pid, kind, seq, flow,
            coalesce(dst_addr || ':' || dst_port, 'flow ' || flow) AS path,
            sent_ns + sender_total_ns + channel_ns AS arrival_ns

@@ -338,7 +338,9 @@ fn runs_that_share_seqs_stay_apart_in_a_dataset() {
         let measure = |m: &str| {
             loss.iter()
                 .find(|r| {
-                    r["scope"] == "protocol" && r["what"] == kind.to_string() && r["measure"] == m
+                    r["scope"] == "protocol"
+                        && r["what"].as_str().and_then(|w| w.parse().ok()) == Some(kind)
+                        && r["measure"] == m
                 })
                 .unwrap_or_else(|| panic!("{m} of kind {kind}: {loss:?}"))["value"]
                 .as_u64()

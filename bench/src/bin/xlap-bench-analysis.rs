@@ -10,13 +10,17 @@
 //! - a CI history of many runs (`--history-runs`, 500): `history` and a
 //!   per-run `sql` query over a dataset of them (`dataset add`, built once
 //!   and kept), against `history` over the same runs' directories, each
-//!   opened (as before datasets kept summaries).
+//!   opened (as before datasets kept summaries);
+//! - a dataset of `--big-runs` runs of the same size (10: 100 M packets;
+//!   the run above and `synth` seeds 2..), built once and kept, analysed
+//!   as one population under the engine's memory limit (out of core):
+//!   the default set every round, `--query all` once.
 //!
 //! Every side's results are compared (e2e median per kind, top outlier
 //! cause) so they are seen to do the same work.
 //!
 //! Usage: xlap-bench-analysis [--packets N] [--rounds R] [--python PATH]
-//! [--history-runs N] [--quick]. Prints Markdown, writes `bench-results/analysis.json`.
+//! [--history-runs N] [--big-runs N] [--quick]. Prints Markdown, writes `bench-results/analysis.json`.
 
 use anyhow::{bail, Context, Result};
 use serde_json::{json, Value};
@@ -174,6 +178,52 @@ fn history_runs(runs: u32) -> Result<(Vec<PathBuf>, PathBuf)> {
     Ok((dirs, ds))
 }
 
+/// A dataset of `runs` runs of `packets` packets: `first` (the run the
+/// other sides read) and `synth` seeds 2.., built once and kept in
+/// bench-results/ (the runs are linked into it, not copied).
+fn big_dataset(first: &Path, packets: u64, runs: u32) -> Result<PathBuf> {
+    let base = PathBuf::from(format!("bench-results/big-{runs}x{packets}"));
+    let ds = base.join("dataset");
+    let made = base.join("complete");
+    if made.exists() {
+        return Ok(ds);
+    }
+    let _ = std::fs::remove_dir_all(&base);
+    eprintln!(
+        "generating {} more runs of {packets} packets and a dataset of {runs} in {}",
+        runs - 1,
+        base.display()
+    );
+    let mut dirs = vec![first.to_path_buf()];
+    for seed in 2..=runs {
+        let dir = base.join(format!("s{seed}"));
+        let m = measure(
+            Command::new(bin("xlap-trace"))
+                .args(["synth", "--packets", &packets.to_string(), "--seed"])
+                .arg(seed.to_string())
+                .arg("-o")
+                .arg(&dir),
+        )?;
+        eprintln!("  run {seed}/{runs}: synth {:.1} s", m.seconds);
+        dirs.push(dir);
+    }
+    let m = measure(
+        Command::new(bin("xlap-trace"))
+            .args(["dataset", "add", "-o"])
+            .arg(&ds)
+            .args(&dirs),
+    )?;
+    if !ds.join("run_id=synth-1").is_dir() {
+        bail!("dataset add: {}", m.stderr);
+    }
+    eprintln!(
+        "  dataset add: {:.1} s, {:.0} MiB",
+        m.seconds, m.peak_rss_mib
+    );
+    std::fs::write(&made, format!("{}\n", m.seconds))?;
+    Ok(ds)
+}
+
 /// The same run without its stored aggregates: its packets and run.json
 /// linked into a directory of their own.
 fn bare_copy(run: &Path) -> Result<PathBuf> {
@@ -289,6 +339,7 @@ fn main() -> Result<()> {
     let rounds: usize = arg("--rounds", if quick { 1 } else { 3 })?.max(1);
     let python: String = arg("--python", "python3".to_string())?;
     let history_n: u32 = arg("--history-runs", if quick { 50 } else { 500 })?;
+    let big_n: u32 = arg("--big-runs", if quick { 2 } else { 10 })?;
     let here = Path::new(env!("CARGO_MANIFEST_DIR"));
     let (run, synth_s) = dataset(packets)?;
     let bare = bare_copy(&run)?;
@@ -371,11 +422,42 @@ fn main() -> Result<()> {
             }
         }),
     ];
+    let big = if big_n > 1 {
+        Some(big_dataset(&run, packets, big_n)?)
+    } else {
+        None
+    };
+    let mut big_sides: Vec<Side> = big
+        .iter()
+        .map(|ds| {
+            Side::new(
+                "xlap-trace analyze DATASET (default set)",
+                analyze(ds, false),
+            )
+        })
+        .collect();
     for round in 1..=rounds {
         eprintln!("round {round}/{rounds}");
-        for side in sides.iter_mut().chain(history.iter_mut()) {
+        for side in sides
+            .iter_mut()
+            .chain(history.iter_mut())
+            .chain(big_sides.iter_mut())
+        {
             side.run()?;
         }
+    }
+    // The whole set over the big dataset, once: minutes, not seconds.
+    let mut big_all: Vec<Side> = big
+        .iter()
+        .map(|ds| {
+            Side::new(
+                "xlap-trace analyze DATASET --query all (once)",
+                analyze(ds, true),
+            )
+        })
+        .collect();
+    for side in &mut big_all {
+        side.run()?;
     }
     let [of_dataset, sql_dataset, of_dirs] = &history;
     // Same work: the dataset's history is the directories' history.
@@ -419,6 +501,16 @@ fn main() -> Result<()> {
     for side in &history {
         println!("{}", side.row());
     }
+    if !big_sides.is_empty() {
+        println!(
+            "\n### A dataset of {big_n} runs of {packets} packets ({} M), engine limit {}\n\n| | wall s (median) | all rounds | peak RSS MiB |\n|---|---|---|---|",
+            big_n as u64 * packets / 1_000_000,
+            std::env::var("XLAP_MEMORY_LIMIT").unwrap_or_else(|_| "the default".into())
+        );
+        for side in big_sides.iter().chain(&big_all) {
+            println!("{}", side.row());
+        }
+    }
     println!(
         "\n`history` of the dataset is **{:.1}×** faster than over the run directories; same series: {same_history}",
         of_dirs.median_s() / of_dataset.median_s()
@@ -441,7 +533,11 @@ fn main() -> Result<()> {
             })
             .unwrap_or_default()
     };
-    for side in [default, bare_default, all] {
+    for side in [default, bare_default, all]
+        .into_iter()
+        .chain(&big_sides)
+        .chain(&big_all)
+    {
         println!("\n{} steps (last round):\n", side.name);
         for s in steps(side) {
             println!("- {s}");
@@ -466,6 +562,11 @@ fn main() -> Result<()> {
                         "run_directories": of_dirs.json(),
                         "speedup": of_dirs.median_s() / of_dataset.median_s(),
                         "same_series": same_history},
+            "big_dataset": {"runs": big_n, "packets_per_run": packets,
+                            "default": big_sides.first().map(Side::json),
+                            "all": big_all.first().map(Side::json),
+                            "default_steps": big_sides.first().map(steps),
+                            "all_steps": big_all.first().map(steps)},
         }))? + "\n",
     )?;
     if !same_history {
