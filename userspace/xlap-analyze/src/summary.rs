@@ -461,9 +461,11 @@ fn metas_of_runs_in(dir: &Path) -> Vec<xlap_records::run_meta::RunMeta> {
         .collect()
 }
 
-/// Stage columns one block query computes at most: each carries its
-/// values through the sort and into the quantile states.
-const BLOCK_COLUMNS_PER_QUERY: usize = 4;
+/// Stage values one block query carries at most (packets × stage
+/// columns): each carries its values through the sort and into the
+/// quantile states. A small run's stages go in one query (a query per few
+/// columns made `history` of 500 runs of 2000 packets 75 -> 120 s).
+const BLOCK_VALUES_PER_QUERY: u64 = 40_000_000;
 
 /// Each stage's quantiles in each of [`BLOCKS`] blocks of its packets in
 /// send order (stages with fewer than [`MIN_BLOCK_PACKETS`] per block keep
@@ -471,8 +473,8 @@ const BLOCK_COLUMNS_PER_QUERY: usize = 4;
 ///
 /// A stage's blocks are the ntile of its own packets (those that have it)
 /// by (sent_ns, seq). Stages present in exactly the same packets share
-/// their blocks, so they are computed together, a few columns per query,
-/// from the wide table: the long `stages` view sorted every (packet, stage)
+/// their blocks, so they are computed together, as many columns per query
+/// as [`BLOCK_VALUES_PER_QUERY`] allows, from the wide table: the long `stages` view sorted every (packet, stage)
 /// row at once, which ran 10 M packets out of a 4 GB engine.
 fn add_blocks(
     conn: &duckdb::Connection,
@@ -494,20 +496,33 @@ fn add_blocks(
     if columns.is_empty() {
         return Ok(());
     }
-    // Which stages each combination of present stages has: columns absent
-    // from the same combinations are present in the same packets.
-    let absent: Vec<Vec<bool>> = {
+    // Which stages each combination of present stages has (and how many
+    // packets): columns absent from the same combinations are present in
+    // the same packets.
+    let (absent, delivered): (Vec<Vec<bool>>, u64) = {
         let flags: Vec<String> = columns
             .iter()
             .map(|(c, _)| format!("{} IS NULL", ident(c)))
             .collect();
         let mut stmt = conn.prepare(&format!(
-            "SELECT DISTINCT {} FROM delivered",
+            "SELECT {}, count(*)::UBIGINT FROM delivered GROUP BY ALL",
             flags.join(", ")
         ))?;
         let n = columns.len();
-        let rows = stmt.query_map([], |r| (0..n).map(|i| r.get::<_, bool>(i)).collect())?;
-        rows.collect::<std::result::Result<_, _>>()?
+        let rows = stmt.query_map([], |r| {
+            let combo = (0..n)
+                .map(|i| r.get::<_, bool>(i))
+                .collect::<std::result::Result<Vec<_>, _>>()?;
+            Ok((combo, r.get::<_, u64>(n)?))
+        })?;
+        let mut absent = Vec::new();
+        let mut delivered = 0;
+        for row in rows {
+            let (combo, count) = row?;
+            absent.push(combo);
+            delivered += count;
+        }
+        (absent, delivered)
     };
     let mut classes: Vec<(Vec<bool>, Vec<usize>)> = Vec::new();
     for i in 0..columns.len() {
@@ -521,8 +536,9 @@ fn add_blocks(
         }
     }
     let list = sql_list(levels);
+    let per_query = (BLOCK_VALUES_PER_QUERY / delivered.max(1)).max(1) as usize;
     for (_, members) in classes {
-        for chunk in members.chunks(BLOCK_COLUMNS_PER_QUERY) {
+        for chunk in members.chunks(per_query) {
             let quantiles: Vec<String> = chunk
                 .iter()
                 .map(|&i| {
