@@ -34,10 +34,12 @@ FROM (
     ON lost, untraced, recovered, duplicated, reordered, retransmitted, gaps, longest_gap INTO NAME measure VALUE value
 )
 UNION ALL
-SELECT 'tracer', host || ' ' || point, replace(reason, 'lost_', ''), value, round(100.0 * value / nullif(stamps + value, 0), 3)
+-- (in a dataset of runs, each run's tracer: its run id first)
+SELECT 'tracer', coalesce(run_key(run_id) || ' ', '') || host || ' ' || point, replace(reason, 'lost_', ''), value,
+       round(100.0 * value / nullif(stamps + value, 0), 3)
 FROM (
     -- every lost_<reason> column the capture counts
-    UNPIVOT (SELECT host, point, stamps, COLUMNS('^lost_') FROM tracer_points)
+    UNPIVOT (SELECT run_id, host, point, stamps, COLUMNS('^lost_') FROM tracer_points)
     ON COLUMNS('^lost_') INTO NAME reason VALUE value
 )
 WHERE value > 0

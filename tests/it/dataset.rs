@@ -350,6 +350,28 @@ fn runs_that_share_seqs_stay_apart_in_a_dataset() {
         assert_eq!(measure("longest_gap"), longest, "kind {kind}");
     }
 
+    // The tracer's own losses, each run's under its run id: as the run
+    // alone reports them.
+    let tracer = |rows: &[Value], prefix: &str| -> BTreeSet<(String, String, u64)> {
+        rows.iter()
+            .filter(|r| r["scope"] == "tracer")
+            .map(|r| {
+                (
+                    format!("{prefix}{}", r["what"].as_str().unwrap()),
+                    r["measure"].as_str().unwrap().to_string(),
+                    r["value"].as_u64().unwrap(),
+                )
+            })
+            .collect()
+    };
+    let mut each_run = BTreeSet::new();
+    for (run, seed) in runs.iter().zip(["11", "12", "13"]) {
+        let alone = xlap_tests::trace::analyze_rows(run, "loss", &[]);
+        each_run.extend(tracer(&alone, &format!("synth-{seed} ")));
+    }
+    assert_eq!(each_run.len(), 3, "the generator plants one loss per run");
+    assert_eq!(tracer(&loss, ""), each_run);
+
     // The slowest packets' waterfalls: each holds one packet's points once,
     // and its end to end is that packet's in one run.
     let trace = xlap_tests::trace::analyze_rows(&ds, "trace", &["--param", "top=5"]);
