@@ -88,5 +88,7 @@ bench-compare *ARGS: build
 # interleaved rounds: the default analysis (with and without the run's
 # stored aggregates) against polars, every bundled query against a pandas
 # re-implementation of X-LAP's notebook; ./run.sh installs both in a venv.
+# Also history of 500 runs, and a dataset of 10 such runs (100 M packets,
+# --big-runs N) analysed as one population. Built once in bench-results/.
 bench-analysis *ARGS: build
     {{target}}/debug/xlap-bench-analysis --python {{python}} {{ARGS}}
