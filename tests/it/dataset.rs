@@ -46,6 +46,26 @@ fn ints(run: &Path, statement: &str) -> BTreeSet<i64> {
         .collect()
 }
 
+/// A synthetic run of `packets` packets at `run`, added to dataset `ds`.
+fn synth_into_dataset(run: &Path, ds: &Path, packets: &str, seed: &str) {
+    ok(
+        xlap_trace(&[
+            "synth",
+            "-o",
+            path(run),
+            "--packets",
+            packets,
+            "--seed",
+            seed,
+        ]),
+        "synth",
+    );
+    ok(
+        xlap_trace(&["dataset", "add", path(run), "-o", path(ds)]),
+        "dataset add",
+    );
+}
+
 fn added(out: Output) -> Vec<Value> {
     serde_json::from_str(&ok(out, "dataset add")).expect("JSON")
 }
@@ -196,23 +216,7 @@ fn spark_reads_the_dataset_and_computes_our_quantiles() {
     let scratch = Scratch::new("dataset-spark");
     let ds = scratch.path("ds");
     for seed in ["3", "4"] {
-        let run = scratch.path(&format!("synth-{seed}"));
-        ok(
-            xlap_trace(&[
-                "synth",
-                "-o",
-                path(&run),
-                "--packets",
-                "4000",
-                "--seed",
-                seed,
-            ]),
-            "synth",
-        );
-        ok(
-            xlap_trace(&["dataset", "add", path(&run), "-o", path(&ds)]),
-            "dataset add",
-        );
+        synth_into_dataset(&scratch.path(&format!("synth-{seed}")), &ds, "4000", seed);
     }
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("python/spark_quantiles.py");
     for (target, run_id) in [
@@ -302,22 +306,7 @@ fn runs_that_share_seqs_stay_apart_in_a_dataset() {
     let mut runs = Vec::new();
     for seed in ["11", "12", "13"] {
         let run = scratch.path(&format!("synth-{seed}"));
-        ok(
-            xlap_trace(&[
-                "synth",
-                "-o",
-                path(&run),
-                "--packets",
-                "40000",
-                "--seed",
-                seed,
-            ]),
-            "synth",
-        );
-        ok(
-            xlap_trace(&["dataset", "add", path(&run), "-o", path(&ds)]),
-            "dataset add",
-        );
+        synth_into_dataset(&run, &ds, "40000", seed);
         runs.push(run);
     }
 

@@ -164,18 +164,25 @@ fn history_runs(runs: u32) -> Result<(Vec<PathBuf>, PathBuf)> {
             bail!("synth: {}", String::from_utf8_lossy(&out.stderr));
         }
     }
+    dataset_add(&ds, &dirs, &made)?;
+    Ok((dirs, ds))
+}
+
+/// Adds `runs` to dataset `ds` (measured), then writes `made`: what was
+/// built is complete and is kept for the next sessions.
+fn dataset_add(ds: &Path, runs: &[PathBuf], made: &Path) -> Result<()> {
     let m = measure(
         Command::new(bin("xlap-trace"))
             .args(["dataset", "add", "-o"])
-            .arg(&ds)
-            .args(&dirs),
+            .arg(ds)
+            .args(runs),
     )?;
     eprintln!(
         "  dataset add: {:.1} s, {:.0} MiB",
         m.seconds, m.peak_rss_mib
     );
-    std::fs::write(&made, format!("{}\n", m.seconds))?;
-    Ok((dirs, ds))
+    std::fs::write(made, format!("{}\n", m.seconds))?;
+    Ok(())
 }
 
 /// The engine's memory limit for `--query all` over the big dataset.
@@ -210,20 +217,7 @@ fn big_dataset(first: &Path, packets: u64, runs: u32) -> Result<PathBuf> {
         eprintln!("  run {seed}/{runs}: synth {:.1} s", m.seconds);
         dirs.push(dir);
     }
-    let m = measure(
-        Command::new(bin("xlap-trace"))
-            .args(["dataset", "add", "-o"])
-            .arg(&ds)
-            .args(&dirs),
-    )?;
-    if !ds.join("run_id=synth-1").is_dir() {
-        bail!("dataset add: {}", m.stderr);
-    }
-    eprintln!(
-        "  dataset add: {:.1} s, {:.0} MiB",
-        m.seconds, m.peak_rss_mib
-    );
-    std::fs::write(&made, format!("{}\n", m.seconds))?;
+    dataset_add(&ds, &dirs, &made)?;
     Ok(ds)
 }
 

@@ -282,13 +282,14 @@ fn open_checked(
     } else {
         ", hive_partitioning = true, union_by_name = true"
     };
+    // A dataset's packets: each run's file.
+    let partition_packets: Vec<PathBuf> = partitions
+        .iter()
+        .map(|r| RunDir::new(r).packets())
+        .collect();
     let sides: Vec<(String, String)> = match &packets_file {
         None if !partitions.is_empty() => {
-            let files: Vec<PathBuf> = partitions
-                .iter()
-                .map(|r| RunDir::new(r).packets())
-                .collect();
-            let (sides, groups) = check_packets_files(conn, &files)?;
+            let (sides, groups) = check_packets_files(conn, &partition_packets)?;
             packets_view(conn, &dataset_packets(&groups))?;
             if progress {
                 eprintln!(
@@ -356,11 +357,7 @@ fn open_checked(
             crate::stored::usable(conn, file)
         }
         (None, Purpose::Analyse) if view == View::default() && !partitions.is_empty() => {
-            let files: Vec<PathBuf> = partitions
-                .iter()
-                .map(|r| RunDir::new(r).packets())
-                .collect();
-            crate::stored::merged(conn, &files)
+            crate::stored::merged(conn, &partition_packets)
         }
         _ => Vec::new(),
     };

@@ -381,23 +381,21 @@ pub fn generate(conn: &Connection, dir: &Path, packets: u64, seed: u32) -> Resul
     let written = packets_table::write(conn, &query, &RunDir::new(dir).packets(), &cols);
     remove_all(&parts);
     written?;
-    let strip = |c: &String| c.trim_end_matches("_ns").to_string();
-    let tx_points: Vec<String> = points.tx.iter().map(strip).collect();
-    let rx_points: Vec<String> = points.rx.iter().map(strip).collect();
-    write_run_json(dir, packets, delivered, seed, &tx_points, &rx_points)?;
+    write_run_json(dir, packets, delivered, seed, &points.tx, &points.rx)?;
     crate::finish::store_aggregates(&RunDir::new(dir).packets());
     Ok(())
 }
 
-/// The tracer's side: per-point stamp counts, with a planted ring-buffer
-/// overflow on one point so the loss query has something to report.
+/// The tracer's side: per-point stamp counts (`tx_columns`, `rx_columns`:
+/// the point columns of each side), with a planted ring-buffer overflow on
+/// one point so the loss query has something to report.
 fn write_run_json(
     dir: &Path,
     packets: u64,
     delivered: u64,
     seed: u32,
-    tx_points: &[String],
-    rx_points: &[String],
+    tx_columns: &[String],
+    rx_columns: &[String],
 ) -> Result<()> {
     let counter = |stamps: u64, ringbuf_full: u64| {
         let mut c = PointStats {
@@ -414,15 +412,12 @@ fn write_run_json(
         c
     };
     let mut points = BTreeMap::new();
-    for p in tx_points {
-        points.insert(point_of_column(&format!("{p}_ns")), counter(packets, 0));
+    for c in tx_columns {
+        points.insert(point_of_column(c), counter(packets, 0));
     }
-    for p in rx_points {
-        let lost = if p == "sched_switch_in" { 3 } else { 0 };
-        points.insert(
-            point_of_column(&format!("{p}_ns")),
-            counter(delivered, lost),
-        );
+    for c in rx_columns {
+        let lost = if c == "sched_switch_in_ns" { 3 } else { 0 };
+        points.insert(point_of_column(c), counter(delivered, lost));
     }
     let meta = RunMeta {
         software_version: env!("CARGO_PKG_VERSION").into(),
