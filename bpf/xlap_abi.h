@@ -138,7 +138,10 @@ struct xlap_config {
    * the default); 0: at the socket calls (hooks/calls.h), which cost
    * nothing elsewhere. */
   __u8 syscall_hooks;
-  __u8 _pad0[2];
+  /* 1: the socket-queue point is attached: netif_receive_skb notes what it
+   * read of each datagram for it (bpf/lib/rx_slots.h). */
+  __u8 rx_notes;
+  __u8 _pad0;
   /* Wake the reader only once this many bytes wait in the ring buffer: a
    * wake-up per record costs microseconds (an IPI, a VM exit under KVM);
    * the reader also polls on a short timeout. */

@@ -50,7 +50,7 @@ struct {
 } SEND_START SEC(".maps");
 
 static __always_inline int send_start(struct bpf_sock_addr *ctx) {
-  if (CFG.syscall_hooks)
+  if (CFG.syscall_hooks || !point_on(XLAP_POINT_SOCK_SEND_ENTER))
     return 1;
   struct bpf_sock *sk = ctx->sk;
   if (!sk || !bpf_sk_storage_get(&SOCKS, sk, 0, 0))
@@ -107,9 +107,11 @@ int BPF_PROG(on_sock_send_length, struct sock *sk, int ret, int flags) {
       at.ts = ts_enter;
       emit_all(&at, &id, &sc->segs, n);
     }
-    at.point = XLAP_POINT_SOCK_SEND_EXIT;
-    at.ts = bpf_ktime_get_ns();
-    emit_all(&at, &id, &sc->segs, n);
+    if (point_on(XLAP_POINT_SOCK_SEND_EXIT)) {
+      at.point = XLAP_POINT_SOCK_SEND_EXIT;
+      at.ts = bpf_ktime_get_ns();
+      emit_all(&at, &id, &sc->segs, n);
+    }
   }
   if (sc->beyond) {
     if (ts_enter)

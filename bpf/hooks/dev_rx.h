@@ -6,12 +6,15 @@
  * namespace (TARGET_PORTS). Each point reads the packet where that point
  * finds it (packet.h), so a driver's fresh skb, a GRO super-packet (one
  * stamp per datagram) and a UDP tunnel (the inner datagram) are all keyed
- * by their own datagram. */
+ * by their own datagram; the last one notes what it read for the socket
+ * (rx_slots.h). */
 #ifndef XLAP_CAPTURE_DEV_RX_H
 #define XLAP_CAPTURE_DEV_RX_H
 
 #include "lib/common.h"
+#include "lib/flows.h"
 #include "lib/packet.h"
+#include "lib/rx_slots.h"
 
 /* First fragments of traced datagrams, for their later fragments (which
  * carry no UDP header): fragment key -> identity. */
@@ -22,17 +25,50 @@ struct {
   __type(value, struct xl_ident);
 } FRAG_RX SEC(".maps");
 
-static __always_inline void stamp_rx_dev(__u16 point, struct sk_buff *skb) {
+/* What the socket point of skb `skb` (read by `r`, datagram `d`) checks a
+ * device note against, and the signature of its addresses: 0 when its IP
+ * header is not at the start of the parse cache (a tunnel's inner
+ * datagram, a short read), whose socket point reads it itself. */
+static __always_inline int rx_note_of(struct sk_buff *skb, struct xl_rd *r,
+                                      const struct xl_dgram *d,
+                                      struct xl_rx_note *n) {
+  if (d->tunnel || d->l3 || r->c_off || r->c_len < XL_CACHE)
+    return 0;
+  int v6 = r->c[0] >> 4 == 6;
+  n->addr_sig = addr_sig((const __u32 *)(r->c + (v6 ? 8 : 12)), v6);
+  __builtin_memcpy(&n->ip8, r->c + 4, 8);
+  n->skb_len = skb->len;
+  return 1;
+}
+
+/* `notes`: the point notes what it read for the socket-queue point
+ * (netif_receive_skb only, the last device point, which every received
+ * skb passes: it overwrites or forgets whatever an earlier skb at the same
+ * address left, so the socket-queue point never finds a note of another
+ * skb; the earlier device points cannot know they are first, and a note
+ * an skb left at a device, never taken at its socket, is indistinguishable
+ * there from one of the same skb, so they read the headers themselves). */
+static __always_inline void stamp_rx_dev(__u16 point, struct sk_buff *skb,
+                                         int notes) {
+  __u64 key = (__u64)skb;
   struct net_device *dev = skb->dev;
-  if (!dev || !iface_allowed(dev))
+  if (!dev || !iface_allowed(dev)) {
+    if (notes)
+      rx_forget_at_device(key);
     return;
+  }
   struct xl_rd r;
   struct xl_dgram d = {};
   int ret = parse_rx(skb, &r, &d);
-  if (ret == XL_FOREIGN)
+  if (ret == XL_FOREIGN) {
+    if (notes)
+      rx_forget_at_device(key);
     return;
+  }
   __u64 now = bpf_ktime_get_ns();
   if (ret == XL_LATER_FRAGMENT) {
+    if (notes)
+      rx_forget_at_device(key);
     struct xl_ident *f = bpf_map_lookup_elem(&FRAG_RX, &d.frag_key);
     if (!f)
       return; /* not ours (or its first fragment was not seen) */
@@ -44,6 +80,8 @@ static __always_inline void stamp_rx_dev(__u16 point, struct sk_buff *skb) {
   struct xlap_port_key pk = {.netns = dev->nd_net.net->ns.inum,
                              .port = d.dport};
   __u32 *owner = bpf_map_lookup_elem(&TARGET_PORTS, &pk);
+  if (notes && (!owner || ret != XL_OK))
+    rx_forget_at_device(key);
   if (!owner)
     return;
   if (ret != XL_OK) {
@@ -59,12 +97,24 @@ static __always_inline void stamp_rx_dev(__u16 point, struct sk_buff *skb) {
   if (beyond)
     count_losses(point, loss, beyond);
   if (!got) {
+    if (notes)
+      rx_forget_at_device(key);
     count_loss(point, loss);
     return;
   }
   if (d.frag == 1)
     bpf_map_update_elem(&FRAG_RX, &d.frag_key, &id, BPF_ANY);
-  if (got == 1 && !sample_keeps(&id))
+  int keep = got > 1 || sample_keeps(&id);
+  /* For the points after this one (a whole datagram, not a fragment:
+   * reassembly hands its socket another skb). */
+  if (notes) {
+    struct xl_rx_note n = {.now = now, .unsampled = !keep};
+    if (!d.frag && !beyond && rx_note_of(skb, &r, &d, &n))
+      rx_note_at_device(key, &n, &id, segs, got);
+    else
+      rx_forget_at_device(key);
+  }
+  if (!keep)
     return; /* outside the run's sample (--sample) */
   struct xl_at at = {.point = point,
                      .ts = now,
@@ -76,13 +126,13 @@ static __always_inline void stamp_rx_dev(__u16 point, struct sk_buff *skb) {
 
 SEC("tp_btf/netif_rx")
 int BPF_PROG(on_netif_rx, struct sk_buff *skb) {
-  stamp_rx_dev(XLAP_POINT_DEV_NETIF_RX, skb);
+  stamp_rx_dev(XLAP_POINT_DEV_NETIF_RX, skb, 0);
   return 0;
 }
 
 SEC("tp_btf/napi_gro_receive_entry")
 int BPF_PROG(on_napi_gro_receive_entry, struct sk_buff *skb) {
-  stamp_rx_dev(XLAP_POINT_DEV_GRO_RECEIVE, skb);
+  stamp_rx_dev(XLAP_POINT_DEV_GRO_RECEIVE, skb, 0);
   return 0;
 }
 
@@ -93,13 +143,13 @@ int BPF_PROG(on_napi_gro_receive_entry, struct sk_buff *skb) {
  * fragments, which the dynptr reader follows. */
 SEC("tp_btf/napi_gro_frags_entry")
 int BPF_PROG(on_napi_gro_frags_entry, struct sk_buff *skb) {
-  stamp_rx_dev(XLAP_POINT_DEV_GRO_RECEIVE, skb);
+  stamp_rx_dev(XLAP_POINT_DEV_GRO_RECEIVE, skb, 0);
   return 0;
 }
 
 SEC("tp_btf/netif_receive_skb")
 int BPF_PROG(on_netif_receive_skb, struct sk_buff *skb) {
-  stamp_rx_dev(XLAP_POINT_DEV_RECEIVE_SKB, skb);
+  stamp_rx_dev(XLAP_POINT_DEV_RECEIVE_SKB, skb, CFG.rx_notes);
   return 0;
 }
 

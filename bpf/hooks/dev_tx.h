@@ -41,13 +41,13 @@ struct xl_tx {
  * single cost of the transmit path (perf on the pinned sockperf
  * ping-pong: 5 % of the CPU, more than the program itself). A slot whose
  * skb never reached a last point (freed on a path without a tracepoint)
- * is taken over after TX_SLOT_STALE_NS. The RX path needs no map: its
+ * is taken over after TX_SLOT_STALE_JIFFIES. The RX path needs no map: its
  * points re-read the headers. */
-#define TX_SLOT_STALE_NS 1000000000ULL
+#define TX_SLOT_STALE_JIFFIES 1000 /* 1 s at HZ=1000, 10 s at HZ=100 */
 
 struct xl_tx_slot {
   __u64 key;  /* struct sk_buff *, 0 when free */
-  __u64 born; /* when claimed */
+  __u64 born; /* when claimed, in jiffies */
   struct xl_tx e;
 };
 
@@ -105,8 +105,10 @@ static __always_inline struct xl_tx *tx_find(__u64 key) {
 static __always_inline long tx_put(__u64 key, const struct xl_tx *e) {
   struct xl_tx_slot *s = tx_slot(key);
   if (s) {
-    __u64 old = s->key, now = bpf_ktime_get_ns();
-    if ((old == 0 || old == key || now - s->born > TX_SLOT_STALE_NS) &&
+    /* Jiffies: staleness needs no precision, and the clock costs a
+     * stamp's worth (tracing programs may not read the coarse one). */
+    __u64 old = s->key, now = bpf_jiffies64();
+    if ((old == 0 || old == key || now - s->born > TX_SLOT_STALE_JIFFIES) &&
         __sync_val_compare_and_swap(&s->key, old, key) == old) {
       s->born = now;
       s->e = *e;
@@ -135,7 +137,7 @@ static __always_inline void tx_forget(__u64 key, const struct xl_tx *e) {
 static __always_inline void stamp_tx(__u16 point, __u64 key,
                                      const struct xl_tx *e, __u32 ifindex,
                                      __u16 queue, __u32 priority) {
-  if (e->unsampled)
+  if (e->unsampled || !point_on(point))
     return; /* before the clock read: a lookup and a return */
   struct xl_at at = {.point = point,
                      .ts = bpf_ktime_get_ns(),
@@ -273,7 +275,7 @@ static __always_inline void tx_first_queue(struct sk_buff *skb, __u64 key,
     count_losses(point, XLAP_LOSS_MAP_FULL, got + beyond);
   if (sc)
     send_append(sc, &id, segs, e.nseg, e.beyond);
-  if (!e.unsampled && iface_allowed(skb->dev)) {
+  if (!e.unsampled && point_on(point) && iface_allowed(skb->dev)) {
     struct xl_at at = {.point = point,
                        .ts = bpf_ktime_get_ns(),
                        .tid = (__u32)bpf_get_current_pid_tgid(),

@@ -2,9 +2,11 @@
  *
  * A cgroup socket filter (cgroup_skb/ingress, attached at the cgroup2 root)
  * runs in the socket's receive path with the skb itself, just before it
- * is queued: the identity is read from the datagram, never paired from an
- * earlier point, so GRO batches, list receive and a datagram queued by
- * another CPU keep their own seq. A UDP GRO socket receives a GRO
+ * is queued: the identity is the skb's own, its device point's note of
+ * this very skb (rx_slots.h: same address, length and IP header bytes) or
+ * read from the datagram here, never paired by order from an earlier
+ * point, so GRO batches, list receive and a datagram queued by another CPU
+ * keep their own seq. A UDP GRO socket receives a GRO
  * super-packet: one stamp per datagram. */
 #ifndef XLAP_CAPTURE_SOCK_RX_H
 #define XLAP_CAPTURE_SOCK_RX_H
@@ -56,6 +58,73 @@ static __always_inline void note_flow(struct xlap_sock *ts, __u64 flow) {
   *(volatile __u64 *)&ts->flow = flow;
 }
 
+/* Whether the device note `s` is of the datagram at this socket filter's
+ * network header: 8 bytes of its IP header (IPv4: id, fragment word, TTL,
+ * protocol, checksum), read in place. */
+static __always_inline int noted_here(struct __sk_buff *ctx,
+                                      const struct xl_rx_slot *s) {
+  void *data = (void *)(long)ctx->data;
+  void *end = (void *)(long)ctx->data_end;
+  if (data + 12 > end)
+    return 0;
+  __u64 ip8;
+  __builtin_memcpy(&ip8, data + 4, 8);
+  return ip8 == s->ip8;
+}
+
+/* The socket-queue point of a datagram its device point read (rx_slots.h):
+ * no second reading. Inlined, on locals whose lifetimes end before the
+ * reading path's begin (the program's frame is near the combined stack
+ * limit): the stamp is taken from the slot itself. */
+static __always_inline void
+queue_noted(struct xlap_sock *ts, struct xl_rx_slot *s, __u64 key, __u64 now) {
+  s->id.pid = ts->tgid; /* the socket's owner, as the queued note keeps */
+  note_flow(ts, s->id.flow);
+  __u32 got = s->nseg;
+  struct xl_segs *segs = 0;
+  if (got > 1) {
+    segs = bpf_map_lookup_elem(&RX_SEGS, &key);
+    if (!segs) {
+      count_losses(XLAP_POINT_SOCK_QUEUE, XLAP_LOSS_MAP_FULL, got - 1);
+      got = 1;
+    }
+  }
+  __u32 zero = 0;
+  int keep = !s->unsampled;
+  struct xl_queue_scratch *q = bpf_map_lookup_elem(&QUEUE_SCRATCH, &zero);
+  if (q && keep) {
+    q->at.point = XLAP_POINT_SOCK_QUEUE;
+    q->at.ts = now;
+    emit_all(&q->at, &s->id, segs, got);
+  }
+  struct xl_rx_last *last = bpf_map_lookup_elem(&RX_LAST, &zero);
+  if (last && !keep)
+    last->valid = 0;
+  else if (last) {
+    last->id = s->id;
+    if (got > 1 && segs) {
+      last->id.seq = segs->seq[(got - 1) & (XLAP_MAX_SEGS - 1)];
+      last->id.kind = segs->kind[(got - 1) & (XLAP_MAX_SEGS - 1)];
+    }
+    last->ts = now;
+    last->valid = 1;
+  }
+  if (CFG.syscall_hooks) {
+    /* The reader's syscall reads its own buffer: the note is spent. */
+    if (s->nseg > 1)
+      bpf_map_delete_elem(&RX_SEGS, &key);
+    rx_free(s, key);
+    return;
+  }
+  /* Queued, for the reader's copy (hooks/calls.h). */
+  s->born = now;
+  s->state = RX_QUEUED;
+  if (!ts->rx_first)
+    __sync_val_compare_and_swap(&ts->rx_first, 0, key);
+  ts->rx_last2 = ts->rx_last;
+  ts->rx_last = key;
+}
+
 SEC("cgroup_skb/ingress")
 int on_sock_ingress(struct __sk_buff *ctx) {
   struct bpf_sock *sk = ctx->sk;
@@ -76,6 +145,16 @@ int on_sock_ingress(struct __sk_buff *ctx) {
     point = XLAP_POINT_SOCK_FOREIGN;
   }
   __u64 now = bpf_ktime_get_ns();
+  if (ts) {
+    /* The context is the kernel's skb: its device point may have read it. */
+    __u64 key = (__u64)(long)ctx;
+    struct xl_rx_slot *noted = rx_device_note(key, now, ctx->len);
+    if (noted && noted_here(ctx, noted) &&
+        flow_noted(noted->id.flow, noted->addr_sig, 1)) {
+      queue_noted(ts, noted, key, now);
+      return 1;
+    }
+  }
   struct xl_rd r;
   struct xl_dgram d = {};
   rd_init_ctx(&r, ctx);

@@ -292,6 +292,12 @@ __attribute__((noinline)) __u32 xl_opaque(__u32 v) {
   return v;
 }
 
+/* Whether the run writes kernel point `point` (--points): a point left out
+ * costs no clock read either. */
+static __always_inline int point_on(__u32 point) {
+  return !(point < 32 && (CFG.points_off >> point) & 1);
+}
+
 /* Whether the run stamps datagram `id` (--sample): every stamp of a
  * datagram outside the sample is left out, whatever the point, so both
  * hosts' recorders keep the same datagrams whole. A stamp without a seq
@@ -314,7 +320,7 @@ __attribute__((noinline)) int xl_emit(const struct xl_at *at,
     return 0;
   /* A point the run leaves out (--points): its program may still run for
    * what later points need. */
-  if (at->point < 32 && (CFG.points_off >> at->point) & 1)
+  if (!point_on(at->point))
     return 0;
   if (!sample_keeps(id))
     return 0;

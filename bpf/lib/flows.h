@@ -55,6 +55,44 @@ struct {
   __type(value, __u64);
 } FLOWS_FULL SEC(".maps");
 
+/* A signature of an address pair (`w`: source then destination, 1 or 4
+ * words each), telling apart address pairs that fold to one flow. */
+static __always_inline __u32 addr_sig(const __u32 *w, int v6) {
+  __u32 sig = 0x9e3779b9;
+  if (v6) {
+    for (int i = 0; i < 4; i++) {
+      sig = (sig ^ w[i]) * 0x85ebca6b + (sig >> 13);
+      sig = (sig ^ w[4 + i]) * 0xc2b2ae35 + (sig >> 16);
+    }
+  } else {
+    sig = (sig ^ w[0]) * 0x85ebca6b + (sig >> 13);
+    sig = (sig ^ w[1]) * 0xc2b2ae35 + (sig >> 16);
+  }
+  return sig;
+}
+
+/* The FLOW_SEEN slot of a flow in a direction. A multiplicative hash, not
+ * a fold: XOR-folding the flow's four 16-bit fields gives a flow and its
+ * reply (addresses and ports swapped) the same slot, and a ping-pong's
+ * two flows then evicted each other on every datagram (a FLOWS lookup
+ * each time). */
+static __always_inline __u32 flow_seen_slot(__u64 flow, __u32 rx) {
+  __u32 slot = (__u32)((flow * 0x9E3779B97F4A7C15ULL) >> (64 - FLOW_SEEN_BITS));
+  slot = (slot & (FLOW_SEEN_SLOTS - 1)) + (rx ? FLOW_SEEN_SLOTS : 0);
+  return slot & (2 * FLOW_SEEN_SLOTS - 1);
+}
+
+/* Whether this CPU noted `flow` with addresses of signature `sig` last in
+ * direction `rx` (xl_note_tuple would do nothing). */
+static __always_inline int flow_noted(__u64 flow, __u32 sig, __u32 rx) {
+  __u32 zero = 0;
+  struct xl_flow_seen *seen = bpf_map_lookup_elem(&FLOW_SEEN, &zero);
+  if (!seen)
+    return 0;
+  __u32 slot = flow_seen_slot(flow, rx);
+  return seen->flow[slot] == flow && seen->sig[slot] == sig;
+}
+
 /* Notes the addresses of the IP header at `start` of buf (IPv4 or IPv6,
  * as its version says) under `flow`, with the traced socket that sent or
  * received it (`rx`). A global function: checked once, and the callers'
@@ -80,23 +118,8 @@ __attribute__((noinline)) int xl_note_tuple(const struct xl_bytes64 *buf,
   if (at != off)
     return 0;
   const __u32 *w = (const __u32 *)(buf->b + at);
-  __u32 sig = 0x9e3779b9;
-  if (v6) {
-    for (int i = 0; i < 4; i++) {
-      sig = (sig ^ w[i]) * 0x85ebca6b + (sig >> 13);
-      sig = (sig ^ w[4 + i]) * 0xc2b2ae35 + (sig >> 16);
-    }
-  } else {
-    sig = (sig ^ w[0]) * 0x85ebca6b + (sig >> 13);
-    sig = (sig ^ w[1]) * 0xc2b2ae35 + (sig >> 16);
-  }
-  /* A multiplicative hash, not a fold: XOR-folding the flow's four 16-bit
-   * fields gives a flow and its reply (addresses and ports swapped) the
-   * same slot, and a ping-pong's two flows then evicted each other on
-   * every datagram (a FLOWS lookup each time). */
-  __u32 slot = (__u32)((flow * 0x9E3779B97F4A7C15ULL) >> (64 - FLOW_SEEN_BITS));
-  slot = (slot & (FLOW_SEEN_SLOTS - 1)) + (rx ? FLOW_SEEN_SLOTS : 0);
-  slot &= 2 * FLOW_SEEN_SLOTS - 1;
+  __u32 sig = addr_sig(w, v6);
+  __u32 slot = flow_seen_slot(flow, rx);
   if (seen->flow[slot] == flow && seen->sig[slot] == sig)
     return 0;
   seen->flow[slot] = flow;

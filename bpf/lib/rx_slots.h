@@ -1,31 +1,50 @@
-/* rx_slots.h: a received datagram's identity, from the socket queue to the
- * reader. The socket-queue point (hooks/sock_rx.h) reads the headers once;
- * the receive call that takes the skb (hooks/calls.h) finds the identity
- * again by the skb's address instead of reading the datagram a second
- * time (from the skb or from the reader's buffer).
+/* rx_slots.h: a received datagram's identity, from its last device point
+ * to the reader. netif_receive_skb, which every received skb passes,
+ * notes what it read (RX_AT_DEVICE); the socket-queue point
+ * (hooks/sock_rx.h) finds it by the skb's address instead of reading the
+ * headers again, and marks it queued (RX_QUEUED) for the receive call
+ * that takes the skb (hooks/calls.h), which then reads nothing either.
  *
  * A direct-mapped table indexed by a hash of the address, as on the
  * transmit side (dev_tx.h TX_SLOT): an array lookup the JIT inlines, a slot
  * claimed and freed by compare-and-swap. The datagrams of a UDP GRO skb
- * (several per skb) wait in RX_SEGS. An skb that never reaches a reader
- * (dropped at a full receive buffer, its socket closed) leaves its slot,
- * which the next skb hashing there takes over after RX_SLOT_STALE_NS; a
- * datagram whose slot was taken is counted lost ('map_full') at
- * sock.recv_exit, never stamped with another's identity (the address is
- * compared whole). */
+ * (several per skb) wait in RX_SEGS. Nothing frees a note when its skb is
+ * dropped before its socket, but the next skb at that address passes
+ * netif_receive_skb too, which overwrites or forgets the note; the socket
+ * point also checks that the note is fresh and that the skb's length and 8
+ * bytes of its IP header still match, else it reads the headers itself.
+ * An skb that never reaches a reader leaves its slot, which the next skb
+ * hashing there takes over (after RX_DEVICE_FRESH_NS for a device note,
+ * RX_SLOT_STALE_NS for a queued one); a datagram whose slot was taken is
+ * counted lost ('map_full') at sock.recv_exit, never stamped with
+ * another's identity (the address is compared whole). */
 #ifndef XLAP_CAPTURE_RX_SLOTS_H
 #define XLAP_CAPTURE_RX_SLOTS_H
 
 #include "common.h"
 
 #define RX_SLOT_STALE_NS 1000000000ULL
+/* Longer than an skb takes from netif_receive_skb to its socket (the same
+ * softirq, microseconds; past it, the socket point reads the headers
+ * itself). */
+#define RX_DEVICE_FRESH_NS 2000000ULL
+
+enum {
+  RX_AT_DEVICE = 1, /* noted by a device point */
+  RX_QUEUED = 2,    /* handed to its socket, not yet read */
+};
 
 struct xl_rx_slot {
   __u64 key;          /* struct sk_buff *, 0 when free */
-  __u64 born;         /* when claimed (also tells a reused address apart) */
-  struct xl_ident id; /* datagram 0; pid: the socket's owner */
+  __u64 born;         /* when noted or queued */
+  struct xl_ident id; /* datagram 0; pid: the port's (then socket's) owner */
+  __u64 ip8;          /* bytes 4..11 of its IP header (RX_AT_DEVICE) */
   __u32 nseg;         /* datagrams (a GRO skb: several, in RX_SEGS) */
-  __u32 _pad;
+  __u32 skb_len;      /* skb->len from the IP header (RX_AT_DEVICE) */
+  __u32 addr_sig;     /* flows.h signature of its addresses */
+  __u8 state;         /* RX_AT_DEVICE, RX_QUEUED */
+  __u8 unsampled;     /* one datagram outside the run's sample */
+  __u8 _pad[2];
 };
 
 struct {
@@ -47,11 +66,22 @@ static __always_inline struct xl_rx_slot *rx_slot(__u64 key) {
   return bpf_map_lookup_elem(&RX_SLOT, &i);
 }
 
-/* Notes the identity of the datagrams of skb `key` (`got` of them, 1..n;
- * datagrams 1.. in `segs`). Returns 0, or -1 when its slot is held by a
- * live skb (the reader's stamp is then counted lost). A function of its
- * own (a static BPF subprogram): inlined, it grew the socket-queue
- * program's frame past the combined stack limit. */
+/* Whether slot `s`, which holds skb `old`, may be taken by another skb at
+ * `now`. */
+static __always_inline int rx_slot_free(const struct xl_rx_slot *s, __u64 old,
+                                        __u64 now) {
+  if (!old)
+    return 1;
+  __u64 age = now - s->born;
+  return age >= RX_SLOT_STALE_NS ||
+         (s->state == RX_AT_DEVICE && age >= RX_DEVICE_FRESH_NS);
+}
+
+/* Notes the identity of the datagrams of skb `key` as queued to its socket
+ * (`got` of them, 1..n; datagrams 1.. in `segs`). Returns 0, or -1 when
+ * its slot is held by a live skb (the reader's stamp is then counted
+ * lost). A function of its own (a static BPF subprogram): inlined, it grew
+ * the socket-queue program's frame past the combined stack limit. */
 static __attribute__((noinline)) int rx_put(__u64 key, __u64 now,
                                             const struct xl_ident *id,
                                             const struct xl_segs *segs,
@@ -60,14 +90,56 @@ static __attribute__((noinline)) int rx_put(__u64 key, __u64 now,
   if (!s)
     return -1;
   __u64 old = s->key;
-  if (old && old != key && now - s->born < RX_SLOT_STALE_NS)
+  if (old != key && !rx_slot_free(s, old, now))
     return -1;
   if (__sync_val_compare_and_swap(&s->key, old, key) != old)
     return -1;
-  if (old && old != key)
+  if (old && (old != key || (s->nseg > 1 && got <= 1)))
     bpf_map_delete_elem(&RX_SEGS, &old); /* a stale GRO skb's datagrams */
   s->born = now;
   s->id = *id;
+  s->nseg = 1;
+  s->state = RX_QUEUED;
+  s->unsampled = 0;
+  if (got > 1 && segs &&
+      bpf_map_update_elem(&RX_SEGS, &key, segs, BPF_ANY) == 0)
+    s->nseg = got;
+  return 0;
+}
+
+/* What a device point read of an skb, for the points after it. */
+struct xl_rx_note {
+  __u64 now;
+  __u64 ip8;
+  __u32 skb_len;
+  __u32 addr_sig;
+  __u8 unsampled;
+};
+
+/* Notes the identity of skb `key` at its last device point (RX_AT_DEVICE):
+ * as rx_put, for the socket-queue point. Returns 0, or -1 when the slot is
+ * held by a live skb (the socket point then reads the headers itself). */
+static __attribute__((noinline)) int
+rx_note_at_device(__u64 key, const struct xl_rx_note *n,
+                  const struct xl_ident *id, const struct xl_segs *segs,
+                  __u32 got) {
+  struct xl_rx_slot *s = rx_slot(key);
+  if (!s || !n)
+    return -1;
+  __u64 old = s->key;
+  if (old != key && !rx_slot_free(s, old, n->now))
+    return -1;
+  if (__sync_val_compare_and_swap(&s->key, old, key) != old)
+    return -1;
+  if (old && (old != key || (s->nseg > 1 && got <= 1)))
+    bpf_map_delete_elem(&RX_SEGS, &old);
+  s->born = n->now;
+  s->id = *id;
+  s->ip8 = n->ip8;
+  s->skb_len = n->skb_len;
+  s->addr_sig = n->addr_sig;
+  s->unsampled = n->unsampled;
+  s->state = RX_AT_DEVICE;
   s->nseg = 1;
   if (got > 1 && segs &&
       bpf_map_update_elem(&RX_SEGS, &key, segs, BPF_ANY) == 0)
@@ -75,10 +147,29 @@ static __attribute__((noinline)) int rx_put(__u64 key, __u64 now,
   return 0;
 }
 
-/* The slot of skb `key`, if the socket-queue point noted it. */
+/* The device note of skb `key` if it is fresh at `now` and its skb is
+ * still `skb_len` bytes long from the IP header. */
+static __always_inline struct xl_rx_slot *rx_device_note(__u64 key, __u64 now,
+                                                         __u32 skb_len) {
+  struct xl_rx_slot *s = rx_slot(key);
+  if (!s || s->key != key || s->state != RX_AT_DEVICE ||
+      s->skb_len != skb_len || now - s->born >= RX_DEVICE_FRESH_NS)
+    return 0;
+  return s;
+}
+
+/* Forgets a device note held for skb `key`: the skb now at that address is
+ * not a datagram the device point noted (the note is an earlier skb's). */
+static __always_inline void rx_forget_at_device(__u64 key) {
+  struct xl_rx_slot *s = rx_slot(key);
+  if (s && s->key == key && s->state == RX_AT_DEVICE)
+    __sync_val_compare_and_swap(&s->key, key, 0);
+}
+
+/* The slot of skb `key`, if the socket-queue point queued it. */
 static __always_inline struct xl_rx_slot *rx_find(__u64 key) {
   struct xl_rx_slot *s = rx_slot(key);
-  return s && s->key == key ? s : 0;
+  return s && s->key == key && s->state == RX_QUEUED ? s : 0;
 }
 
 /* Frees slot `s` of skb `key` (its RX_SEGS entry stays: the reader's stamp

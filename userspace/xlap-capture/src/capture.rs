@@ -258,6 +258,8 @@ impl Capture {
         config.per_stamp = settings.per_stamp as u8;
         config.iface_filter = settings.iface_filter as u8;
         config.points_off = settings.points.off_mask();
+        // Nothing takes the receive notes without the socket-queue point.
+        config.rx_notes = settings.points.needs_program("on_sock_ingress") as u8;
         if let Some(sample) = &settings.sample {
             config.sample_below = sample.below();
             config.sample_kinds = sample.kind_bits();
