@@ -141,7 +141,11 @@ struct xlap_config {
   /* 1: the socket-queue point is attached: netif_receive_skb notes what it
    * read of each datagram for it (bpf/lib/rx_slots.h). */
   __u8 rx_notes;
-  __u8 _pad0;
+  /* 1: sock_send_length is attached (at the socket calls, with
+   * sock.send_exit): it ends each send call's state. 0: a send has no
+   * call state, and its first device point stamps sock.send_enter
+   * (bpf/hooks/dev_tx.h). */
+  __u8 send_calls;
   /* Wake the reader only once this many bytes wait in the ring buffer: a
    * wake-up per record costs microseconds (an IPI, a VM exit under KVM);
    * the reader also polls on a short timeout. */
@@ -151,6 +155,11 @@ struct xlap_config {
   __u8 have_dynptr;
   /* 1: device and qdisc points only fire on the devices in IFACES. */
   __u8 iface_filter;
+  /* 1: some device of the targets can timestamp received packets in
+   * hardware: the receive device points read every skb's device time
+   * (skb_shared_info); 0: only a paged skb's, for its GRO segment size. */
+  __u8 device_rx_times;
+  __u8 _pad1;
   __u16 tunnel_ports[XLAP_TUNNEL_PORTS]; /* host order, 0 = unused */
   /* Kernel points not written (bit = point id; --points): 0 writes all. */
   __u32 points_off;

@@ -12,7 +12,10 @@
  *                    for a send that names its destination (sendto, or
  *                    sendmsg with msg_name); a connected socket's sends
  *                    have no hook before their datagram exists, so they
- *                    get no send_enter at the socket calls.
+ *                    get no send_enter at the socket calls. Stamped as
+ *                    the socket call returns, or, in a run without
+ *                    sock.send_exit, by the datagram's first device point
+ *                    (dev_tx.h send_start_take).
  *   sock.send_exit   sock_send_length, as the socket call returns: the
  *                    datagrams its first device point read in this thread
  *                    (dev_tx.h socket_send_begin).
@@ -32,34 +35,21 @@
 #include "lib/rx_slots.h"
 #include "lib/task.h"
 
-/* A send that named its destination, begun on this CPU: the thread and
- * when (one per CPU: the socket call runs to its datagram's device point
- * without sleeping, and a thread moved to another CPU meanwhile only loses
- * its send_enter). */
-struct xl_send_start {
-  __u64 ts;
-  __u32 tid;
-  __u32 _pad;
-};
-
-struct {
-  __uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-  __uint(max_entries, 1);
-  __type(key, __u32);
-  __type(value, struct xl_send_start);
-} SEND_START SEC(".maps");
-
 static __always_inline int send_start(struct bpf_sock_addr *ctx) {
   if (CFG.syscall_hooks || !point_on(XLAP_POINT_SOCK_SEND_ENTER))
     return 1;
   struct bpf_sock *sk = ctx->sk;
-  if (!sk || !bpf_sk_storage_get(&SOCKS, sk, 0, 0))
+  if (!sk)
+    return 1;
+  struct xlap_sock *ts = bpf_sk_storage_get(&SOCKS, sk, 0, 0);
+  if (!ts)
     return 1;
   __u32 zero = 0;
   struct xl_send_start *s = bpf_map_lookup_elem(&SEND_START, &zero);
   if (s) {
     s->ts = bpf_ktime_get_ns();
     s->tid = (__u32)bpf_get_current_pid_tgid();
+    s->cookie = ts->cookie;
   }
   return 1; /* never changes the destination nor refuses the send */
 }
@@ -220,18 +210,23 @@ static __always_inline int in_flight(__u64 key, __u64 taken, __u64 now) {
  * given another's identity. */
 static __always_inline void
 socket_recv_return(struct sock *sk, struct xlap_sock *s, int ret, int flags) {
-  struct task_struct *task = bpf_get_current_task_btf();
-  struct xl_task *t = task_ctx(task);
   /* A reader woken while still on its CPU is never switched in for that
    * wake-up: once its receive returns, the wake-up is spent. A reader of a
    * traced process gets its call state here: its next wake-up by a
-   * datagram is stamped (sched.h looks for it). */
-  if (t) {
-    forget_woken(t);
-  } else {
-    __u32 tgid = bpf_get_current_pid_tgid() >> 32;
-    if (bpf_map_lookup_elem(&TARGET_PIDS, &tgid))
-      bpf_task_storage_get(&TASK_CTX, task, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
+   * datagram is stamped (sched.h looks for it). Only for a run that
+   * stamps wake-ups. */
+  if (point_on(XLAP_POINT_SCHED_WAKEUP) ||
+      point_on(XLAP_POINT_SCHED_SWITCH_IN)) {
+    struct task_struct *task = bpf_get_current_task_btf();
+    struct xl_task *t = task_ctx(task);
+    if (t) {
+      forget_woken(t);
+    } else {
+      __u32 tgid = bpf_get_current_pid_tgid() >> 32;
+      if (bpf_map_lookup_elem(&TARGET_PIDS, &tgid))
+        bpf_task_storage_get(&TASK_CTX, task, 0,
+                             BPF_LOCAL_STORAGE_GET_F_CREATE);
+    }
   }
   if (flags & (MSG_PEEK_ | MSG_ERRQUEUE_))
     return;

@@ -91,8 +91,11 @@ static __always_inline void stamp_rx_dev(__u16 point, struct sk_buff *skb,
   struct xl_ident id = {.pid = *owner};
   struct xl_segs *segs;
   __u32 loss = XLAP_LOSS_PARSE, beyond = 0;
-  struct xl_shinfo sh;
-  skb_shinfo_read(skb, &sh);
+  /* A linear skb is one datagram (GRO builds paged skbs): its shared info
+   * holds nothing for us unless a device may have timed it. */
+  struct xl_shinfo sh = {};
+  if (CFG.device_rx_times || skb->data_len)
+    skb_shinfo_read(skb, &sh);
   __u32 got = read_datagrams(sh.gso_size, &r, &d, &id, &segs, &loss, &beyond);
   if (beyond)
     count_losses(point, loss, beyond);

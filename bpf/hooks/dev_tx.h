@@ -30,7 +30,7 @@ struct xl_tx {
   __u8 unread_loss; /* why an skb of nseg 0 was not read (xlap_loss) */
   __u8 unsampled;   /* one datagram, outside the run's sample (--sample):
                        its later points look it up and return */
-  __u8 _pad;
+  __u8 first_fragment; /* the first fragment of a datagram */
 };
 
 /* Where an skb's identity waits between its device points: first a
@@ -211,6 +211,81 @@ static __always_inline void tx_put_unread(struct sk_buff *skb, __u64 key,
   tx_put(key, &e);
 }
 
+/* This CPU's send start record (task.h), for a send without call state by
+ * thread `*tid`; 0 in a run with call state, or outside a thread (softirq
+ * work on an idle CPU: no send call). */
+static __always_inline struct xl_send_start *send_start_record(__u32 *tid) {
+  if (CFG.syscall_hooks || CFG.send_calls)
+    return 0;
+  *tid = (__u32)bpf_get_current_pid_tgid();
+  if (!*tid)
+    return 0;
+  __u32 zero = 0;
+  return bpf_map_lookup_elem(&SEND_START, &zero);
+}
+
+/* Without sock_send_length (CFG.send_calls = 0, at the socket calls) a
+ * send keeps no call state: its first device point takes the start that
+ * cgroup sendmsg4/6 noted for this thread and socket on this CPU, and
+ * stamps sock.send_enter itself (the moment is the same; a send without
+ * a destination has none, as at the socket calls). Returns the start, or
+ * 0 (none; or an io_uring request issued inline, which uring.h stamps). */
+static __always_inline __u64 send_start_take(__u64 cookie) {
+  __u32 tid;
+  struct xl_send_start *st = send_start_record(&tid);
+  if (!st || st->tid != tid || st->cookie != cookie)
+    return 0;
+  st->tid = 0;
+  if (URING_SENDS_SEEN) {
+    /* Cleared when taken: a request punted to a worker leaves it set, and
+     * costs at most the thread's next send_enter. */
+    struct xl_task *t = task_ctx(bpf_get_current_task_btf());
+    if (t && t->in_uring) {
+      t->in_uring = 0;
+      return 0;
+    }
+  }
+  return st->ts;
+}
+
+/* The first fragment of a send without call state (its identity `e`),
+ * kept for its later fragments (which carry no UDP header). A function of
+ * its own, called once the first device point's frame is gone: inlined
+ * there, it pushed that frame past the stack limit. */
+static __attribute__((noinline)) int send_note_fragment(__u64 cookie,
+                                                        const struct xl_tx *e) {
+  __u32 tid;
+  struct xl_send_start *st = send_start_record(&tid);
+  if (!st || !e)
+    return 0;
+  st->frag = e->id;
+  st->frag_cookie = cookie;
+  st->frag_tid = tid;
+  return 0;
+}
+
+/* The datagram a later fragment belongs to: the last one this send call
+ * fragmented (its call state, or without one the first fragment noted on
+ * this CPU by this thread for this socket). Returns 0 if unknown. */
+static __always_inline int
+later_fragment_of(struct xl_send_ctx *sc, __u64 cookie, struct xl_ident *id) {
+  if (sc) {
+    if (!sc->n)
+      return 0;
+    *id = sc->id;
+    __u32 last = (sc->n - 1) & (XLAP_MAX_SEGS - 1);
+    id->seq = sc->segs.seq[last];
+    id->kind = sc->segs.kind[last];
+    return 1;
+  }
+  __u32 tid;
+  struct xl_send_start *st = send_start_record(&tid);
+  if (!st || st->frag_tid != tid || st->frag_cookie != cookie)
+    return 0;
+  *id = st->frag;
+  return 1;
+}
+
 /* Takes the identity of an skb of a traced process at its first device. */
 static __always_inline void tx_first_queue(struct sk_buff *skb, __u64 key,
                                            __u32 tgid, __u64 cookie,
@@ -225,12 +300,8 @@ static __always_inline void tx_first_queue(struct sk_buff *skb, __u64 key,
   if (ret == XL_LATER_FRAGMENT) {
     /* A later fragment carries no UDP header: it belongs to the datagram
      * this send call fragmented just before (not counted: not a datagram). */
-    if (!sc || !sc->n)
+    if (!later_fragment_of(sc, cookie, &id))
       return;
-    id = sc->id;
-    __u32 last = (sc->n - 1) & (XLAP_MAX_SEGS - 1);
-    id.seq = sc->segs.seq[last];
-    id.kind = sc->segs.kind[last];
     id.flags |= XLAP_FLAG_FRAGMENT;
     struct xl_tx e = {.id = id, .sk = (__u64)skb->sk, .nseg = 1, .depth = 1};
     if (tx_put(key, &e) == 0 && iface_allowed(skb->dev))
@@ -242,6 +313,8 @@ static __always_inline void tx_first_queue(struct sk_buff *skb, __u64 key,
     __u32 reason = ret == XL_UNREADABLE ? XLAP_LOSS_FRAG : XLAP_LOSS_PARSE;
     count_loss(point, reason);
     send_unread(sc, reason, 1);
+    if (!sc && send_start_take(cookie))
+      count_loss(XLAP_POINT_SOCK_SEND_ENTER, reason);
     tx_put_unread(skb, key, reason, 1);
     return;
   }
@@ -255,6 +328,8 @@ static __always_inline void tx_first_queue(struct sk_buff *skb, __u64 key,
   if (!got) {
     count_losses(point, loss, 1 + beyond);
     send_unread(sc, loss, 1 + beyond);
+    if (!sc && send_start_take(cookie))
+      count_losses(XLAP_POINT_SOCK_SEND_ENTER, loss, 1 + beyond);
     tx_put_unread(skb, key, loss, 1 + beyond);
     return;
   }
@@ -264,7 +339,8 @@ static __always_inline void tx_first_queue(struct sk_buff *skb, __u64 key,
                     .nseg = got,
                     .beyond = beyond,
                     .depth = 1,
-                    .unsampled = got == 1 && !beyond && !sample_keeps(&id)};
+                    .unsampled = got == 1 && !beyond && !sample_keeps(&id),
+                    .first_fragment = d.frag == 1};
   if (got > 1 && segs) {
     if (bpf_map_update_elem(&SKB_SEGS, &key, segs, BPF_ANY) == 0)
       __sync_fetch_and_add(&GSO_PENDING, 1);
@@ -273,15 +349,24 @@ static __always_inline void tx_first_queue(struct sk_buff *skb, __u64 key,
   }
   if (tx_put(key, &e))
     count_losses(point, XLAP_LOSS_MAP_FULL, got + beyond);
+  __u64 enter = 0;
   if (sc)
     send_append(sc, &id, segs, e.nseg, e.beyond);
+  else if ((enter = send_start_take(cookie)) && e.beyond)
+    count_losses(XLAP_POINT_SOCK_SEND_ENTER, XLAP_LOSS_GSO, e.beyond);
+  /* One stamp place for send_enter and this point: the frame is near the
+   * stack limit. */
+  struct xl_at at = {.point = XLAP_POINT_SOCK_SEND_ENTER,
+                     .ts = enter,
+                     .tid = (__u32)bpf_get_current_pid_tgid()};
+  if (enter)
+    emit_all(&at, &id, segs, e.nseg);
   if (!e.unsampled && point_on(point) && iface_allowed(skb->dev)) {
-    struct xl_at at = {.point = point,
-                       .ts = bpf_ktime_get_ns(),
-                       .tid = (__u32)bpf_get_current_pid_tgid(),
-                       .ifindex = skb->dev->ifindex,
-                       .priority = skb->priority,
-                       .queue = skb->queue_mapping};
+    at.point = point;
+    at.ts = bpf_ktime_get_ns();
+    at.ifindex = skb->dev->ifindex;
+    at.priority = skb->priority;
+    at.queue = skb->queue_mapping;
     emit_all(&at, &id, segs, e.nseg);
     if (e.beyond)
       count_losses(point, loss, e.beyond);
@@ -306,6 +391,14 @@ static __always_inline __u32 tx_owner(struct sk_buff *skb,
   __u16 port = sk->__sk_common.skc_num;
   if (port != s->port)
     register_port(s, sk->__sk_common.skc_net.net->ns.inum, port);
+  if (!CFG.syscall_hooks && !CFG.send_calls) {
+    /* No call state (send_start_take): the sending thread's process if it
+     * is traced, else the socket's owner. */
+    __u32 tgid = bpf_get_current_pid_tgid() >> 32;
+    if (tgid == s->tgid || bpf_map_lookup_elem(&TARGET_PIDS, &tgid))
+      return tgid;
+    return s->tgid;
+  }
   struct task_struct *task = bpf_get_current_task_btf();
   struct xl_task *t = task_ctx(task);
   if (t && t->in_send) {
@@ -338,8 +431,14 @@ int BPF_PROG(on_net_dev_queue, struct sk_buff *skb) {
   struct xl_send_ctx *sc;
   __u64 cookie = 0;
   __u32 tgid = tx_owner(skb, &sc, &cookie);
-  if (tgid)
-    tx_first_queue(skb, key, tgid, cookie, sc, XLAP_POINT_DEV_QUEUE);
+  if (!tgid)
+    return 0;
+  tx_first_queue(skb, key, tgid, cookie, sc, XLAP_POINT_DEV_QUEUE);
+  if (!sc && !CFG.syscall_hooks && !CFG.send_calls) {
+    e = tx_find(key); /* what tx_first_queue stored */
+    if (e && e->first_fragment)
+      send_note_fragment(cookie, e);
+  }
   return 0;
 }
 

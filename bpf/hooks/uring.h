@@ -146,6 +146,8 @@ int BPF_PROG(on_io_uring_submit_req, struct io_kiocb *req) {
                                              BPF_LOCAL_STORAGE_GET_F_CREATE);
     if (t)
       t->in_uring = 1;
+    if (!URING_SENDS_SEEN)
+      URING_SENDS_SEEN = 1;
   }
   return 0;
 }

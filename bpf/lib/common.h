@@ -395,18 +395,31 @@ static long emit_seg(__u32 idx, void *ctx) {
   return 0;
 }
 
+/* The stamps of datagrams 1..n-1 of a multi-datagram skb or call. A global
+ * function: checked once, and its loop state lives in its own frame, not
+ * in the callers' (the first device points' frames are near the stack
+ * limit). bpf_loop (Linux >= 5.17): the verifier checks the body once
+ * instead of once per iteration and state, which kept load times in
+ * seconds. */
+__attribute__((noinline)) int xl_emit_rest(const struct xl_at *at,
+                                           const struct xl_ident *first,
+                                           const struct xl_segs *segs,
+                                           __u32 n) {
+  if (!at || !first || !segs)
+    return 0;
+  struct xl_emit_loop c = {.at = at, .segs = segs, .id = *first, .n = n};
+  bpf_loop(XLAP_MAX_SEGS - 1, emit_seg, &c, 0);
+  return 0;
+}
+
 /* One stamp per datagram: datagram 0 is `first`; datagrams 1..n-1 take
- * their seq and kind from `segs` (all of the same flow and process).
- * bpf_loop (Linux >= 5.17): the verifier checks the body once instead of
- * once per iteration and state, which kept load times in seconds. */
+ * their seq and kind from `segs` (all of the same flow and process). */
 static __always_inline void emit_all(const struct xl_at *at,
                                      const struct xl_ident *first,
                                      const struct xl_segs *segs, __u32 n) {
   xl_emit(at, first);
-  if (n <= 1 || !segs)
-    return;
-  struct xl_emit_loop c = {.at = at, .segs = segs, .id = *first, .n = n};
-  bpf_loop(XLAP_MAX_SEGS - 1, emit_seg, &c, 0);
+  if (n > 1 && segs)
+    xl_emit_rest(at, first, segs, n);
 }
 
 #endif

@@ -60,11 +60,13 @@ static __always_inline struct xl_task *task_ctx(struct task_struct *task) {
 /* Without syscall hooks (hooks/calls.h), a send call's state begins at its
  * first datagram on a device (dev_tx.h), which the stack queues in the
  * sending thread, and ends when the socket call returns
- * (sock_send_length). `owner`: the process of the socket the datagram
- * came from; the thread must belong to it or to another traced process
- * (a forked child sending on an inherited socket). io_uring's requests are
- * uring.h's: issued inline (in_uring) or by its worker threads. Returns
- * the thread's state, or 0 when this is not a traced thread's send. */
+ * (sock_send_length; only attached with sock.send_exit, CFG.send_calls:
+ * without it a send keeps no state, dev_tx.h send_start_take). `owner`: the
+ * process of the socket the datagram came from; the thread must belong to it or
+ * to another traced process (a forked child sending on an inherited socket).
+ * io_uring's requests are uring.h's: issued inline (in_uring) or by its worker
+ * threads. Returns the thread's state, or 0 when this is not a traced thread's
+ * send. */
 static __always_inline struct xl_task *
 socket_send_begin(struct task_struct *task, struct xl_task *t, __u32 owner) {
   if (task->flags & PF_IO_WORKER_)
@@ -86,6 +88,33 @@ socket_send_begin(struct task_struct *task, struct xl_task *t, __u32 owner) {
   t->send.unread = 0;
   return t;
 }
+
+/* A send that named its destination, begun on this CPU (cgroup sendmsg4/6,
+ * hooks/calls.h): the thread, the socket and when (one per CPU: the socket
+ * call runs to its datagram's device point without sleeping, and a thread
+ * moved to another CPU meanwhile only loses its send_enter). Without
+ * sock_send_length (CFG.send_calls = 0), the first device point also
+ * keeps here the first fragment it read, for the later fragments of the
+ * same send. */
+struct xl_send_start {
+  __u64 ts;
+  __u64 cookie; /* the traced socket's */
+  __u32 tid;
+  __u32 frag_tid; /* the first fragment's thread (0: none) */
+  __u64 frag_cookie;
+  struct xl_ident frag; /* the first fragment's datagram */
+};
+
+struct {
+  __uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+  __uint(max_entries, 1);
+  __type(key, __u32);
+  __type(value, struct xl_send_start);
+} SEND_START SEC(".maps");
+
+/* Some traced thread issued an io_uring send request (uring.h): only then
+ * does a send's device point look at the thread's state for it. */
+__u64 URING_SENDS_SEEN = 0;
 
 /* The last datagram handed to a traced socket on this CPU: the wake-up it
  * triggers follows within the same softirq. */

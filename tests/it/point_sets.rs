@@ -1,13 +1,15 @@
 //! Privileged: `--points minimal` stamps only its four points (the socket
 //! boundary and the wire on each side) and still every packet there,
 //! checked against the example protocol's own logs, and the packets table
-//! still pairs both hosts; an unknown point name is a usage error.
+//! still pairs both hosts; at the socket calls it does so without the
+//! send-call hook (fragments of large datagrams included); an unknown point
+//! name is a usage error.
 
 use std::collections::BTreeSet;
 use xlap_stage::Stage;
 use xlap_tests::example::ExampleOptions;
 use xlap_tests::multiset::{assert_same, logged, stamped};
-use xlap_tests::trace::trace_example;
+use xlap_tests::trace::{trace_example, Row, Traced};
 use xlap_tests::{bin, privileged};
 
 #[test]
@@ -26,6 +28,87 @@ fn minimal_points_stamp_every_packet_at_four_points_only() {
         },
         &["--points", "minimal"],
     );
+    assert_minimal(&t);
+}
+
+/// The same at the socket calls, for a sender that names its destination
+/// (sendto): with sock.send_exit left out, the send-call hook is not
+/// attached at all, and each datagram's first device point stamps its
+/// send_enter from the start cgroup sendmsg4 noted. Large datagrams too:
+/// their later IP fragments still get their device stamps.
+#[test]
+fn minimal_points_at_the_socket_calls_leave_the_send_call_hook_out() {
+    let Some(_guard) = privileged("point_sets_calls") else {
+        return;
+    };
+    let stage = Stage::two_hosts().expect("stage");
+    let sendto = || vec!["--send-call".to_string(), "sendto".to_string()];
+    let calls_minimal = ["--boundary", "socket-calls", "--points", "minimal"];
+    let t = trace_example(
+        &stage,
+        "points-minimal-calls",
+        &ExampleOptions {
+            count: 500,
+            period_us: 200,
+            send_args: sendto(),
+            ..Default::default()
+        },
+        &calls_minimal,
+    );
+    assert_minimal(&t);
+    // A kernel without skb dynptrs for tracing (before 6.12) falls back to
+    // the syscalls, and says so.
+    if t.meta.options.boundary.as_deref() == Some("socket-calls") {
+        let programs: Vec<&String> = t.meta.bpf_programs.keys().collect();
+        assert!(
+            !programs.iter().any(|p| *p == "on_sock_send_length"),
+            "send-call hook attached without sock.send_exit: {programs:?}"
+        );
+    }
+
+    let large = trace_example(
+        &stage,
+        "points-minimal-calls-fragments",
+        &ExampleOptions {
+            count: 100,
+            period_us: 500,
+            send_args: [sendto(), vec!["--payload".into(), "20000".into()]].concat(),
+            ..Default::default()
+        },
+        &calls_minimal,
+    );
+    let rows = large.stamps();
+    let sent = logged(&large.sent, "sent");
+    assert!(sent.len() >= 100, "data and parity sent: {}", sent.len());
+    let whole: Vec<Row> = rows.iter().filter(|r| !r.fragment).cloned().collect();
+    for point in ["sock.send_enter", "dev.xmit"] {
+        assert_same(&stamped(&whole, point, large.pids.0), &sent, point);
+    }
+    // Each datagram leaves in as many fragments as the others of its size.
+    let fragments: Vec<Row> = rows
+        .iter()
+        .filter(|r| r.fragment && r.point == "dev.xmit")
+        .cloned()
+        .collect();
+    let per_datagram = stamped(&fragments, "dev.xmit", large.pids.0);
+    let counts: BTreeSet<usize> = sent
+        .keys()
+        .map(|k| per_datagram.get(k).copied().unwrap_or(0))
+        .collect();
+    assert!(
+        counts.len() == 1 && !counts.contains(&0),
+        "later fragments per datagram at dev.xmit: {counts:?}"
+    );
+    assert_same(
+        &stamped(&rows, "sock.recv_exit", large.pids.1),
+        &logged(&large.received, "received"),
+        "sock.recv_exit",
+    );
+}
+
+/// What every `--points minimal` run holds: the four points, every
+/// datagram at them by the example's own logs, both hosts paired.
+fn assert_minimal(t: &Traced) {
     let rows = t.stamps();
     let points: BTreeSet<&str> = rows.iter().map(|r| r.point.as_str()).collect();
     assert_eq!(

@@ -240,6 +240,10 @@ pub struct Settings {
     pub socket_calls: bool,
     /// Stamp only the datagrams of this sample (`--sample`).
     pub sample: Option<xlap_records::sample::Sample>,
+    /// Some device of the targets can timestamp received packets in
+    /// hardware (switched on or not): the receive device points read the
+    /// device's time of every skb, not only of paged (GRO) ones.
+    pub device_rx_times: bool,
 }
 
 /// VXLAN's IANA port and the Linux kernel's historic default.
@@ -260,6 +264,7 @@ impl Capture {
         config.points_off = settings.points.off_mask();
         // Nothing takes the receive notes without the socket-queue point.
         config.rx_notes = settings.points.needs_program("on_sock_ingress") as u8;
+        config.device_rx_times = settings.device_rx_times as u8;
         if let Some(sample) = &settings.sample {
             config.sample_below = sample.below();
             config.sample_kinds = sample.kind_bits();
@@ -282,6 +287,7 @@ impl Capture {
         config.have_dynptr = dynptr.is_ok() as u8;
         let boundary = choose_boundary(settings.socket_calls, &dynptr, &btf);
         config.syscall_hooks = matches!(boundary, BoundaryChoice::Syscalls(_)) as u8;
+        config.send_calls = settings.points.needs_program("on_sock_send_length") as u8;
         // SAFETY: xlap_config is a plain C struct of integers (no padding
         // holes with undefined contents: it is zero-initialised by Default).
         let config_bytes: &[u8] = unsafe {

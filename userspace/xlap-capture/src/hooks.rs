@@ -183,15 +183,14 @@ pub const HOOKS: &[Hook] = &[
         Boundary::SocketCalls,
         &[effect(&[p::XLAP_POINT_SOCK_SEND_ENTER], false, Without::Missing)],
     ),
+    // Only with sock.send_exit: without it, a send's first device point
+    // stamps its send_enter (CFG.send_calls, bpf/hooks/dev_tx.h), and the
+    // hook's run on every send call is saved.
     at_boundary(
         "on_sock_send_length",
         Attach::TpBtf("sock_send_length"),
         Boundary::SocketCalls,
-        &[effect(
-            &[p::XLAP_POINT_SOCK_SEND_ENTER, p::XLAP_POINT_SOCK_SEND_EXIT],
-            false,
-            Without::Missing,
-        )],
+        &[effect(&[p::XLAP_POINT_SOCK_SEND_EXIT], true, Without::Missing)],
     ),
     // (A datagram the socket drops after its queue point is never read:
     // the reads' matching by queue position forgets it.)

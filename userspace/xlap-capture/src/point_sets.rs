@@ -158,10 +158,16 @@ impl PointSet {
             .fold(0, |m, id| m | 1 << id)
     }
 
-    /// Whether program `prog` has to be attached.
+    /// Whether program `prog` has to be attached: a program that only
+    /// stamps (required or not) is left out with its points.
     pub fn needs_program(&self, prog: &str) -> bool {
-        match program_points().find(|pp| pp.program == prog && pp.stamp_only) {
-            Some(pp) => pp.points.iter().any(|id| self.contains(*id)),
+        let stamp_only = crate::hooks::HOOKS
+            .iter()
+            .filter(|h| h.program == prog)
+            .flat_map(|h| h.effects)
+            .find(|e| e.stamp_only);
+        match stamp_only {
+            Some(e) => e.points.iter().any(|id| self.contains(*id)),
             None => true,
         }
     }
@@ -198,6 +204,9 @@ mod tests {
         assert!(minimal.needs_program("on_netif_receive_skb"));
         assert!(minimal.needs_program("on_net_dev_queue"), "TX identity");
         assert!(!minimal.needs_program("on_netif_rx"));
+        // Without sock.send_exit the first device point stamps send_enter.
+        assert!(!minimal.needs_program("on_sock_send_length"));
+        assert!(PointSet::all().needs_program("on_sock_send_length"));
         assert!(!minimal.needs_program("on_sched_waking"));
         assert_eq!(
             minimal.off_mask() & (1 << p::XLAP_POINT_DEV_QUEUE),

@@ -6,11 +6,15 @@ use super::*;
 /// The capture programs loaded (not yet attached to the targets).
 pub struct Session {
     pub(super) capture: Capture,
+    /// The targets' devices and their timestamping, surveyed before the
+    /// load (the capture reads device times only where a device has them).
+    timestamping: Vec<crate::hwts::DeviceTimestamping>,
 }
 
 impl Session {
     pub fn load(plan: &Plan) -> Result<Session> {
         let args = plan.args;
+        let timestamping = crate::hwts::survey(&args.pids);
         let mut capture = Capture::load(&Settings {
             layouts: plan.layouts.clone(),
             points: plan.points.clone(),
@@ -21,6 +25,7 @@ impl Session {
             hold_at_exec: plan.holds(),
             socket_calls: args.socket_calls,
             sample: args.sample.clone(),
+            device_rx_times: timestamping.iter().any(|d| d.hardware_rx),
         })?;
         if !args.ifaces.is_empty() {
             let devices = crate::ifaces::resolve(&args.pids, &args.ifaces)?;
@@ -57,7 +62,10 @@ impl Session {
         for (what, points) in by_reason {
             plan.note(format!("{}: {}", points.join(", "), brief_reason(what)));
         }
-        Ok(Session { capture })
+        Ok(Session {
+            capture,
+            timestamping,
+        })
     }
 
     /// Attaches the USDT markers, names the targets to the kernel side,
@@ -104,7 +112,7 @@ impl Session {
         let run_id = segment.as_ref().map_or(run_id, SegmentOf::run_id);
         let host = args.host.clone().unwrap_or_else(runmeta::hostname);
         let comms = args.pids.iter().map(|&p| targets::comm(p)).collect();
-        let timestamping = crate::hwts::survey(&args.pids);
+        let timestamping = std::mem::take(&mut self.timestamping);
         if let Some(m) = crate::hwts::message(&timestamping) {
             plan.note(m);
         }
