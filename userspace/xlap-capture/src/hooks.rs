@@ -529,11 +529,25 @@ mod tests {
         assert_eq!(names.len(), before);
     }
 
+    /// A stamp-only hook is left out with its points; one that is required
+    /// when wanted belongs to a boundary, whose BPF side is told from the
+    /// point set whether it runs (`sock_send_length`: `CFG.send_calls`), so
+    /// the run must fail rather than go on without it.
     #[test]
-    fn stamp_only_hooks_are_optional() {
+    fn stamp_only_hooks_are_optional_or_of_a_boundary() {
+        let points = crate::point_sets::PointSet::parse("minimal").unwrap();
         for h in HOOKS {
-            if h.effects.iter().any(|e| e.stamp_only) {
-                assert!(!h.required, "{} is stamp-only and required", h.program);
+            if h.effects.iter().any(|e| e.stamp_only) && h.required {
+                assert!(
+                    h.boundary.is_some(),
+                    "{} is stamp-only and required everywhere",
+                    h.program
+                );
+                assert!(
+                    !points.needs_program(h.program),
+                    "{} is left out with its points",
+                    h.program
+                );
             }
         }
     }
