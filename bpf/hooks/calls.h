@@ -145,14 +145,7 @@ static __always_inline void stamp_read(__u64 key, struct xl_rx_slot *slot,
   id.pid = pid_tgid >> 32; /* the reader: a forked child reads its parent's
                               socket */
   __u32 n = slot->nseg;
-  struct xl_segs *segs = 0;
-  if (n > 1) {
-    segs = bpf_map_lookup_elem(&RX_SEGS, &key);
-    if (!segs) {
-      count_losses(XLAP_POINT_SOCK_RECV_EXIT, XLAP_LOSS_MAP_FULL, n - 1);
-      n = 1;
-    }
-  }
+  struct xl_segs *segs = rx_segs(key, &n, XLAP_POINT_SOCK_RECV_EXIT);
   rx_free(slot, key);
   struct xl_at at = {
       .point = XLAP_POINT_SOCK_RECV_EXIT, .ts = now, .tid = (__u32)pid_tgid};

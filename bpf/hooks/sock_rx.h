@@ -81,14 +81,7 @@ queue_noted(struct xlap_sock *ts, struct xl_rx_slot *s, __u64 key, __u64 now) {
   s->id.pid = ts->tgid; /* the socket's owner, as the queued note keeps */
   note_flow(ts, s->id.flow);
   __u32 got = s->nseg;
-  struct xl_segs *segs = 0;
-  if (got > 1) {
-    segs = bpf_map_lookup_elem(&RX_SEGS, &key);
-    if (!segs) {
-      count_losses(XLAP_POINT_SOCK_QUEUE, XLAP_LOSS_MAP_FULL, got - 1);
-      got = 1;
-    }
-  }
+  struct xl_segs *segs = rx_segs(key, &got, XLAP_POINT_SOCK_QUEUE);
   __u32 zero = 0;
   int keep = !s->unsampled;
   struct xl_queue_scratch *q = bpf_map_lookup_elem(&QUEUE_SCRATCH, &zero);

@@ -77,6 +77,41 @@ static __always_inline int rx_slot_free(const struct xl_rx_slot *s, __u64 old,
          (s->state == RX_AT_DEVICE && age >= RX_DEVICE_FRESH_NS);
 }
 
+/* Claims slot `s` for skb `key` (`got` datagrams) at `now`, and keeps
+ * datagrams 1.. of a GRO skb in RX_SEGS. Returns 0, or -1 when the slot is
+ * held by a live skb. */
+static __always_inline int rx_claim(struct xl_rx_slot *s, __u64 key, __u64 now,
+                                    const struct xl_segs *segs, __u32 got) {
+  __u64 old = s->key;
+  if (old != key && !rx_slot_free(s, old, now))
+    return -1;
+  if (__sync_val_compare_and_swap(&s->key, old, key) != old)
+    return -1;
+  if (old && (old != key || (s->nseg > 1 && got <= 1)))
+    bpf_map_delete_elem(&RX_SEGS, &old); /* a stale GRO skb's datagrams */
+  s->born = now;
+  s->nseg = 1;
+  if (got > 1 && segs &&
+      bpf_map_update_elem(&RX_SEGS, &key, segs, BPF_ANY) == 0)
+    s->nseg = got;
+  return 0;
+}
+
+/* Datagrams 1.. of the slot of skb `key` (`*n` of them in all), or 0 for
+ * one datagram; when they are gone, they are counted lost at `point` and
+ * `*n` becomes 1. */
+static __always_inline struct xl_segs *rx_segs(__u64 key, __u32 *n,
+                                               __u16 point) {
+  if (*n <= 1)
+    return 0;
+  struct xl_segs *segs = bpf_map_lookup_elem(&RX_SEGS, &key);
+  if (!segs) {
+    count_losses(point, XLAP_LOSS_MAP_FULL, *n - 1);
+    *n = 1;
+  }
+  return segs;
+}
+
 /* Notes the identity of the datagrams of skb `key` as queued to its socket
  * (`got` of them, 1..n; datagrams 1.. in `segs`). Returns 0, or -1 when
  * its slot is held by a live skb (the reader's stamp is then counted
@@ -87,23 +122,11 @@ static __attribute__((noinline)) int rx_put(__u64 key, __u64 now,
                                             const struct xl_segs *segs,
                                             __u32 got) {
   struct xl_rx_slot *s = rx_slot(key);
-  if (!s)
+  if (!s || rx_claim(s, key, now, segs, got))
     return -1;
-  __u64 old = s->key;
-  if (old != key && !rx_slot_free(s, old, now))
-    return -1;
-  if (__sync_val_compare_and_swap(&s->key, old, key) != old)
-    return -1;
-  if (old && (old != key || (s->nseg > 1 && got <= 1)))
-    bpf_map_delete_elem(&RX_SEGS, &old); /* a stale GRO skb's datagrams */
-  s->born = now;
   s->id = *id;
-  s->nseg = 1;
   s->state = RX_QUEUED;
   s->unsampled = 0;
-  if (got > 1 && segs &&
-      bpf_map_update_elem(&RX_SEGS, &key, segs, BPF_ANY) == 0)
-    s->nseg = got;
   return 0;
 }
 
@@ -124,26 +147,14 @@ rx_note_at_device(__u64 key, const struct xl_rx_note *n,
                   const struct xl_ident *id, const struct xl_segs *segs,
                   __u32 got) {
   struct xl_rx_slot *s = rx_slot(key);
-  if (!s || !n)
+  if (!s || !n || rx_claim(s, key, n->now, segs, got))
     return -1;
-  __u64 old = s->key;
-  if (old != key && !rx_slot_free(s, old, n->now))
-    return -1;
-  if (__sync_val_compare_and_swap(&s->key, old, key) != old)
-    return -1;
-  if (old && (old != key || (s->nseg > 1 && got <= 1)))
-    bpf_map_delete_elem(&RX_SEGS, &old);
-  s->born = n->now;
   s->id = *id;
   s->ip8 = n->ip8;
   s->skb_len = n->skb_len;
   s->addr_sig = n->addr_sig;
   s->unsampled = n->unsampled;
   s->state = RX_AT_DEVICE;
-  s->nseg = 1;
-  if (got > 1 && segs &&
-      bpf_map_update_elem(&RX_SEGS, &key, segs, BPF_ANY) == 0)
-    s->nseg = got;
   return 0;
 }
 
