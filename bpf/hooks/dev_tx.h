@@ -41,8 +41,8 @@ struct xl_tx {
  * single cost of the transmit path (perf on the pinned sockperf
  * ping-pong: 5 % of the CPU, more than the program itself). A slot whose
  * skb never reached a last point (freed on a path without a tracepoint)
- * is taken over after TX_SLOT_STALE_JIFFIES. The RX path needs no map: its
- * points re-read the headers. */
+ * is taken over after TX_SLOT_STALE_JIFFIES. The receive side has its own
+ * table (lib/rx_slots.h). */
 #define TX_SLOT_STALE_JIFFIES 1000 /* 1 s at HZ=1000, 10 s at HZ=100 */
 
 struct xl_tx_slot {
