@@ -231,7 +231,13 @@ socket_recv_return(struct sock *sk, struct xlap_sock *s, int ret, int flags) {
       s->rx_next = head;
     return;
   }
-  __u64 first = s->rx_first;
+  /* Taken (and cleared) before the head is read: a datagram whose
+   * socket-queue point runs from here on finds rx_first empty and notes
+   * itself, so the next read finds it even when the head and the in-flight
+   * check below both miss it. Cleared after the head instead, such a
+   * datagram could find the old first still there, not note itself, and
+   * then lose it to the clearing: that read counted unmatched. */
+  __u64 first = __sync_lock_test_and_set(&s->rx_first, 0);
   __u64 taken = s->rx_next ? s->rx_next : first;
   __u64 head = queue_head(sk);
   /* Queues empty: datagrams past their socket-queue point may still be on
@@ -251,9 +257,6 @@ socket_recv_return(struct sock *sk, struct xlap_sock *s, int ret, int flags) {
       head = last;
   }
   s->rx_next = head;
-  /* Cleared only if no datagram came since: a newer first one stays. */
-  if (first)
-    __sync_val_compare_and_swap(&s->rx_first, first, 0);
   struct xl_rx_slot *slot = taken && taken != head ? rx_find(taken) : 0;
   /* A read never returns more than its datagrams (it may return less: a
    * short buffer truncates). */
