@@ -45,15 +45,15 @@ SELECT p.tx_host, p.rx_host, p.kind, any_value(a.paths) AS paths,
        count(*) AS packets,
        count(*) FILTER (WHERE p.copies > 1) AS with_copies,
        count(*) FILTER (WHERE p.copies = 1) AS one_path_only,
-       list(p.seq ORDER BY p.seq) FILTER (WHERE p.copies = 1)[1:20] AS one_path_only_seqs,
+       min(p.seq, 20) FILTER (WHERE p.copies = 1) AS one_path_only_seqs,
        count(*) FILTER (WHERE p.winner <> a.usual_winner) AS upsets,
-       list(p.seq ORDER BY p.seq) FILTER (WHERE p.winner <> a.usual_winner)[1:100] AS upset_seqs,
+       min(p.seq, 100) FILTER (WHERE p.winner <> a.usual_winner) AS upset_seqs,
        round((quantile_cont(p.skew_ns, [0.5, 0.99]) FILTER (WHERE p.copies > 1))[1] / 1e3, 3) AS skew_p50_us,
        round((quantile_cont(p.skew_ns, [0.5, 0.99]) FILTER (WHERE p.copies > 1))[2] / 1e3, 3) AS skew_p99_us,
        round(max(p.skew_ns) FILTER (WHERE p.copies > 1) / 1e3, 3) AS skew_max_us,
        getvariable('skew_max')::DOUBLE AS skew_limit_us,
        count(*) FILTER (WHERE p.copies > 1 AND p.skew_ns > getvariable('skew_max') * 1000) AS over_skew_max,
-       list(p.seq ORDER BY p.seq) FILTER (WHERE p.copies > 1 AND p.skew_ns > getvariable('skew_max') * 1000)[1:100] AS over_skew_max_seqs
+       min(p.seq, 100) FILTER (WHERE p.copies > 1 AND p.skew_ns > getvariable('skew_max') * 1000) AS over_skew_max_seqs
 FROM per_seq p
 JOIN paths a USING (tx_host, tx_pid, rx_host, rx_pid, kind)
 GROUP BY p.tx_host, p.tx_pid, p.rx_host, p.rx_pid, p.kind

@@ -331,6 +331,11 @@ impl Side {
 }
 
 fn main() -> Result<()> {
+    xlap_bench::args::check(
+        "usage: xlap-bench-analysis [--quick] [--packets N] [--rounds R] [--python PATH] [--history-runs N] [--big-runs N]\nThe analyses of a synthetic run against pandas and polars (docs/performance.md); prints Markdown, writes bench-results/analysis.json.",
+        &["--quick"],
+        &["--packets", "--rounds", "--python", "--history-runs", "--big-runs"],
+    )?;
     let quick = std::env::args().any(|a| a == "--quick");
     let packets: u64 = arg("--packets", if quick { 1_000_000 } else { 10_000_000 })?;
     let rounds: usize = arg("--rounds", if quick { 1 } else { 3 })?.max(1);

@@ -48,6 +48,11 @@ impl Sample {
 }
 
 fn main() -> Result<()> {
+    xlap_bench::args::check(
+        "usage: xlap-bench-long [--quick] [--minutes M] [--period-us P] [--pairs N] [--rotate SIZE] [--max-size SIZE]\nA long recording with rotation (docs/performance.md); writes bench-results/long.json and long.svg.",
+        &["--quick"],
+        &["--minutes", "--period-us", "--pairs", "--rotate", "--max-size"],
+    )?;
     if let Some(reason) = privileged_unavailable() {
         anyhow::bail!("the benchmark loads BPF and builds a stage: {reason}");
     }

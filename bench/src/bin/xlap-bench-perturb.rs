@@ -98,6 +98,13 @@ struct Cell {
 }
 
 fn main() -> Result<()> {
+    xlap_bench::args::check(
+        "usage: xlap-bench-perturb [--quick] [--seconds S] [--rounds R] [--baseline XLAP_TRACE]\nHow much tracing perturbs sockperf ping-pong, every configuration side by side (docs/performance.md); writes bench-results/perturbation.json.",
+        // `just bench` gives both parts the same arguments: the capture
+        // part's own are accepted here too
+        &["--quick", "--no-capture"],
+        &["--seconds", "--rounds", "--baseline", "--loads"],
+    )?;
     if let Some(reason) = privileged_unavailable() {
         bail!("the benchmark loads BPF and builds a stage: {reason}");
     }

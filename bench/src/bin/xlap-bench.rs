@@ -36,6 +36,13 @@ use xlap_tests::{privileged_unavailable, Scratch};
 const PERTURB_PERIOD_US: u64 = 100;
 
 fn main() -> Result<()> {
+    xlap_bench::args::check(
+        "usage: xlap-bench [--quick] [--no-capture] [--loads PAIRSxPERIOD_US,...] [--rounds R] [--baseline XLAP_TRACE]\nThe BPF cost floor and capture at rising loads (docs/performance.md); writes bench-results/capture.json.",
+        // `just bench` gives both parts the same arguments: the
+        // perturbation part's own are accepted here too
+        &["--quick", "--no-capture"],
+        &["--loads", "--rounds", "--baseline", "--seconds"],
+    )?;
     if let Some(reason) = privileged_unavailable() {
         anyhow::bail!("the benchmark loads BPF and builds a stage: {reason}");
     }
