@@ -1,6 +1,6 @@
 -- name: activation
 -- description: Activation jitter of a periodic sender (cf. time-triggered dispatch): each packet's send time (its first sender point) against the ideal schedule anchored at the flow's first packet, t0 + (seq − seq0) × period. Per flow and kind: the period used, the deviation's p50/p99/max (absolute), the worst packet and its signed deviation, the packets that started late (more than `late` after their ideal time: their count and the first 20 seqs), the drift (the deviation's slope over the run in µs per second: the sender keeps another period than the one given), and the correlation of the deviation with end-to-end latency (does a late start make a late packet?).
--- reads: packets
+-- reads: packets, send_gaps() (views.sql)
 -- params: period = the sender's period per sequence number in µs (default: the median send-time gap per sequence step, or the mean period when bursts make that 0); late = lateness in µs that makes a start late (default: half the period); kind = packet kind to keep (default: every kind)
 -- p is read more than once: inlined, each reader scans the columns it
 -- needs; materialised, it held a copy of them (10 M packets: up to 1.9 GB)
@@ -9,17 +9,8 @@ WITH p AS NOT MATERIALIZED (
     WHERE sent_ns IS NOT NULL AND (getvariable('kind') IS NULL OR kind = getvariable('kind'))
 ), gaps AS (
     -- each run of a dataset is its own schedule (run_key(run_id): the run
-    -- id in a dataset of runs, NULL in one run). The packets sorted once,
-    -- then each one's predecessor taken by a window with an empty OVER ():
-    -- DuckDB runs that one streaming, in the sort's order, and keeps no
-    -- copy of a partition (PARTITION BY … ORDER BY seq: 10 M packets 1.2
-    -- GB and 1.2 s, this 0.5 GB and 0.9 s)
-    SELECT run, flow, kind, seq, sent_ns,
-           CASE WHEN lag(run) OVER () IS NOT DISTINCT FROM run
-                 AND lag(flow) OVER () IS NOT DISTINCT FROM flow
-                 AND lag(kind) OVER () IS NOT DISTINCT FROM kind
-                THEN (sent_ns - lag(sent_ns) OVER ()) / nullif(seq - lag(seq) OVER (), 0) END AS gap
-    FROM (SELECT run, flow, kind, seq, sent_ns FROM p ORDER BY run, flow, kind, seq)
+    -- id in a dataset of runs, NULL in one run); views.sql says how
+    FROM send_gaps()
 ), period AS (
     SELECT run, flow, kind,
            coalesce(getvariable('period') * 1000,

@@ -129,9 +129,22 @@ fn shared_statements() -> Vec<&'static str> {
         .collect()
 }
 
+/// The statements of `views.sql` that make the stored tables
+/// (crate::stored::TABLES): those up to the last of them. The stored
+/// tables are named by these alone, so a change to the statements after
+/// them (the outliers, the gap macros) leaves the tables runs keep valid.
+pub(crate) fn statements_of_stored_tables() -> Vec<&'static str> {
+    let all = shared_statements();
+    let last = all
+        .iter()
+        .rposition(|s| statement_name(s).is_some_and(|n| crate::stored::TABLES.contains(&n)))
+        .unwrap_or(all.len() - 1);
+    all[..=last].to_vec()
+}
+
 /// The name a `views.sql` statement creates (`CREATE OR REPLACE TEMP
 /// TABLE name AS`).
-fn statement_name(stmt: &str) -> Option<&str> {
+pub(crate) fn statement_name(stmt: &str) -> Option<&str> {
     stmt.lines()
         .find(|l| l.starts_with("CREATE"))
         .and_then(|l| l.split_whitespace().nth(5))
@@ -415,6 +428,15 @@ fn open_checked(
         }
     }
 
+    // A dataset of runs takes each packet's predecessor partition by
+    // partition (views.sql: one sort of all its packets runs out of the
+    // engine's memory at 100 M); one run sorts its packets once.
+    if !partitions.is_empty() {
+        conn.execute_batch(
+            "CREATE OR REPLACE TEMP MACRO send_gaps() AS TABLE FROM send_gaps_partitioned();
+             CREATE OR REPLACE TEMP MACRO wire_gaps() AS TABLE FROM wire_gaps_partitioned();",
+        )?;
+    }
     let (packets, delivered): (i64, i64) = conn.query_row(
         "SELECT count(*), count(*) FILTER (WHERE e2e_ns IS NOT NULL) FROM packets",
         [],
