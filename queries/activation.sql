@@ -2,11 +2,10 @@
 -- description: Activation jitter of a periodic sender (cf. time-triggered dispatch): each packet's send time (its first sender point) against the ideal schedule anchored at the flow's first packet, t0 + (seq − seq0) × period. Per flow and kind: the period used, the deviation's p50/p99/max (absolute), the worst packet and its signed deviation, the packets that started late (more than `late` after their ideal time: their count and the first 20 seqs), the drift (the deviation's slope over the run in µs per second: the sender keeps another period than the one given), and the correlation of the deviation with end-to-end latency (does a late start make a late packet?).
 -- reads: packets, send_gaps() (views.sql)
 -- params: period = the sender's period per sequence number in µs (default: the median send-time gap per sequence step, or the mean period when bursts make that 0); late = lateness in µs that makes a start late (default: half the period); kind = packet kind to keep (default: every kind)
--- p is read more than once: inlined, each reader scans the columns it
--- needs; materialised, it held a copy of them (10 M packets: up to 1.9 GB)
+-- p (sent_rows(), views.sql) is read by dev only (the gaps sort their
+-- own); inlined, it scans just the columns dev needs
 WITH p AS NOT MATERIALIZED (
-    SELECT run_key(run_id) AS run, flow, kind, seq, sent_ns, e2e_ns FROM packets
-    WHERE sent_ns IS NOT NULL AND (getvariable('kind') IS NULL OR kind = getvariable('kind'))
+    FROM sent_rows()
 ), gaps AS (
     -- each run of a dataset is its own schedule (run_key(run_id): the run
     -- id in a dataset of runs, NULL in one run); views.sql says how

@@ -193,21 +193,29 @@ SELECT * EXCLUDE (above) FROM late_stages WHERE above;
 -- a 6 GB engine beside the quantile state of its gaps. send_gaps() and
 -- wire_gaps() are the sorted ones here; xlap-trace makes them the
 -- partitioned ones for a dataset of runs (dataset.rs).
+-- The sent packets of the selected kind, and their time on the wire (the
+-- sender's last point): the rows of both (and of activation.sql's
+-- deviations), the filter said once.
+CREATE OR REPLACE TEMP MACRO sent_rows() AS TABLE
+SELECT run_key(run_id) AS run, flow, kind, seq, sent_ns, e2e_ns FROM packets
+WHERE sent_ns IS NOT NULL AND (getvariable('kind') IS NULL OR kind = getvariable('kind'));
+
+CREATE OR REPLACE TEMP MACRO wire_rows() AS TABLE
+SELECT run_key(run_id) AS run, flow, kind, seq, sent_ns + sender_total_ns AS wire_ns FROM packets
+WHERE sender_total_ns IS NOT NULL AND (getvariable('kind') IS NULL OR kind = getvariable('kind'));
+
 CREATE OR REPLACE TEMP MACRO send_gaps_sorted() AS TABLE
 SELECT run, flow, kind, seq, sent_ns,
        CASE WHEN lag(run) OVER () IS NOT DISTINCT FROM run
              AND lag(flow) OVER () IS NOT DISTINCT FROM flow
              AND lag(kind) OVER () IS NOT DISTINCT FROM kind
             THEN (sent_ns - lag(sent_ns) OVER ()) / nullif(seq - lag(seq) OVER (), 0) END AS gap
-FROM (SELECT run_key(run_id) AS run, flow, kind, seq, sent_ns FROM packets
-      WHERE sent_ns IS NOT NULL AND (getvariable('kind') IS NULL OR kind = getvariable('kind'))
-      ORDER BY run, flow, kind, seq);
+FROM (SELECT run, flow, kind, seq, sent_ns FROM sent_rows() ORDER BY run, flow, kind, seq);
 
 CREATE OR REPLACE TEMP MACRO send_gaps_partitioned() AS TABLE
 SELECT run, flow, kind, seq, sent_ns,
        (sent_ns - lag(sent_ns) OVER w) / nullif(seq - lag(seq) OVER w, 0) AS gap
-FROM (SELECT run_key(run_id) AS run, flow, kind, seq, sent_ns FROM packets
-      WHERE sent_ns IS NOT NULL AND (getvariable('kind') IS NULL OR kind = getvariable('kind')))
+FROM sent_rows()
 WINDOW w AS (PARTITION BY run, flow, kind ORDER BY seq);
 
 CREATE OR REPLACE TEMP MACRO send_gaps() AS TABLE FROM send_gaps_sorted();
@@ -218,14 +226,11 @@ SELECT flow, kind, seq,
              AND lag(flow) OVER () IS NOT DISTINCT FROM flow
              AND lag(kind) OVER () IS NOT DISTINCT FROM kind
             THEN wire_ns - lag(wire_ns) OVER () END AS gap_ns
-FROM (SELECT run_key(run_id) AS run, flow, kind, seq, sent_ns + sender_total_ns AS wire_ns FROM packets
-      WHERE sender_total_ns IS NOT NULL AND (getvariable('kind') IS NULL OR kind = getvariable('kind'))
-      ORDER BY run, flow, kind, wire_ns, seq);
+FROM (FROM wire_rows() ORDER BY run, flow, kind, wire_ns, seq);
 
 CREATE OR REPLACE TEMP MACRO wire_gaps_partitioned() AS TABLE
 SELECT flow, kind, seq,
        wire_ns - lag(wire_ns) OVER (PARTITION BY run, flow, kind ORDER BY wire_ns, seq) AS gap_ns
-FROM (SELECT run_key(run_id) AS run, flow, kind, seq, sent_ns + sender_total_ns AS wire_ns FROM packets
-      WHERE sender_total_ns IS NOT NULL AND (getvariable('kind') IS NULL OR kind = getvariable('kind')));
+FROM wire_rows();
 
 CREATE OR REPLACE TEMP MACRO wire_gaps() AS TABLE FROM wire_gaps_sorted();

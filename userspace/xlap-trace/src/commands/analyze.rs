@@ -193,7 +193,13 @@ pub fn synth(a: &SynthArgs) -> Result<()> {
         a.seed,
         a.output.display()
     );
-    xlap_analyze::synth::generate(&conn, &a.output, a.packets, a.seed)?;
-    eprintln!("xlap-trace: done in {:.1} s", t0.elapsed().as_secs_f64());
+    let steps = xlap_analyze::synth::generate(&conn, &a.output, a.packets, a.seed)?;
+    eprintln!(
+        "xlap-trace: done in {:.1} s (points {:.1} s, packets table {:.1} s, stored aggregates {:.1} s)",
+        t0.elapsed().as_secs_f64(),
+        steps.points.as_secs_f64(),
+        steps.packets_table.as_secs_f64(),
+        steps.aggregates.as_secs_f64()
+    );
     Ok(())
 }
