@@ -230,6 +230,10 @@ pub struct LiveView {
     app_side: FastMap<u16, usize>,
     /// `--sample 1/N`: "1/16", said in the view and the metrics.
     sample: Option<(u32, String)>,
+    /// `wire_rank` per (point, on the sender's side), known once asked:
+    /// naming a point allocates, and each packet asks for every point of
+    /// each of its stages (an always-on recorder's largest own cost).
+    wire_ranks: std::cell::RefCell<FastMap<(u16, bool), Option<usize>>>,
 }
 
 impl LiveView {
@@ -241,6 +245,7 @@ impl LiveView {
     /// The app point names when points were added during the run.
     pub fn set_app_names(&mut self, app_names: Vec<String>) {
         self.app_names = app_names;
+        self.wire_ranks.borrow_mut().clear();
     }
 
     /// `print`: the terminal view on stdout; `metrics`: serve OpenMetrics
@@ -277,6 +282,7 @@ impl LiveView {
             app_both: Vec::new(),
             app_side: FastMap::default(),
             sample: None,
+            wire_ranks: Default::default(),
         })
     }
 
@@ -428,9 +434,15 @@ impl LiveView {
 
     /// A point's rank among the wire points of its side (best first).
     fn wire_rank(&self, side: Side, id: u16) -> Option<usize> {
-        point_info(id, &self.app_names)
-            .filter(|i| i.2 == Some(side))
-            .and_then(|i| stages::wire_rank(side, &column_stem(&i.0)))
+        *self
+            .wire_ranks
+            .borrow_mut()
+            .entry((id, side == Side::Tx))
+            .or_insert_with(|| {
+                point_info(id, &self.app_names)
+                    .filter(|i| i.2 == Some(side))
+                    .and_then(|i| stages::wire_rank(side, &column_stem(&i.0)))
+            })
     }
 
     /// One complete packet into the histograms.
