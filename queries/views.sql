@@ -181,6 +181,17 @@ WHERE c.side IN ('tx', 'channel', 'rx');
 CREATE OR REPLACE TEMP TABLE late_causes AS
 SELECT * EXCLUDE (above) FROM late_stages WHERE above;
 
+-- The sent packets of the selected kind (send_gaps, and activation.sql's
+-- deviations), and those that reached the sender's wire point with the time
+-- they did (wire_gaps): each filter said once.
+CREATE OR REPLACE TEMP MACRO sent_rows() AS TABLE
+SELECT run_key(run_id) AS run, flow, kind, seq, sent_ns, e2e_ns FROM packets
+WHERE sent_ns IS NOT NULL AND (getvariable('kind') IS NULL OR kind = getvariable('kind'));
+
+CREATE OR REPLACE TEMP MACRO wire_rows() AS TABLE
+SELECT run_key(run_id) AS run, flow, kind, seq, sent_ns + sender_total_ns AS wire_ns FROM packets
+WHERE sender_total_ns IS NOT NULL AND (getvariable('kind') IS NULL OR kind = getvariable('kind'));
+
 -- Each sent packet of the selected kind with the gap to the one before it
 -- in its (run, flow, kind): by seq (send_gaps: activation.sql's schedule)
 -- and by the time it left the sender's device (wire_gaps: gaps.sql).
@@ -193,17 +204,6 @@ SELECT * EXCLUDE (above) FROM late_stages WHERE above;
 -- a 6 GB engine beside the quantile state of its gaps. send_gaps() and
 -- wire_gaps() are the sorted ones here; xlap-trace makes them the
 -- partitioned ones for a dataset of runs (dataset.rs).
--- The sent packets of the selected kind, and their time on the wire (the
--- sender's last point): the rows of both (and of activation.sql's
--- deviations), the filter said once.
-CREATE OR REPLACE TEMP MACRO sent_rows() AS TABLE
-SELECT run_key(run_id) AS run, flow, kind, seq, sent_ns, e2e_ns FROM packets
-WHERE sent_ns IS NOT NULL AND (getvariable('kind') IS NULL OR kind = getvariable('kind'));
-
-CREATE OR REPLACE TEMP MACRO wire_rows() AS TABLE
-SELECT run_key(run_id) AS run, flow, kind, seq, sent_ns + sender_total_ns AS wire_ns FROM packets
-WHERE sender_total_ns IS NOT NULL AND (getvariable('kind') IS NULL OR kind = getvariable('kind'));
-
 CREATE OR REPLACE TEMP MACRO send_gaps_sorted() AS TABLE
 SELECT run, flow, kind, seq, sent_ns,
        CASE WHEN lag(run) OVER () IS NOT DISTINCT FROM run

@@ -232,7 +232,8 @@ pub struct LiveView {
     sample: Option<(u32, String)>,
     /// `wire_rank` per (point, on the sender's side), known once asked:
     /// naming a point allocates, and each packet asks for every point of
-    /// each of its stages (an always-on recorder's largest own cost).
+    /// each of its stages (under `--metrics --sample 1/64`, 2.4 → 2.0 % of a
+    /// core for the recorder).
     wire_ranks: std::cell::RefCell<FastMap<(u16, bool), Option<usize>>>,
 }
 
