@@ -41,19 +41,40 @@ struct {
   __type(value, struct xl_queue_scratch);
 } QUEUE_SCRATCH SEC(".maps");
 
+/* The XLAP_SOCK_* bits `f`, or-ed into a traced socket's flags at once:
+ * BPF has no atomic on a byte, so on the 64-bit word the flags share with
+ * tgid and port (two CPUs noting two new flows must not undo each
+ * other's bit). */
+static __always_inline void or_sock_flags(struct xlap_sock *ts, __u8 f) {
+  _Static_assert(__builtin_offsetof(struct xlap_sock, flows) == 6,
+                 "flows is byte 6 of the socket's first word");
+#if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+  __sync_fetch_and_or((__u64 *)ts, (__u64)f << 48);
+#else
+  __sync_fetch_and_or((__u64 *)ts, (__u64)f << 8);
+#endif
+}
+
 /* Keeps the flow of the datagrams a traced socket receives, for its
  * receive calls (syscall.h): written only when it changes, the flags
- * before the flow (note_recv_flow reads them in the other order). */
+ * before the flow (note_recv_flow reads them in the other order). The
+ * first flow is installed by compare-and-swap: two flows' first datagrams
+ * noted at once on two CPUs would otherwise both find no flow, both skip
+ * the flags, and leave the socket one flow that every read takes. */
 static __always_inline void note_flow(struct xlap_sock *ts, __u64 flow) {
   __u64 last = ts->flow;
   if (last == flow)
     return;
-  if (last) {
-    __u8 f = ts->flows | XLAP_SOCK_MULTI_FLOW;
-    if ((last ^ flow) & XLAP_FLOW_LOCAL_MASK)
-      f |= XLAP_SOCK_MULTI_LOCAL;
-    *(volatile __u8 *)&ts->flows = f;
+  if (!last) {
+    last = __sync_val_compare_and_swap(&ts->flow, 0, flow);
+    if (!last || last == flow)
+      return;
   }
+  __u8 f = XLAP_SOCK_MULTI_FLOW;
+  if ((last ^ flow) & XLAP_FLOW_LOCAL_MASK)
+    f |= XLAP_SOCK_MULTI_LOCAL;
+  if ((ts->flows & f) != f)
+    or_sock_flags(ts, f);
   asm volatile("" ::: "memory");
   *(volatile __u64 *)&ts->flow = flow;
 }
