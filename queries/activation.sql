@@ -1,21 +1,18 @@
 -- name: activation
 -- description: Activation jitter of a periodic sender (cf. time-triggered dispatch): each packet's send time (its first sender point) against the ideal schedule anchored at the flow's first packet, t0 + (seq − seq0) × period. Per flow and kind: the period used, the deviation's p50/p99/max (absolute), the worst packet and its signed deviation, the packets that started late (more than `late` after their ideal time: their count and the first 20 seqs), the drift (the deviation's slope over the run in µs per second: the sender keeps another period than the one given), and the correlation of the deviation with end-to-end latency (does a late start make a late packet?).
--- reads: packets, send_gaps() (views.sql)
+-- reads: packets, send_schedule (views.sql)
 -- params: period = the sender's period per sequence number in µs (default: the median send-time gap per sequence step, or the mean period when bursts make that 0); late = lateness in µs that makes a start late (default: half the period); kind = packet kind to keep (default: every kind)
--- p (sent_rows(), views.sql) is read by dev only (the gaps sort their
--- own); inlined, it scans just the columns dev needs
+-- p (sent_rows(), views.sql) is read by dev only; inlined, it scans just
+-- the columns dev needs. The schedule's default period and start come
+-- from send_schedule (views.sql), stored beside the packets.
 WITH p AS NOT MATERIALIZED (
     FROM sent_rows()
-), gaps AS (
-    -- each run of a dataset is its own schedule (run_key(run_id): the run
-    -- id in a dataset of runs, NULL in one run); views.sql says how
-    FROM send_gaps()
 ), period AS (
     SELECT run, flow, kind,
            coalesce(getvariable('period') * 1000,
-                    CASE WHEN median(gap) > 0 THEN median(gap) ELSE regr_slope(sent_ns, seq) END) AS period_ns,
-           min(seq) AS seq0, arg_min(sent_ns, seq) AS t0
-    FROM gaps GROUP BY ALL
+                    CASE WHEN median_gap_ns > 0 THEN median_gap_ns ELSE mean_period_ns END) AS period_ns,
+           seq0, t0
+    FROM send_schedule
 ), dev AS (
     SELECT p.*, p.sent_ns - (r.t0 + (p.seq - r.seq0) * r.period_ns) AS dev_ns,
            (p.sent_ns - r.t0) / 1e9 AS t_s, r.period_ns

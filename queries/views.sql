@@ -152,35 +152,6 @@ SELECT c.stage, c.side, c.position, d.kind, d.n::BIGINT AS n,
        sx9 / nullif(n9, 0) AS last_mean
 FROM d JOIN stage_columns c USING (col);
 
--- End-to-end outliers (above the e2e fence of their kind), and each of
--- their stages on the path beside that stage's own fence (a sender's
--- stages after its wire point run alongside the channel and the receiver:
--- their time is already in those, so they are no cause). A packet is its
--- (run_id, flow, kind, seq): a dataset of runs repeats the others.
-CREATE OR REPLACE TEMP TABLE late AS
-SELECT p.run_id, p.flow, p.kind, p.seq, p.e2e_ns, f.fence
-FROM packets p JOIN fences f ON f.stage = 'e2e' AND f.kind = p.kind
-WHERE p.e2e_ns > f.fence;
-
--- late_stages: the same packets as late (found by the fence, not by
--- joining late's keys back to every packet); a view, since the bundled
--- queries need only its rows above their fence (late_causes: an eighth
--- of them on a synthetic run of 10 M packets), and materialising every
--- row cost more than finding the causes.
-CREATE OR REPLACE TEMP VIEW late_stages AS
-SELECT s.run_id, s.flow, s.kind, s.seq, c.stage, c.side, c.position, s.ns, f.fence, s.ns > f.fence AS above
-FROM (
-    UNPIVOT (SELECT run_id, flow, kind, seq, COLUMNS('__.+_ns$|^channel_ns$')
-             FROM packets p SEMI JOIN fences e ON e.stage = 'e2e' AND e.kind = p.kind AND p.e2e_ns > e.fence)
-    ON COLUMNS(* EXCLUDE (run_id, flow, kind, seq)) INTO NAME col VALUE ns
-) s
-JOIN stage_columns c USING (col)
-JOIN fences f ON f.stage = c.stage AND f.kind = s.kind
-WHERE c.side IN ('tx', 'channel', 'rx');
-
-CREATE OR REPLACE TEMP TABLE late_causes AS
-SELECT * EXCLUDE (above) FROM late_stages WHERE above;
-
 -- The sent packets of the selected kind (send_gaps, and activation.sql's
 -- deviations), and those that reached the sender's wire point with the time
 -- they did (wire_gaps): each filter said once.
@@ -234,3 +205,44 @@ SELECT flow, kind, seq,
 FROM wire_rows();
 
 CREATE OR REPLACE TEMP MACRO wire_gaps() AS TABLE FROM wire_gaps_sorted();
+
+-- Each (run, flow, kind)'s send schedule, for activation.sql: the median
+-- send-time gap per sequence step, the mean period (the slope of send time
+-- over seq, for a sender whose bursts make the median 0), and where the
+-- schedule starts. A view: only activation reads it, and the sort behind
+-- the gaps is half that query's time (10 M packets: ~1 s), so record,
+-- correlate and synth store it beside the packets with the stage tables
+-- (crate::stored) and later analyses read those few rows instead.
+CREATE OR REPLACE TEMP VIEW send_schedule AS
+SELECT run, flow, kind, median(gap) AS median_gap_ns, regr_slope(sent_ns, seq) AS mean_period_ns,
+       min(seq) AS seq0, arg_min(sent_ns, seq) AS t0
+FROM send_gaps() GROUP BY ALL;
+
+-- End-to-end outliers (above the e2e fence of their kind), and each of
+-- their stages on the path beside that stage's own fence (a sender's
+-- stages after its wire point run alongside the channel and the receiver:
+-- their time is already in those, so they are no cause). A packet is its
+-- (run_id, flow, kind, seq): a dataset of runs repeats the others.
+CREATE OR REPLACE TEMP TABLE late AS
+SELECT p.run_id, p.flow, p.kind, p.seq, p.e2e_ns, f.fence
+FROM packets p JOIN fences f ON f.stage = 'e2e' AND f.kind = p.kind
+WHERE p.e2e_ns > f.fence;
+
+-- late_stages: the same packets as late (found by the fence, not by
+-- joining late's keys back to every packet); a view, since the bundled
+-- queries need only its rows above their fence (late_causes: an eighth
+-- of them on a synthetic run of 10 M packets), and materialising every
+-- row cost more than finding the causes.
+CREATE OR REPLACE TEMP VIEW late_stages AS
+SELECT s.run_id, s.flow, s.kind, s.seq, c.stage, c.side, c.position, s.ns, f.fence, s.ns > f.fence AS above
+FROM (
+    UNPIVOT (SELECT run_id, flow, kind, seq, COLUMNS('__.+_ns$|^channel_ns$')
+             FROM packets p SEMI JOIN fences e ON e.stage = 'e2e' AND e.kind = p.kind AND p.e2e_ns > e.fence)
+    ON COLUMNS(* EXCLUDE (run_id, flow, kind, seq)) INTO NAME col VALUE ns
+) s
+JOIN stage_columns c USING (col)
+JOIN fences f ON f.stage = c.stage AND f.kind = s.kind
+WHERE c.side IN ('tx', 'channel', 'rx');
+
+CREATE OR REPLACE TEMP TABLE late_causes AS
+SELECT * EXCLUDE (above) FROM late_stages WHERE above;

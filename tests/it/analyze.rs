@@ -510,7 +510,7 @@ fn stored_aggregates_give_the_analyses_of_the_packets_themselves() {
         dir
     };
     let stored = |dir: &Path, name: &str| dir.join(format!("packets.{name}.parquet"));
-    let tables = ["stage_counts", "stage_moments"];
+    let tables = ["stage_counts", "stage_moments", "send_schedule"];
     let (run, other) = (synth("run", "7"), synth("other", "8"));
     for t in tables {
         assert!(stored(&run, t).is_file(), "synth kept no {t}");

@@ -132,7 +132,7 @@ fn shared_statements() -> Vec<&'static str> {
 /// The statements of `views.sql` that make the stored tables
 /// (crate::stored::TABLES): those up to the last of them. The stored
 /// tables are named by these alone, so a change to the statements after
-/// them (the outliers, the gap macros) leaves the tables runs keep valid.
+/// them (the outliers) leaves the tables runs keep valid.
 pub(crate) fn statements_of_stored_tables() -> Vec<&'static str> {
     let all = shared_statements();
     let last = all

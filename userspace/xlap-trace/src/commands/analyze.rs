@@ -143,7 +143,7 @@ pub fn sql(a: &SqlArgs) -> Result<()> {
     let interactive = std::io::stdin().is_terminal();
     if interactive {
         eprintln!(
-            "{}: {} packets ({} delivered). Views: packets, delivered, stages, stage_counts, stage_quantiles(levels), fences, stage_moments, late, late_stages, late_causes, stage_columns, point_columns, runs, tracer_points, kinds{}. End statements with ';', Ctrl-D quits.",
+            "{}: {} packets ({} delivered). Views: packets, delivered, stages, stage_counts, stage_quantiles(levels), fences, stage_moments, late, late_stages, late_causes, send_schedule, stage_columns, point_columns, runs, tracer_points, kinds{}. End statements with ';', Ctrl-D quits.",
             ds.source,
             ds.packets,
             ds.delivered,
