@@ -297,7 +297,8 @@ fn islands(lost_seqs: &BTreeSet<i64>) -> (u64, u64) {
 /// runs would join). In a dataset a
 /// packet stays its run's: loss islands do not run across runs, a traced
 /// packet's waterfall holds that packet alone, and the value counts summed
-/// from the runs' stored tables give what the packets themselves give.
+/// from the runs' stored tables (and their send schedules) give what the
+/// packets themselves give.
 #[test]
 fn runs_that_share_seqs_stay_apart_in_a_dataset() {
     let _guard = xlap_tests::unprivileged();
@@ -389,10 +390,12 @@ fn runs_that_share_seqs_stay_apart_in_a_dataset() {
         assert_eq!(owners, 1, "rank {rank}: seq {seq}, e2e {e2e}");
     }
 
-    // The runs' stored value counts, summed, are the dataset's.
+    // The runs' stored value counts, summed, are the dataset's; their send
+    // schedules, each under its run id, are the dataset's schedule.
     let analyzed = xlap_trace(&["analyze", path(&ds), "-q", "jitter", "-f", "json"]);
     let said = String::from_utf8_lossy(&analyzed.stderr).to_string();
     assert!(said.contains("read stage_value_counts"), "{said}");
+    assert!(said.contains("read send_schedule"), "{said}");
     let bare = scratch.path("bare");
     std::fs::create_dir(&bare).unwrap();
     for entry in std::fs::read_dir(&ds).unwrap() {
@@ -409,7 +412,11 @@ fn runs_that_share_seqs_stay_apart_in_a_dataset() {
         );
         for stored in std::fs::read_dir(&to).unwrap() {
             let p = stored.unwrap().path();
-            if p.to_str().unwrap().contains("packets.stage_") {
+            let name = p.file_name().unwrap().to_str().unwrap();
+            if name.starts_with("packets.")
+                && name != "packets.parquet"
+                && name.ends_with(".parquet")
+            {
                 std::fs::remove_file(p).unwrap();
             }
         }

@@ -177,17 +177,38 @@ fn verdict(
 /// stored tables: `stage_value_counts` as the sum of every run's
 /// `stage_counts` (value counts add up; the moments do not: their trends
 /// and correlations span the whole population, and are computed from the
-/// packets). Given only when every run's table matches its packets (the
-/// reason otherwise); all files' metadata is read by one query.
+/// packets), and `send_schedule` as every run's own rows (a schedule is
+/// per run already), with the run id from the partition as the packets
+/// view takes it. Each given only when every run's table matches its
+/// packets (the reason otherwise); all files' metadata is read by one
+/// query.
 pub fn merged(
     conn: &Connection,
     packets: &[PathBuf],
 ) -> Vec<(&'static str, std::result::Result<String, String>)> {
-    vec![("stage_value_counts", merged_counts(conn, packets))]
+    let counts = matching(conn, packets, "stage_counts").map(|list| {
+        format!(
+            "SELECT c.col, s.kind, s.ns, sum(s.n)::BIGINT AS n
+             FROM read_parquet([{list}]) s JOIN stage_columns c USING (stage) GROUP BY ALL"
+        )
+    });
+    let schedule = matching(conn, packets, "send_schedule").map(|list| {
+        format!(
+            "SELECT run_id AS run, * EXCLUDE (run, run_id)
+             FROM read_parquet([{list}], hive_partitioning = true)"
+        )
+    });
+    vec![("stage_value_counts", counts), ("send_schedule", schedule)]
 }
 
-fn merged_counts(conn: &Connection, packets: &[PathBuf]) -> std::result::Result<String, String> {
-    let files: Vec<PathBuf> = packets.iter().map(|p| path(p, "stage_counts")).collect();
+/// The runs' stored table `name` as a list of files for `read_parquet`,
+/// when each matches its run's packets.
+fn matching(
+    conn: &Connection,
+    packets: &[PathBuf],
+    name: &str,
+) -> std::result::Result<String, String> {
+    let files: Vec<PathBuf> = packets.iter().map(|p| path(p, name)).collect();
     if let Some(missing) = files.iter().find(|f| !f.is_file()) {
         return Err(format!("{} is missing", missing.display()));
     }
@@ -225,10 +246,7 @@ fn merged_counts(conn: &Connection, packets: &[PathBuf]) -> std::result::Result<
         verdict(get(PACKETS_KEY), get(STATEMENTS_KEY), &id)
             .map_err(|why| format!("{}: {why}", file.display()))?;
     }
-    Ok(format!(
-        "SELECT c.col, s.kind, s.ns, sum(s.n)::BIGINT AS n
-         FROM read_parquet([{list}]) s JOIN stage_columns c USING (stage) GROUP BY ALL"
-    ))
+    Ok(list)
 }
 
 /// The statement that makes table `name` from its stored file (`from`, as
