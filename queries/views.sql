@@ -210,9 +210,9 @@ CREATE OR REPLACE TEMP MACRO wire_gaps() AS TABLE FROM wire_gaps_sorted();
 -- send-time gap per sequence step, the mean period (the slope of send time
 -- over seq, for a sender whose bursts make the median 0), and where the
 -- schedule starts. A view: only activation reads it, and the sort behind
--- the gaps is half that query's time (10 M packets: ~1 s), so record,
--- correlate and synth store it beside the packets with the stage tables
--- (crate::stored) and later analyses read those few rows instead.
+-- the gaps is two thirds of that query's time (10 M packets: 1.6 s), so
+-- record, correlate and synth store it beside the packets with the stage
+-- tables (crate::stored) and later analyses read those few rows instead.
 CREATE OR REPLACE TEMP VIEW send_schedule AS
 SELECT run, flow, kind, median(gap) AS median_gap_ns, regr_slope(sent_ns, seq) AS mean_period_ns,
        min(seq) AS seq0, arg_min(sent_ns, seq) AS t0

@@ -2,7 +2,7 @@
 //! `queries/views.sql` that cost a full pass over the packets each
 //! (`stage_counts`, `stage_moments`: together two thirds of a default
 //! analysis of 10 M packets, which every analysis reads; `send_schedule`:
-//! a sort of the packets, half of `activation`), computed once when the
+//! a sort of the packets, two thirds of `activation`), computed once when the
 //! packets are written (`record`, `correlate`, `synth`) and read back by
 //! every later analysis of the same file instead of scanning it again.
 //!
