@@ -42,17 +42,23 @@ FROM (
 ) s
 JOIN stage_columns c USING (col);
 
--- Every value of every stage column per kind with its count. A dataset of
--- runs whose stored stage_counts all match their packets makes this from
--- them instead (counts add up across runs: crate::stored::merged).
+-- Every value of every stage column per kind with its count: one GROUP BY
+-- per column of stage_columns, written here as one UNION ALL (SQL has no
+-- "group by each of these columns"). One histogram() per column in a
+-- single scan took 3.3 s and 230 MiB on 10 M packets; the GROUP BYs take
+-- 2.6 s and 90 MiB, each scan reading three columns. A dataset of runs
+-- whose stored stage_counts all match their packets makes this from them
+-- instead (counts add up across runs: crate::stored::merged).
+SET VARIABLE stage_value_counts_sql = (
+    SELECT coalesce(
+        string_agg(format('SELECT {} AS col, kind, {} AS ns, count(*) AS n FROM packets WHERE e2e_ns IS NOT NULL AND {} IS NOT NULL GROUP BY ALL',
+                          '''' || replace(col, '''', '''''') || '''', '"' || replace(col, '"', '""') || '"', '"' || replace(col, '"', '""') || '"'),
+                   ' UNION ALL ' ORDER BY position),
+        'SELECT NULL::VARCHAR AS col, kind, NULL::BIGINT AS ns, 0::BIGINT AS n FROM packets WHERE false')
+    FROM stage_columns
+);
 CREATE OR REPLACE TEMP VIEW stage_value_counts AS
-WITH h AS (
-    SELECT kind, histogram(COLUMNS('__.+_ns$|^(sender_total|channel|receiver_total|e2e)_ns$'))
-    FROM packets WHERE e2e_ns IS NOT NULL GROUP BY kind
-), u AS (
-    UNPIVOT h ON COLUMNS(* EXCLUDE kind) INTO NAME col VALUE m
-)
-SELECT col, kind, unnest(map_keys(m)) AS ns, unnest(map_values(m))::BIGINT AS n FROM u;
+FROM query(getvariable('stage_value_counts_sql'));
 
 -- Every value of every stage per kind with its count, and how many packets
 -- lie below it: exact quantiles of any level without sorting the packets.

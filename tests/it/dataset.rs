@@ -298,18 +298,58 @@ fn islands(lost_seqs: &BTreeSet<i64>) -> (u64, u64) {
 /// packet stays its run's: loss islands do not run across runs, a traced
 /// packet's waterfall holds that packet alone, and the value counts summed
 /// from the runs' stored tables (and their send schedules) give what the
-/// packets themselves give.
+/// packets themselves give, also for runs added with stale or missing
+/// stored tables (computed again in the dataset, the runs left as they
+/// were).
 #[test]
 fn runs_that_share_seqs_stay_apart_in_a_dataset() {
     let _guard = xlap_tests::unprivileged();
     let scratch = Scratch::new("dataset-shared-seqs");
     let ds = scratch.path("ds");
-    let mut runs = Vec::new();
-    for seed in ["11", "12", "13"] {
-        let run = scratch.path(&format!("synth-{seed}"));
-        synth_into_dataset(&run, &ds, "40000", seed);
-        runs.push(run);
+    let run = scratch.path("synth-11");
+    synth_into_dataset(&run, &ds, "40000", "11");
+    let mut runs = vec![run];
+    // The other two runs' stored tables as runs of an older release may
+    // have them: one made from other packets, one missing. `dataset add`
+    // computes them again in the dataset and leaves the runs as they were.
+    let other = scratch.path("other");
+    for (dir, seed) in [
+        (scratch.path("synth-12"), "12"),
+        (scratch.path("synth-13"), "13"),
+        (other.clone(), "14"),
+    ] {
+        ok(
+            xlap_trace(&[
+                "synth",
+                "-o",
+                path(&dir),
+                "--packets",
+                "40000",
+                "--seed",
+                seed,
+            ]),
+            "synth",
+        );
+        if dir != other {
+            runs.push(dir);
+        }
     }
+    let counts = |dir: &Path| dir.join("packets.stage_counts.parquet");
+    let schedule = |dir: &Path| dir.join("packets.send_schedule.parquet");
+    std::fs::copy(counts(&other), counts(&runs[1])).unwrap();
+    std::fs::remove_file(schedule(&runs[2])).unwrap();
+    for run in &runs[1..] {
+        ok(
+            xlap_trace(&["dataset", "add", path(run), "-o", path(&ds)]),
+            "dataset add",
+        );
+    }
+    assert_eq!(
+        std::fs::read(counts(&runs[1])).unwrap(),
+        std::fs::read(counts(&other)).unwrap(),
+        "dataset add wrote into the run it added"
+    );
+    assert!(!schedule(&runs[2]).exists());
 
     // Loss islands, counted here from each run's own lost seqs.
     let loss = xlap_tests::trace::analyze_rows(&ds, "loss", &[]);

@@ -143,11 +143,17 @@ pub(crate) fn statements_of_stored_tables() -> Vec<&'static str> {
 }
 
 /// The name a `views.sql` statement creates (`CREATE OR REPLACE TEMP
-/// TABLE name AS`).
+/// TABLE name AS`) or sets (`SET VARIABLE name =`).
 pub(crate) fn statement_name(stmt: &str) -> Option<&str> {
-    stmt.lines()
-        .find(|l| l.starts_with("CREATE"))
-        .and_then(|l| l.split_whitespace().nth(5))
+    stmt.lines().find_map(|l| {
+        if l.starts_with("CREATE") {
+            l.split_whitespace().nth(5)
+        } else if l.starts_with("SET VARIABLE") {
+            l.split_whitespace().nth(2)
+        } else {
+            None
+        }
+    })
 }
 
 /// Why a dataset is opened.

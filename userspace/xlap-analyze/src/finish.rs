@@ -130,7 +130,17 @@ fn correlate_on(
 /// (crate::stored). Without them the analyses compute them, as before:
 /// a failure here is said, not the end of the correlation.
 pub fn store_aggregates(packets: &Path) {
-    if let Err(e) = crate::stored::store(packets) {
+    say_unstored(packets, crate::stored::store(packets));
+}
+
+/// The same for packets that may have them already: computed again only
+/// when one is missing or does not match them (crate::stored::refresh).
+pub fn refresh_aggregates(packets: &Path) {
+    say_unstored(packets, crate::stored::refresh(packets).map(|_| ()));
+}
+
+fn say_unstored(packets: &Path, stored: crate::Result<()>) {
+    if let Err(e) = stored {
         eprintln!(
             "xlap-trace: warning: the per-run aggregates of {} were not stored ({e}); analyses compute them from the packets",
             packets.display()

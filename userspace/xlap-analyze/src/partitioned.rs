@@ -272,19 +272,11 @@ fn build(run: &Path, recorders: &[PathBuf], staging: &Path) -> Result<Built> {
         let dirs: Vec<&Path> = recorders.iter().map(|p| p.as_path()).collect();
         crate::finish::correlate_dirs(&dirs, &packets, None)?;
     }
-    // Stored aggregates the packets cannot use (another release, other
-    // packets) are computed again: the dataset's runs read fast.
+    // Stored aggregates the packets lack or cannot use (another release,
+    // other packets) are computed again: the dataset's runs read fast.
+    crate::finish::refresh_aggregates(&packets);
     let conn = crate::engine()?;
     crate::confine(&conn, &[staging, run])?;
-    if crate::stored::usable(&conn, &packets)
-        .iter()
-        .any(|(_, how)| how.is_err())
-    {
-        for t in crate::stored::TABLES {
-            let _ = std::fs::remove_file(crate::stored::path(&packets, t));
-        }
-        crate::finish::store_aggregates(&packets);
-    }
     let (ids, count): (Vec<String>, u64) = {
         let mut stmt = conn.prepare(&format!(
             "SELECT DISTINCT run_id FROM read_parquet({}) ORDER BY 1 LIMIT 3",

@@ -289,6 +289,44 @@ mod tests {
         );
     }
 
+    /// `gaps` takes its quantiles from value counts and its violating seqs
+    /// from each value's own: the same as DuckDB's `quantile_cont` and
+    /// `min(seq, 20)` over every gap, on ties, a single value, a group of
+    /// one packet (no gap) and a bag most gaps break.
+    #[test]
+    fn gaps_from_value_counts_are_duckdbs_own_quantiles() {
+        let conn = crate::engine().unwrap();
+        // Three flows: 5 000 gaps of few values (ties), one gap, no gap.
+        conn.execute_batch(
+            "CREATE TABLE g AS
+             SELECT 1::UINTEGER AS flow, (i % 3)::UINTEGER AS kind, i::UBIGINT AS seq,
+                    CASE WHEN i < 3 THEN NULL ELSE 90000 + (hash(i) % 17) * 1250 - (i % 11) * 333 END::BIGINT AS gap_ns
+             FROM range(5000) r(i)
+             UNION ALL SELECT 2, 0, 7, NULL UNION ALL SELECT 2, 0, 8, 123456
+             UNION ALL SELECT 3, 1, 1, NULL;
+             CREATE MACRO wire_gaps() AS TABLE FROM g;",
+        )
+        .unwrap();
+        let query = find("gaps").unwrap();
+        for bag in ["95", "0.001", "1000"] {
+            let ours = run(&conn, &query, &[("bag".into(), bag.into())]).unwrap();
+            let duckdbs = run_sql(
+                &conn,
+                &format!(
+                    "SELECT flow, kind, count(gap_ns) AS gaps,
+                            round(min(gap_ns) / 1e3, 3), round(quantile_cont(gap_ns, 0.01) / 1e3, 3),
+                            round(quantile_cont(gap_ns, 0.5) / 1e3, 3), round(max(gap_ns) / 1e3, 3),
+                            {bag}::DOUBLE, count(*) FILTER (WHERE gap_ns < {bag} * 1000) AS v,
+                            round(v / nullif(gaps, 0), 6), min(seq, 20) FILTER (WHERE gap_ns < {bag} * 1000)
+                     FROM g GROUP BY flow, kind ORDER BY flow, kind"
+                ),
+            )
+            .unwrap();
+            assert_eq!(ours.rows.len(), 5, "bag {bag}");
+            assert_eq!(ours.rows, duckdbs.rows, "bag {bag}");
+        }
+    }
+
     #[test]
     fn parameters_become_typed_literals() {
         assert_eq!(literal("42"), "42");

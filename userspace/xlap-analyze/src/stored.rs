@@ -87,6 +87,27 @@ pub fn store(packets: &Path) -> Result<()> {
     write(&conn, packets)
 }
 
+/// Computes the stored tables of `packets` again when one is missing or
+/// does not match it (made by another release, or from other packets);
+/// whether it did. For the kept runs of `dataset add` and the benchmarks,
+/// which would otherwise analyse them without their tables.
+pub fn refresh(packets: &Path) -> Result<bool> {
+    let conn = crate::engine()?;
+    crate::confine(&conn, &[crate::session::run_root(packets)])?;
+    let found = usable(&conn, packets);
+    if found.len() == TABLES.len() && found.iter().all(|(_, how)| how.is_ok()) {
+        return Ok(false);
+    }
+    drop(conn);
+    // None of the old ones stays beside the new (a link into another
+    // run's directory is replaced, not written through).
+    for t in TABLES {
+        let _ = std::fs::remove_file(path(packets, t));
+    }
+    store(packets)?;
+    Ok(true)
+}
+
 /// Writes the tables, already made in `conn` from `packets`, beside it.
 fn write(conn: &Connection, packets: &Path) -> Result<()> {
     let id = packets_id(packets).map_err(|e| io_error(packets, e))?;
