@@ -107,7 +107,7 @@ fn dataset(packets: u64) -> Result<(PathBuf, Option<f64>)> {
         m["options"]["synthetic"]["packets"] == packets && dir.join("packets.parquet").exists()
     });
     if current {
-        fresh_aggregates(&xlap_records::RunDir::new(&dir).packets())?;
+        fresh_aggregates(&packets_of(std::slice::from_ref(&dir)))?;
         return Ok((dir, None));
     }
     eprintln!(
@@ -134,16 +134,27 @@ fn dataset(packets: u64) -> Result<(PathBuf, Option<f64>)> {
 /// `queries/views.sql` (or another release) made them stale: else every
 /// side that should read them would compute them, and the bench would
 /// measure the wrong path without a word.
-fn fresh_aggregates(packets: &Path) -> Result<()> {
+fn fresh_aggregates(packets: &[PathBuf]) -> Result<()> {
     let t0 = Instant::now();
-    if xlap_analyze::stored::refresh(packets)? {
+    let mut stale = 0;
+    for p in packets {
+        stale += usize::from(xlap_analyze::stored::refresh(p)?);
+    }
+    if stale > 0 {
         eprintln!(
-            "stored aggregates of {} were stale or missing: computed again in {:.1} s",
-            packets.display(),
+            "stored aggregates of {stale} kept runs ({}...) were stale or missing: computed again in {:.1} s",
+            packets[0].display(),
             t0.elapsed().as_secs_f64()
         );
     }
     Ok(())
+}
+
+/// The packets file of each run directory.
+fn packets_of(dirs: &[PathBuf]) -> Vec<PathBuf> {
+    dirs.iter()
+        .map(|d| xlap_records::RunDir::new(d).packets())
+        .collect()
 }
 
 /// `runs` small synthetic runs (2000 packets each, seeds 1..) and a
@@ -154,6 +165,7 @@ fn history_runs(runs: u32) -> Result<(Vec<PathBuf>, PathBuf)> {
     let ds = base.join("dataset");
     let made = base.join("complete");
     if made.exists() {
+        fresh_aggregates(&packets_of(&dirs))?;
         return Ok((dirs, ds));
     }
     let _ = std::fs::remove_dir_all(&base);
@@ -209,12 +221,14 @@ fn big_dataset(first: &Path, packets: u64, runs: u32) -> Result<PathBuf> {
     let ds = base.join("dataset");
     let made = base.join("complete");
     if made.exists() {
-        for part in std::fs::read_dir(&ds)? {
-            let packets = xlap_records::RunDir::new(part?.path()).packets();
-            if packets.is_file() {
-                fresh_aggregates(&packets)?;
-            }
-        }
+        let parts = std::fs::read_dir(&ds)?
+            .map(|e| e.map(|e| e.path()))
+            .collect::<std::io::Result<Vec<_>>>()?;
+        let packets: Vec<PathBuf> = packets_of(&parts)
+            .into_iter()
+            .filter(|p| p.is_file())
+            .collect();
+        fresh_aggregates(&packets)?;
         return Ok(ds);
     }
     let _ = std::fs::remove_dir_all(&base);

@@ -10,7 +10,8 @@
 //! packets by these very statements: its Parquet metadata names the
 //! packets file (its size and a hash of its footer, which holds every
 //! column chunk's offsets and statistics) and the statements (a hash of
-//! `views.sql` and of this crate's version). Anything else (a file of an
+//! the code of the `views.sql` statements that make them, comments left
+//! out, and this crate's version). Anything else (a file of an
 //! older release, packets rewritten by a later `correlate`, a file that
 //! does not read) is ignored, said when progress is shown, and the table
 //! computed from the packets as before. Only the default view of the
@@ -71,10 +72,18 @@ const FORMAT: u32 = 1;
 /// Names the statements that make the tables: those of `views.sql` up to
 /// the last stored table, not the whole file.
 fn statements_id() -> String {
-    let hash = dataset::statements_of_stored_tables()
-        .iter()
-        .fold(FNV_OFFSET, |h, s| fnv1a(s.as_bytes(), h));
+    let hash = code_hash(&dataset::statements_of_stored_tables());
     format!("{}:{FORMAT}:{hash:016x}", env!("CARGO_PKG_VERSION"))
+}
+
+/// The hash of the statements' code, their comment lines left out: a
+/// comment reworded leaves every run's stored tables valid.
+fn code_hash(statements: &[&str]) -> u64 {
+    statements
+        .iter()
+        .flat_map(|s| s.lines())
+        .filter(|l| !l.trim_start().starts_with("--"))
+        .fold(FNV_OFFSET, |h, l| fnv1a(b"\n", fnv1a(l.as_bytes(), h)))
 }
 
 /// Computes the stored tables of the packets file `packets` (just written)
@@ -293,6 +302,22 @@ mod tests {
         // the outliers after them may change without making every run's
         // stored tables stale
         assert!(!names.iter().any(|n| n.starts_with("late")), "{names:?}");
+    }
+
+    #[test]
+    fn a_comment_reworded_keeps_the_stored_tables_and_code_changed_does_not() {
+        let code = "-- the counts\nCREATE TABLE t AS\nSELECT 1; -- one\n";
+        let base = code_hash(&[code, "SELECT 2;\n"]);
+        let reworded =
+            "-- the counts, per kind\n  -- a second line\nCREATE TABLE t AS\nSELECT 1; -- one\n";
+        assert_eq!(code_hash(&[reworded, "SELECT 2;\n"]), base);
+        for changed in [
+            "-- the counts\nCREATE TABLE t AS\nSELECT 2; -- one\n",
+            "-- the counts\nCREATE TABLE t AS\nSELECT 1; -- two\n",
+            "-- the counts\nCREATE TABLE t AS SELECT 1; -- one\n",
+        ] {
+            assert_ne!(code_hash(&[changed, "SELECT 2;\n"]), base, "{changed}");
+        }
     }
 
     #[test]
