@@ -122,11 +122,15 @@ fn statements(sql: &str) -> Vec<&str> {
 /// The statements of `queries/views.sql` that make something (comments
 /// alone are skipped).
 fn shared_statements() -> Vec<&'static str> {
-    let code = |l: &str| !l.trim().is_empty() && !l.trim_start().starts_with("--");
     statements(VIEWS_SQL)
         .into_iter()
-        .filter(|s| s.lines().any(code))
+        .filter(|s| s.lines().any(is_code))
         .collect()
+}
+
+/// Whether a line of `views.sql` is code: neither blank nor a comment.
+pub(crate) fn is_code(line: &str) -> bool {
+    !line.trim().is_empty() && !line.trim_start().starts_with("--")
 }
 
 /// The statements of `views.sql` that make the stored tables

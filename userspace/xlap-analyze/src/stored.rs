@@ -76,13 +76,13 @@ fn statements_id() -> String {
     format!("{}:{FORMAT}:{hash:016x}", env!("CARGO_PKG_VERSION"))
 }
 
-/// The hash of the statements' code, their comment lines left out: a
-/// comment reworded leaves every run's stored tables valid.
+/// The hash of the statements' code, their comment and blank lines left
+/// out: a comment reworded leaves every run's stored tables valid.
 fn code_hash(statements: &[&str]) -> u64 {
     statements
         .iter()
         .flat_map(|s| s.lines())
-        .filter(|l| !l.trim_start().starts_with("--"))
+        .filter(|l| dataset::is_code(l))
         .fold(FNV_OFFSET, |h, l| fnv1a(b"\n", fnv1a(l.as_bytes(), h)))
 }
 
@@ -309,7 +309,7 @@ mod tests {
         let code = "-- the counts\nCREATE TABLE t AS\nSELECT 1; -- one\n";
         let base = code_hash(&[code, "SELECT 2;\n"]);
         let reworded =
-            "-- the counts, per kind\n  -- a second line\nCREATE TABLE t AS\nSELECT 1; -- one\n";
+            "-- the counts, per kind\n  -- a second line\n\nCREATE TABLE t AS\nSELECT 1; -- one\n";
         assert_eq!(code_hash(&[reworded, "SELECT 2;\n"]), base);
         for changed in [
             "-- the counts\nCREATE TABLE t AS\nSELECT 2; -- one\n",
