@@ -159,7 +159,10 @@ struct xlap_config {
    * hardware: the receive device points read every skb's device time
    * (skb_shared_info); 0: only a paged skb's, for its GRO segment size. */
   __u8 device_rx_times;
-  __u8 _pad1;
+  /* 1: every hook on a datagram's path returns at once (--empty-programs):
+   * the run attaches the same hooks and stamps nothing, which measures
+   * what their dispatch alone costs the traced protocol. */
+  __u8 empty_programs;
   __u16 tunnel_ports[XLAP_TUNNEL_PORTS]; /* host order, 0 = unused */
   /* Kernel points not written (bit = point id; --points): 0 writes all. */
   __u32 points_off;

@@ -36,6 +36,7 @@
 #include "lib/task.h"
 
 static __always_inline int send_start(struct bpf_sock_addr *ctx) {
+  RETURN_IF_EMPTY(1);
   if (CFG.syscall_hooks || !point_on(XLAP_POINT_SOCK_SEND_ENTER))
     return 1;
   struct bpf_sock *sk = ctx->sk;
@@ -63,6 +64,7 @@ int on_sendmsg6(struct bpf_sock_addr *ctx) { return send_start(ctx); }
 /* The send points of the datagrams a socket call put on a device. */
 SEC("tp_btf/sock_send_length")
 int BPF_PROG(on_sock_send_length, struct sock *sk, int ret, int flags) {
+  RETURN_IF_EMPTY(0);
   if (CFG.syscall_hooks)
     return 0;
   __u64 pid_tgid = bpf_get_current_pid_tgid();
@@ -159,6 +161,7 @@ static __always_inline void stamp_read(__u64 key, struct xl_rx_slot *slot,
 SEC("tp_btf/udp_fail_queue_rcv_skb")
 int BPF_PROG(on_udp_fail_queue_rcv_skb, int rc, struct sock *sk,
              struct sk_buff *skb) {
+  RETURN_IF_EMPTY(0);
   if (CFG.syscall_hooks || !skb)
     return 0;
   struct xlap_sock *s = traced_sock(sk);

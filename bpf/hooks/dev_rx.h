@@ -129,12 +129,14 @@ static __always_inline void stamp_rx_dev(__u16 point, struct sk_buff *skb,
 
 SEC("tp_btf/netif_rx")
 int BPF_PROG(on_netif_rx, struct sk_buff *skb) {
+  RETURN_IF_EMPTY(0);
   stamp_rx_dev(XLAP_POINT_DEV_NETIF_RX, skb, 0);
   return 0;
 }
 
 SEC("tp_btf/napi_gro_receive_entry")
 int BPF_PROG(on_napi_gro_receive_entry, struct sk_buff *skb) {
+  RETURN_IF_EMPTY(0);
   stamp_rx_dev(XLAP_POINT_DEV_GRO_RECEIVE, skb, 0);
   return 0;
 }
@@ -146,12 +148,14 @@ int BPF_PROG(on_napi_gro_receive_entry, struct sk_buff *skb) {
  * fragments, which the dynptr reader follows. */
 SEC("tp_btf/napi_gro_frags_entry")
 int BPF_PROG(on_napi_gro_frags_entry, struct sk_buff *skb) {
+  RETURN_IF_EMPTY(0);
   stamp_rx_dev(XLAP_POINT_DEV_GRO_RECEIVE, skb, 0);
   return 0;
 }
 
 SEC("tp_btf/netif_receive_skb")
 int BPF_PROG(on_netif_receive_skb, struct sk_buff *skb) {
+  RETURN_IF_EMPTY(0);
   stamp_rx_dev(XLAP_POINT_DEV_RECEIVE_SKB, skb, CFG.rx_notes);
   return 0;
 }

@@ -414,6 +414,7 @@ static __always_inline __u32 tx_owner(struct sk_buff *skb,
 
 SEC("tp_btf/net_dev_queue")
 int BPF_PROG(on_net_dev_queue, struct sk_buff *skb) {
+  RETURN_IF_EMPTY(0);
   __u64 key = (__u64)skb;
   struct xl_tx *e = tx_find(key);
   if (e && e->depth && e->sk == (__u64)skb->sk) {
@@ -445,6 +446,7 @@ int BPF_PROG(on_net_dev_queue, struct sk_buff *skb) {
 SEC("tp_btf/net_dev_start_xmit")
 int BPF_PROG(on_net_dev_start_xmit, struct sk_buff *skb,
              struct net_device *dev) {
+  RETURN_IF_EMPTY(0);
   __u64 key = (__u64)skb;
   struct xl_tx *e = tx_find(key);
   if (e) {
@@ -469,6 +471,7 @@ int BPF_PROG(on_net_dev_start_xmit, struct sk_buff *skb,
 SEC("tp_btf/net_dev_xmit")
 int BPF_PROG(on_net_dev_xmit, struct sk_buff *skb, int rc,
              struct net_device *dev, unsigned int skb_len) {
+  RETURN_IF_EMPTY(0);
   /* Only the map is consulted: the driver may have freed or forwarded the
    * skb already, so its contents are not read here. */
   __u64 key = (__u64)skb;
@@ -492,6 +495,7 @@ int BPF_PROG(on_net_dev_xmit, struct sk_buff *skb, int rc,
  * address. */
 SEC("tp_btf/kfree_skb")
 int BPF_PROG(on_kfree_skb, struct sk_buff *skb) {
+  RETURN_IF_EMPTY(0);
   __u64 key = (__u64)skb;
   struct xl_tx *e = tx_find(key);
   if (e)
@@ -502,6 +506,7 @@ int BPF_PROG(on_kfree_skb, struct sk_buff *skb) {
 /* A GSO skb freed after software segmentation (its segments went on). */
 SEC("tp_btf/consume_skb")
 int BPF_PROG(on_consume_skb, struct sk_buff *skb) {
+  RETURN_IF_EMPTY(0);
   if (!GSO_PENDING)
     return 0;
   __u64 key = (__u64)skb;

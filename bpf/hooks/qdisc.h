@@ -18,6 +18,7 @@ static __always_inline void stamp_qdisc(__u16 point, struct sk_buff *skb) {
 SEC("tp_btf/qdisc_enqueue")
 int BPF_PROG(on_qdisc_enqueue, struct Qdisc *q, const struct netdev_queue *txq,
              struct sk_buff *skb) {
+  RETURN_IF_EMPTY(0);
   stamp_qdisc(XLAP_POINT_QDISC_ENQUEUE, skb);
   return 0;
 }
@@ -25,6 +26,7 @@ int BPF_PROG(on_qdisc_enqueue, struct Qdisc *q, const struct netdev_queue *txq,
 SEC("tp_btf/qdisc_dequeue")
 int BPF_PROG(on_qdisc_dequeue, struct Qdisc *q, const struct netdev_queue *txq,
              int packets, struct sk_buff *skb) {
+  RETURN_IF_EMPTY(0);
   stamp_qdisc(XLAP_POINT_QDISC_DEQUEUE, skb); /* NULL when queue empty */
   return 0;
 }

@@ -23,6 +23,7 @@ static __always_inline int same_target(__u32 a, __u32 b) {
 
 SEC("tp_btf/sched_waking")
 int BPF_PROG(on_sched_waking, struct task_struct *p) {
+  RETURN_IF_EMPTY(0);
   __u32 zero = 0;
   struct xl_rx_last *last = bpf_map_lookup_elem(&RX_LAST, &zero);
   if (!last || !last->valid)
@@ -59,6 +60,7 @@ int BPF_PROG(on_sched_waking, struct task_struct *p) {
 SEC("tp_btf/sched_switch")
 int BPF_PROG(on_sched_switch, bool preempt, struct task_struct *prev,
              struct task_struct *next) {
+  RETURN_IF_EMPTY(0);
   __u32 tid = next->pid;
   if (tid == 0) {
     /* This CPU goes idle: export what waits in its batch, so stamps never

@@ -141,6 +141,7 @@ queue_noted(struct xlap_sock *ts, struct xl_rx_slot *s, __u64 key, __u64 now) {
 
 SEC("cgroup_skb/ingress")
 int on_sock_ingress(struct __sk_buff *ctx) {
+  RETURN_IF_EMPTY(1);
   struct bpf_sock *sk = ctx->sk;
   if (!sk)
     return 1;

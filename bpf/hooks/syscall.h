@@ -188,6 +188,7 @@ static __always_inline int is_wait(__u32 nr) {
  * any map lookup, so the other syscalls of the machine cost almost nothing. */
 SEC("tp_btf/sys_enter")
 int BPF_PROG(on_sys_enter, struct pt_regs *regs, long id) {
+  RETURN_IF_EMPTY(0);
   __u32 nr = (__u32)id;
   int send = is_send(nr), recv = is_recv(nr), wait = is_wait(nr);
   if (!send && !recv && !wait)
@@ -389,6 +390,7 @@ static long stamp_mmsg(__u32 i, void *ctx) {
 
 SEC("tp_btf/sys_exit")
 int BPF_PROG(on_sys_exit, struct pt_regs *regs, long ret) {
+  RETURN_IF_EMPTY(0);
   __u32 nr = (__u32)regs->orig_ax;
   int send = is_send(nr), wait = is_wait(nr);
   if (!send && !wait && !is_recv(nr))
@@ -493,6 +495,7 @@ static __always_inline void note_recv_flow(struct xl_task *t, struct sock *sk,
  * datagrams are stamped at the call's exit. */
 SEC("tp_btf/sock_recv_length")
 int BPF_PROG(on_sock_recv_length, struct sock *sk, int ret, int flags) {
+  RETURN_IF_EMPTY(0);
   if (sk->sk_protocol != IPPROTO_UDP_)
     return 0;
   struct xlap_sock *s = traced_sock(sk);

@@ -119,6 +119,7 @@ static __always_inline int uring_view(__u8 op, const struct xl_sr *sr,
 
 SEC("tp_btf/io_uring_submit_req")
 int BPF_PROG(on_io_uring_submit_req, struct io_kiocb *req) {
+  RETURN_IF_EMPTY(0);
   __u8 op = req->opcode;
   if (!uring_op_send(op))
     return 0;
@@ -155,6 +156,7 @@ int BPF_PROG(on_io_uring_submit_req, struct io_kiocb *req) {
 SEC("tp_btf/io_uring_complete")
 int BPF_PROG(on_io_uring_complete, struct io_ring_ctx *ring, void *req,
              struct io_uring_cqe *cqe) {
+  RETURN_IF_EMPTY(0);
   __u32 tgid = bpf_get_current_pid_tgid() >> 32;
   if (!bpf_map_lookup_elem(&TARGET_PIDS, &tgid))
     return 0;

@@ -61,6 +61,7 @@ static __always_inline int usdt_arg(struct pt_regs *ctx,
 
 SEC("uprobe")
 int on_usdt(struct pt_regs *ctx) {
+  RETURN_IF_EMPTY(0);
   __u64 now = bpf_ktime_get_ns();
   __u32 spec_id = (__u32)bpf_get_attach_cookie(ctx);
   struct xlap_usdt_spec *spec = bpf_map_lookup_elem(&USDT_SPECS, &spec_id);

@@ -292,6 +292,16 @@ __attribute__((noinline)) __u32 xl_opaque(__u32 v) {
   return v;
 }
 
+/* First statement of every program on a datagram's path: under
+ * --empty-programs the program returns `verdict` before anything else.
+ * CFG is read-only and known at load, so the verifier drops the rest of
+ * the program: what runs is the hook's dispatch and one load. */
+#define RETURN_IF_EMPTY(verdict)                                               \
+  do {                                                                         \
+    if (CFG.empty_programs)                                                    \
+      return (verdict);                                                        \
+  } while (0)
+
 /* Whether the run writes kernel point `point` (--points): a point left out
  * costs no clock read either. */
 static __always_inline int point_on(__u32 point) {

@@ -3,7 +3,8 @@
 //! checked against the example protocol's own logs, and the packets table
 //! still pairs both hosts; at the socket calls it does so without the
 //! send-call hook (fragments of large datagrams included); an unknown point
-//! name is a usage error.
+//! name is a usage error. `--empty-programs` keeps a run's hooks and
+//! stamps nothing.
 
 use std::collections::BTreeSet;
 use xlap_stage::Stage;
@@ -177,6 +178,92 @@ fn assert_minimal(t: &Traced) {
         paired, data_received,
         "data packets with an end-to-end time"
     );
+}
+
+/// `--empty-programs` attaches the very hooks of the run it is given and
+/// stamps nothing: each hook still runs for every datagram the example's
+/// own logs count (the kernel's run counts), and the verifier kept almost
+/// nothing of each program (its own instruction count).
+#[test]
+fn empty_programs_run_on_the_same_hooks_and_stamp_nothing() {
+    let Some(_guard) = privileged("point_sets_empty") else {
+        return;
+    };
+    let stage = Stage::two_hosts().expect("stage");
+    let opts = ExampleOptions {
+        count: 300,
+        period_us: 500,
+        send_args: vec!["--send-call".to_string(), "sendto".to_string()],
+        ..Default::default()
+    };
+    let args = [
+        "--boundary",
+        "socket-calls",
+        "--points",
+        "minimal",
+        "--bpf-stats",
+        "full",
+    ];
+    let working = trace_example(&stage, "points-not-empty", &opts, &args);
+    let empty = trace_example(
+        &stage,
+        "points-empty",
+        &opts,
+        &[&args[..], &["--empty-programs"]].concat(),
+    );
+    assert!(empty.meta.options.empty_programs && !working.meta.options.empty_programs);
+    let hooks = |t: &Traced| t.meta.bpf_programs.keys().cloned().collect::<Vec<_>>();
+    assert_eq!(hooks(&empty), hooks(&working), "the same programs attached");
+    assert_eq!(empty.meta.stamps, 0, "{}", empty.stderr);
+    assert!(empty.stamps().is_empty(), "stamps.parquet holds stamps");
+    assert!(
+        empty.stderr.contains("--empty-programs"),
+        "the run does not say why it stamped nothing: {}",
+        empty.stderr
+    );
+
+    let sent = logged(&empty.sent, "sent").len() as u64;
+    let received = logged(&empty.received, "received").len() as u64;
+    assert!(
+        sent >= 300 && received >= 300,
+        "{sent} sent, {received} read"
+    );
+    let runs = |name: &str| {
+        empty
+            .meta
+            .bpf_programs
+            .get(name)
+            .unwrap_or_else(|| panic!("{name} not attached: {:?}", hooks(&empty)))
+            .run_count
+    };
+    for (program, at_least) in [
+        ("on_net_dev_queue", sent),
+        ("on_net_dev_xmit", sent),
+        ("on_netif_receive_skb", received),
+        ("on_sock_recv_length", received),
+    ] {
+        assert!(
+            runs(program) >= at_least,
+            "{program} ran {} times for {at_least} datagrams",
+            runs(program)
+        );
+    }
+    // What the verifier walked: the working program's body, the empty
+    // one's first branch and return.
+    for (program, stats) in &empty.meta.bpf_programs {
+        let (Some(kept), Some(whole)) = (
+            stats.verified_insns,
+            working.meta.bpf_programs[program].verified_insns,
+        ) else {
+            continue;
+        };
+        if program.starts_with("on_net_dev") || program.starts_with("on_netif") {
+            assert!(
+                kept * 10 < whole,
+                "{program}: {kept} instructions verified, {whole} in the working run"
+            );
+        }
+    }
 }
 
 #[test]

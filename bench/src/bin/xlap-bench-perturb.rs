@@ -13,7 +13,10 @@
 //! gives the per-program breakdown) and off; and with fewer points
 //! (`--points standard`, `--points minimal`), and at the socket calls
 //! (`--boundary socket-calls`, every point and minimal), and sampled there
-//! (`--sample 1/16`, `1/64`). Then the rest of
+//! (`--sample 1/16`, `1/64`); and the floor under all of these: the hooks
+//! of every point at the syscalls, and of every point and minimal at the
+//! socket calls, with programs that return at once (`--empty-programs`).
+//! Then the rest of
 //! the machine: an untraced process's getppid while each tracer runs; and
 //! always-on monitoring (sockperf under-load at a fixed rate, sampled with
 //! metrics and a bounded rotation: the protocol's p50 and the recorder's
@@ -57,6 +60,13 @@ enum Tracer {
     /// `--boundary socket-calls --sample RATE`, every point (statistics
     /// sampled).
     Sampled(&'static str),
+    /// `--boundary AT --points SET --empty-programs --bpf-stats off`: the
+    /// hooks of that run, every program returning at once (the floor of
+    /// their dispatch, under any program on them).
+    Empty {
+        boundary: &'static str,
+        points: &'static str,
+    },
     /// The `--baseline` binary, with statistics.
     Baseline,
 }
@@ -75,6 +85,16 @@ impl Tracer {
             Tracer::SocketCalls(_) => "xlap-trace --boundary socket-calls --points minimal",
             Tracer::Sampled("1/16") => "xlap-trace --boundary socket-calls --sample 1/16",
             Tracer::Sampled(_) => "xlap-trace --boundary socket-calls --sample 1/64",
+            Tracer::Empty {
+                boundary: "syscalls",
+                ..
+            } => "empty programs on the hooks of every kernel point, at the syscalls",
+            Tracer::Empty { points: "all", .. } => {
+                "empty programs on the hooks of --boundary socket-calls, every kernel point"
+            }
+            Tracer::Empty { .. } => {
+                "empty programs on the hooks of --boundary socket-calls --points minimal"
+            }
             Tracer::Baseline => "baseline xlap-trace, every kernel point",
         }
     }
@@ -129,6 +149,18 @@ fn main() -> Result<()> {
         Tracer::SocketCalls("minimal"),
         Tracer::Sampled("1/16"),
         Tracer::Sampled("1/64"),
+        Tracer::Empty {
+            boundary: "syscalls",
+            points: "all",
+        },
+        Tracer::Empty {
+            boundary: "socket-calls",
+            points: "all",
+        },
+        Tracer::Empty {
+            boundary: "socket-calls",
+            points: "minimal",
+        },
     ];
     if baseline.is_some() {
         tracers.push(Tracer::Baseline);
@@ -289,6 +321,15 @@ fn start_tracer(
         Tracer::Points(set) => args.extend(["--points", set]),
         Tracer::SocketCalls(set) => args.extend(["--boundary", "socket-calls", "--points", set]),
         Tracer::Sampled(rate) => args.extend(["--boundary", "socket-calls", "--sample", rate]),
+        Tracer::Empty { boundary, points } => args.extend([
+            "--boundary",
+            boundary,
+            "--points",
+            points,
+            "--empty-programs",
+            "--bpf-stats",
+            "off",
+        ]),
         Tracer::Baseline => {}
     }
     let binary = match (tracer, baseline) {
@@ -412,11 +453,17 @@ fn monitoring(stage: &Stage, rounds: u64, seconds: u64) -> Result<Value> {
         }
         args
     };
-    let configs: [(&str, Option<Vec<&str>>); 4] = [
+    // The floor: the same hooks, every program returning at once.
+    let empty = [monitor(""), vec!["--empty-programs"]].concat();
+    let configs: [(&str, Option<Vec<&str>>); 5] = [
         ("untraced", None),
         ("--sample 1/64 --metrics, rotated", Some(monitor("1/64"))),
         ("--sample 1/16 --metrics, rotated", Some(monitor("1/16"))),
         ("every datagram --metrics, rotated", Some(monitor(""))),
+        (
+            "empty programs on the same hooks (--empty-programs)",
+            Some(empty),
+        ),
     ];
     let mut p50s: Vec<Vec<f64>> = vec![Vec::new(); configs.len()];
     let mut cpu: Vec<Vec<f64>> = vec![Vec::new(); configs.len()];

@@ -76,9 +76,9 @@ impl BatchExport {
         Ok(export)
     }
 
-    /// Exports the batch of every CPU.
-    pub fn run(&mut self) {
-        for &cpu in &self.cpus {
+    /// Exports the batch of every CPU `waiting` says holds stamps.
+    pub fn run(&mut self, waiting: impl Fn(u32) -> bool) {
+        for &cpu in self.cpus.iter().filter(|&&cpu| waiting(cpu)) {
             if run_on_cpu(&self.program, cpu).is_err() {
                 self.failed_runs += 1;
             }

@@ -226,6 +226,8 @@ pub struct Settings {
     pub ringbuf_bytes: u32,
     /// One ring-buffer record per stamp instead of per-CPU batches.
     pub per_stamp: bool,
+    /// Every program on a datagram's path returns at once (CFG.empty_programs).
+    pub empty_programs: bool,
     /// UDP ports whose payload is an Ethernet frame (VXLAN-like tunnels):
     /// datagrams inside are keyed by the inner datagram (Geneve's 6081 is
     /// always known).
@@ -260,6 +262,7 @@ impl Capture {
         };
         config.wakeup_bytes = settings.ringbuf_bytes / 8;
         config.per_stamp = settings.per_stamp as u8;
+        config.empty_programs = settings.empty_programs as u8;
         config.iface_filter = settings.iface_filter as u8;
         config.points_off = settings.points.off_mask();
         // Nothing takes the receive notes without the socket-queue point.
@@ -365,11 +368,25 @@ impl Capture {
         })
     }
 
-    /// Exports every CPU's waiting batch to the ring buffer now.
-    pub fn export_batches(&mut self) {
-        if let Ok(export) = &mut self.batch_export {
-            export.run();
-        }
+    /// Exports every CPU's waiting batch to the ring buffer now. Only the
+    /// CPUs whose batch holds stamps are asked: each run interrupts its
+    /// CPU (an IPI, a VM exit under KVM) whatever runs there, often the
+    /// traced protocol, while reading the batches' lengths (`batches`, the
+    /// map `take_batches` gave) costs only this thread a map read.
+    pub fn export_batches(&mut self, batches: &PerCpuArray<MapData, Batch>) {
+        let Ok(export) = &mut self.batch_export else {
+            return;
+        };
+        let lengths: Option<Vec<u32>> = batches
+            .get(&0, 0)
+            .ok()
+            .map(|per_cpu| per_cpu.iter().map(|b| b.0.n).collect());
+        // Unreadable: every CPU, whatever it holds.
+        export.run(|cpu| {
+            lengths
+                .as_ref()
+                .is_none_or(|n| n.get(cpu as usize).is_none_or(|&n| n > 0))
+        });
     }
 
     /// Marks sockets the traced processes already held as traced (new ones

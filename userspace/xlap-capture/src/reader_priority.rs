@@ -11,10 +11,12 @@ use std::time::{Duration, Instant};
 /// the traced processes leave it no gaps it takes normal priority (nice 0)
 /// until it has kept up for a second, rather than let the buffer overflow:
 /// raised by itself when one drain finds a quarter of the buffer full, or
-/// by a watchdog thread (normal priority, asleep but for a check every
-/// 10 ms) when the reader has not emptied the buffer for 50 ms, which a
-/// starved reader cannot notice itself. Whatever the buffer cannot hold is
-/// counted as lost, never silently dropped.
+/// by a watchdog thread (normal priority) when the reader has not emptied
+/// the buffer for 50 ms, which a starved reader cannot notice itself. The
+/// watchdog sleeps until that moment, 50 ms after the reader last caught
+/// up (at least 10 ms at a time), so a reader that keeps up wakes it about
+/// every 50 ms, not every 10. Whatever the buffer cannot hold is counted
+/// as lost, never silently dropped.
 pub struct ReaderPriority {
     ring_bytes: usize,
     shared: Arc<PriorityShared>,
@@ -37,7 +39,8 @@ impl PriorityShared {
     }
 }
 
-const WATCHDOG_EVERY: Duration = Duration::from_millis(10);
+/// The watchdog's shortest sleep.
+const WATCHDOG_AT_LEAST: Duration = Duration::from_millis(10);
 const STARVED_AFTER_MS: u64 = 50;
 
 impl ReaderPriority {
@@ -56,12 +59,18 @@ impl ReaderPriority {
             .name("reader-watchdog".into())
             .spawn(move || {
                 while !watched.stop.load(Ordering::Relaxed) {
-                    std::thread::sleep(WATCHDOG_EVERY);
-                    let behind = watched.now_ms()
-                        > watched.caught_up_ms.load(Ordering::Relaxed) + STARVED_AFTER_MS;
-                    if behind && watched.background.swap(false, Ordering::Relaxed) {
+                    let starved_at =
+                        watched.caught_up_ms.load(Ordering::Relaxed) + STARVED_AFTER_MS;
+                    let now = watched.now_ms();
+                    if now <= starved_at {
+                        let until = Duration::from_millis(starved_at - now + 1);
+                        std::thread::sleep(until.max(WATCHDOG_AT_LEAST));
+                        continue;
+                    }
+                    if watched.background.swap(false, Ordering::Relaxed) {
                         set_priority(watched.tid, false);
                     }
+                    std::thread::sleep(WATCHDOG_AT_LEAST);
                 }
             })
             .ok();

@@ -100,16 +100,29 @@ pub struct UdpScan {
     /// Sockets in no /proc/net table whose duplicate was refused: their
     /// protocol could not be asked.
     pub uninspectable: Vec<SocketRef>,
+    /// The local ports of its UDP sockets that have one (bound, or
+    /// autobound by a first send), sorted, each once.
+    pub ports: Vec<u16>,
 }
 
+/// One look at `pid`'s fd table and UDP tables: its UDP sockets and their
+/// ports (the recorder does this for every traced process every 200 ms:
+/// one read of each serves both).
 pub fn scan_udp(pid: u32) -> UdpScan {
-    let udp: HashSet<u64> = inodes_of(pid, &["udp", "udp6"])
-        .into_iter()
-        .map(|(_, inode)| inode)
-        .collect();
+    let table = inodes_of(pid, &["udp", "udp6"]);
+    let udp: HashSet<u64> = table.iter().map(|(_, inode)| *inode).collect();
     let (fds, fd_table_unreadable) = socket_fds(pid);
+    let held: HashSet<u64> = fds.iter().map(|(_, inode)| *inode).collect();
+    let mut ports: Vec<u16> = table
+        .iter()
+        .filter(|(_, inode)| held.contains(inode))
+        .map(|(port, _)| *port)
+        .collect();
+    ports.sort_unstable();
+    ports.dedup();
     let mut scan = UdpScan {
         fd_table_unreadable,
+        ports,
         ..UdpScan::default()
     };
     if fds.iter().all(|(_, inode)| udp.contains(inode)) {
@@ -284,6 +297,33 @@ mod tests {
         assert!(found.iter().any(|s| s.fd == sock.as_raw_fd()), "{found:?}");
         let unix = std::os::unix::net::UnixDatagram::unbound().unwrap();
         assert!(found.iter().all(|s| s.fd != unix.as_raw_fd()));
+    }
+
+    #[test]
+    fn finds_this_process_udp_socket_port() {
+        let sock = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let port = sock.local_addr().unwrap().port();
+        // A socket in the table that this process does not hold (another
+        // process's, seen through the shared network namespace) is left out.
+        let held_elsewhere = std::process::Command::new("python3")
+            .args(["-c", "import socket,sys; s=socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.bind(('127.0.0.1', 0)); print(s.getsockname()[1], flush=True); sys.stdin.read()"])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn();
+        let mut child = held_elsewhere.expect("python3");
+        let mut line = String::new();
+        use std::io::BufRead;
+        std::io::BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let other: u16 = line.trim().parse().expect("the child's port");
+        let scan = scan_udp(std::process::id());
+        drop(child.stdin.take());
+        child.wait().unwrap();
+        assert!(scan.ports.contains(&port), "{:?}", scan.ports);
+        assert!(!scan.ports.contains(&other), "{other} in {:?}", scan.ports);
+        drop(sock);
+        assert!(!scan_udp(std::process::id()).ports.contains(&port));
     }
 
     #[test]

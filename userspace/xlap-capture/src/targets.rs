@@ -1,35 +1,10 @@
-//! The traced processes: which UDP ports their sockets own, read from /proc
-//! (works across network namespaces: /proc/PID/net is the process's own).
+//! The traced processes as /proc shows them: alive or not, their network
+//! namespace, name and descendants, and which UDP ports their sockets own
+//! (from their socket scans, `sockets::scan_udp`; /proc/PID/net is the
+//! process's own namespace's, so this works across namespaces).
 
-use std::collections::{BTreeMap, HashSet};
-use std::path::Path;
-
-/// Socket inodes of the process's open file descriptors.
-fn socket_inodes(pid: u32) -> HashSet<u64> {
-    let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
-        return HashSet::new();
-    };
-    dir.filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
-        .filter_map(|link| {
-            let s = link.to_string_lossy().into_owned();
-            s.strip_prefix("socket:[")?.strip_suffix(']')?.parse().ok()
-        })
-        .collect()
-}
-
-/// Local UDP ports of the sockets `pid` holds open.
-pub fn udp_ports(pid: u32) -> Vec<u16> {
-    let inodes = socket_inodes(pid);
-    let mut ports: Vec<u16> = ["udp", "udp6"]
-        .iter()
-        .flat_map(|t| crate::sockets::proc_net_table(Path::new(&format!("/proc/{pid}/net/{t}"))))
-        .filter(|(_, inode)| inodes.contains(inode))
-        .map(|(port, _)| port)
-        .collect();
-    ports.sort_unstable();
-    ports.dedup();
-    ports
-}
+use crate::sockets::UdpScan;
+use std::collections::BTreeMap;
 
 /// Inode number of the process's network namespace (`/proc/PID/ns/net`).
 pub fn netns_inode(pid: u32) -> Option<u32> {
@@ -41,11 +16,12 @@ pub fn netns_inode(pid: u32) -> Option<u32> {
 /// The traced sockets: (network namespace, local UDP port) -> owning pid.
 pub type PortOwners = BTreeMap<(u32, u16), u32>;
 
-/// The UDP sockets of every traced pid.
-pub fn port_owners(pids: &[u32]) -> PortOwners {
-    pids.iter()
-        .filter_map(|&pid| Some((pid, netns_inode(pid)?)))
-        .flat_map(|(pid, ns)| udp_ports(pid).into_iter().map(move |p| ((ns, p), pid)))
+/// The ports of every traced pid's UDP sockets, from their scans.
+pub fn port_owners(scans: &[(u32, UdpScan)]) -> PortOwners {
+    scans
+        .iter()
+        .filter_map(|(pid, scan)| Some((*pid, netns_inode(*pid)?, scan)))
+        .flat_map(|(pid, ns, scan)| scan.ports.iter().map(move |p| ((ns, *p), pid)))
         .collect()
 }
 
@@ -128,21 +104,13 @@ mod tests {
     use super::*;
 
     #[test]
-    fn finds_this_process_udp_socket_port() {
-        let sock = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
-        let port = sock.local_addr().unwrap().port();
-        assert!(udp_ports(std::process::id()).contains(&port));
-        drop(sock);
-        assert!(!udp_ports(std::process::id()).contains(&port));
-    }
-
-    #[test]
     fn owners_are_keyed_by_network_namespace() {
         let sock = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
         let port = sock.local_addr().unwrap().port();
         let me = std::process::id();
         let ns = netns_inode(me).expect("own netns");
-        assert_eq!(port_owners(&[me]).get(&(ns, port)), Some(&me));
+        let scans = [(me, crate::sockets::scan_udp(me))];
+        assert_eq!(port_owners(&scans).get(&(ns, port)), Some(&me));
     }
 
     #[test]

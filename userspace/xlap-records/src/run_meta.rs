@@ -297,6 +297,10 @@ pub struct RunOptions {
     pub ringbuf_bytes: Option<u32>,
     #[serde(default)]
     pub per_stamp_records: bool,
+    /// `--empty-programs`: the hooks were attached with programs that
+    /// return at once, so the run stamped nothing by design.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub empty_programs: bool,
     /// Where the send/receive boundary was stamped (`--boundary`):
     /// "syscalls", "socket-calls", or "syscalls (why)" when the socket calls
     /// were asked for on a kernel without what they need.

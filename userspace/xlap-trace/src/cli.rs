@@ -505,6 +505,11 @@ pub struct RecordArgs {
     /// stamps (costlier; for comparison in benchmarks).
     #[arg(long)]
     pub per_stamp_records: bool,
+    /// Attach the run's hooks with BPF programs that return at once:
+    /// nothing is stamped. What the hooks' dispatch alone costs the traced
+    /// protocol, the floor under any program on them (docs/performance.md).
+    #[arg(long)]
+    pub empty_programs: bool,
     /// Where the send/receive points are stamped: syscalls (sys_enter and
     /// sys_exit: every point, but while they are attached every syscall of
     /// every process of the machine takes the kernel's slow path, an

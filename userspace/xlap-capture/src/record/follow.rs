@@ -8,6 +8,7 @@
 //! pids the system may give to unrelated processes).
 
 use crate::capture::{Capture, NotMarked};
+use crate::sockets::UdpScan;
 use crate::targets::{self, PortOwners};
 use anyhow::Result;
 use std::collections::{BTreeMap, HashSet};
@@ -64,8 +65,9 @@ impl Following {
             }
         }
         f.note_children(capture, 0.0)?;
-        f.mark_new_sockets(capture)?;
-        f.sync_ports(capture)?;
+        let scans = f.scan();
+        f.mark_new_sockets(capture, &scans)?;
+        f.sync_ports(capture, &scans)?;
         Ok(f)
     }
 
@@ -102,9 +104,20 @@ impl Following {
         if self.live().is_empty() {
             return Ok(true);
         }
-        self.mark_new_sockets(capture)?;
-        self.sync_ports(capture)?;
+        let scans = self.scan();
+        self.mark_new_sockets(capture, &scans)?;
+        self.sync_ports(capture, &scans)?;
         Ok(false)
+    }
+
+    /// One look at each live process's sockets and UDP ports, shared by
+    /// the marking and the port table (each read of /proc/PID/net/udp walks
+    /// the whole namespace's table: the recorder's largest cost when idle).
+    fn scan(&self) -> Vec<(u32, UdpScan)> {
+        self.live()
+            .into_iter()
+            .map(|pid| (pid, crate::sockets::scan_udp(pid)))
+            .collect()
     }
 
     /// Children the BPF side started following since the last round.
@@ -134,17 +147,17 @@ impl Following {
     /// created after attaching are marked by the BPF side; this catches
     /// those that existed before and those passed in from elsewhere), and
     /// counts, per reason, those that cannot be.
-    fn mark_new_sockets(&mut self, capture: &mut Capture) -> Result<()> {
+    fn mark_new_sockets(&mut self, capture: &mut Capture, scans: &[(u32, UdpScan)]) -> Result<()> {
         let mut new = Vec::new();
-        for pid in self.live() {
-            let scan = crate::sockets::scan_udp(pid);
+        for (pid, scan) in scans {
+            let pid = *pid;
             if scan.fd_table_unreadable && self.unreadable.insert(pid) {
                 self.sockets_not_traced.processes_unreadable += 1;
                 self.warn(&format!(
                     "the sockets pid {pid} holds cannot be listed (/proc/{pid}/fd: permission denied; the recorder needs CAP_SYS_PTRACE over it): those it held before tracing are not traced"
                 ));
             }
-            for s in scan.uninspectable {
+            for s in &scan.uninspectable {
                 if self.marked.insert(s.inode) {
                     self.sockets_not_traced.not_inspectable += 1;
                     self.warn(&format!(
@@ -155,8 +168,9 @@ impl Following {
             }
             new.extend(
                 scan.udp
-                    .into_iter()
-                    .filter(|s| !self.marked.contains(&s.inode)),
+                    .iter()
+                    .filter(|s| !self.marked.contains(&s.inode))
+                    .copied(),
             );
         }
         if new.is_empty() {
@@ -187,8 +201,8 @@ impl Following {
         }
     }
 
-    fn sync_ports(&mut self, capture: &mut Capture) -> Result<()> {
-        let now = targets::port_owners(&self.live());
+    fn sync_ports(&mut self, capture: &mut Capture, scans: &[(u32, UdpScan)]) -> Result<()> {
+        let now = targets::port_owners(scans);
         if now == self.owners {
             return Ok(());
         }

@@ -54,6 +54,9 @@ pub struct RecordOptions {
     pub full_priority: bool,
     /// One ring-buffer record per stamp instead of per-CPU batches.
     pub per_stamp_records: bool,
+    /// Every BPF program on a datagram's path returns at once: the hooks'
+    /// dispatch cost alone, nothing stamped.
+    pub empty_programs: bool,
     /// Stamp the send/receive boundary at the socket calls rather than at
     /// the syscalls (which cost every syscall of the machine).
     pub socket_calls: bool,
@@ -102,6 +105,7 @@ impl Default for RecordOptions {
             host: None,
             full_priority: false,
             per_stamp_records: false,
+            empty_programs: false,
             socket_calls: false,
             sample: None,
             stats_mode: StatsMode::Sampled,

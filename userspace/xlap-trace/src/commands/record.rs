@@ -40,6 +40,7 @@ impl TryFrom<&RecordArgs> for RecordOptions {
             host: a.host.clone(),
             full_priority: a.full_priority,
             per_stamp_records: a.per_stamp_records,
+            empty_programs: a.empty_programs,
             socket_calls: a.boundary == crate::cli::BoundaryArg::SocketCalls,
             sample,
             stats_mode: match (a.no_bpf_stats, a.bpf_stats) {
@@ -144,7 +145,7 @@ pub fn run(a: &RunArgs) -> Result<ExitCode> {
     let opts = RecordOptions::try_from(&a.record)?;
     let (meta, status) = record::command::run(&opts, &a.command)?;
     record::print_summary(&meta, &record::segments::final_dir(&opts.output));
-    if meta.packets == 0 && meta.stamps == 0 {
+    if meta.packets == 0 && meta.stamps == 0 && !opts.empty_programs {
         eprintln!(
             "xlap-trace: {} sent and received no UDP datagram on a traced socket: nothing was stamped",
             a.command[0]

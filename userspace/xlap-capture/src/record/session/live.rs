@@ -111,7 +111,7 @@ impl Live {
                 last_flush = Instant::now();
             }
             if last_batch_export.elapsed() >= FLUSH_BATCHES_EVERY {
-                self.attached.capture.export_batches();
+                self.attached.capture.export_batches(&self.batches);
                 last_batch_export = Instant::now();
             }
             if last_checkpoint.elapsed() >= CHECKPOINT_EVERY {

@@ -251,6 +251,7 @@ impl RunInfo {
             points: plan.points.names().into_iter().map(String::from).collect(),
             ringbuf_bytes: Some(plan.ringbuf_bytes),
             per_stamp_records: args.per_stamp_records,
+            empty_programs: args.empty_programs,
             boundary: meta.options.boundary.clone(),
             sample: args.sample.clone(),
             duration_s: args.duration,

@@ -20,6 +20,7 @@ impl Session {
             points: plan.points.clone(),
             ringbuf_bytes: plan.ringbuf_bytes,
             per_stamp: args.per_stamp_records,
+            empty_programs: args.empty_programs,
             tunnel_ports: plan.tunnel_ports.clone(),
             iface_filter: !args.ifaces.is_empty(),
             hold_at_exec: plan.holds(),
@@ -43,6 +44,9 @@ impl Session {
         }
         if let (Err(why), false) = (&capture.batch_export, args.per_stamp_records) {
             plan.note(format!("per-CPU batches are exported only by later stamps and idle CPUs, not every {} ms: a recorder that dies may lose more ({why})", xlap_abi::XLAP_FLUSH_INTERVAL_MS));
+        }
+        if args.empty_programs {
+            plan.note("--empty-programs: every BPF program on a datagram's path returns at once, so nothing is stamped (what the hooks' dispatch alone costs)");
         }
         if let Some((major, minor)) = preflight::kernel_as() {
             plan.note(format!("behaving as Linux {major}.{minor} would (XLAP_KERNEL_AS): what it lacks is left out"));
