@@ -46,6 +46,14 @@ int BPF_PROG(on_sched_waking, struct task_struct *p) {
   struct xl_task *t = task_ctx(p);
   if (!t || (CFG.syscall_hooks && !(t->in_recv || t->in_wait)))
     return 0;
+  /* The thread read that datagram already (it was running when the
+   * datagram came, so nothing was woken then): something else wakes it
+   * now, within the window. */
+  if (t->read_valid && t->read_seq == last->id.seq &&
+      t->read_kind == last->id.kind && (last->id.flags & XLAP_FLAG_SEQ_VALID)) {
+    last->valid = 0;
+    return 0;
+  }
   last->valid = 0;
   struct xl_ident id = last->id;
   id.pid = tgid; /* the reader: a forked child reads its parent's socket */

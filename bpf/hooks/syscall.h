@@ -251,10 +251,12 @@ static __always_inline void stamp_send(struct xl_send_ctx *sc, __u32 tgid,
 /* One datagram of a receive call's buffer (a bpf_loop body): segment i of
  * a UDP GRO read, or the only one. */
 /* The receive stamp of the datagram of `len` bytes at offset `at` of the
- * view (or its counted parse loss). */
+ * view (or its counted parse loss); `read`, when given, gets its seq and
+ * kind. */
 static __always_inline void emit_recv(const struct xl_uview *v, __u64 at,
                                       __u64 len, __u64 ts, __u32 tgid,
-                                      __u32 tid, __u64 flow, __u16 port) {
+                                      __u32 tid, __u64 flow, __u16 port,
+                                      struct xl_task *read) {
   struct xl_ident id = {
       .pid = tgid, .flow = flow, .flags = XLAP_FLAG_FROM_USER, .len = len};
   /* The layout by the flow's ports; by the socket's own (local) port when
@@ -270,6 +272,11 @@ static __always_inline void emit_recv(const struct xl_uview *v, __u64 at,
   id.kind = q.kind;
   id.flags |= q.flags;
   emit(XLAP_POINT_SOCK_RECV_EXIT, ts, &id, tid, 0, 0, 0);
+  if (read && (id.flags & XLAP_FLAG_SEQ_VALID)) {
+    read->read_seq = id.seq;
+    read->read_kind = id.kind;
+    read->read_valid = 1;
+  }
 }
 
 /* Segments 1.. of a UDP GRO read (a bpf_loop body). */
@@ -287,7 +294,7 @@ static long stamp_recv_seg(__u32 idx, void *ctx) {
     return 1;
   __u64 at = (__u64)i * c->gso;
   emit_recv(c->v, at, i == c->n - 1 ? c->len - at : c->gso, c->ts, c->tgid,
-            c->tid, c->flow, c->port);
+            c->tid, c->flow, c->port, 0);
   return 0;
 }
 
@@ -298,9 +305,10 @@ static long stamp_recv_seg(__u32 idx, void *ctx) {
  * segments made the verifier give up for some layouts). */
 static __always_inline void stamp_recv(const struct xl_uview *v, __u64 len,
                                        __u32 gso, __u32 tgid, __u32 tid,
-                                       __u64 ts, __u64 flow, __u16 port) {
+                                       __u64 ts, __u64 flow, __u16 port,
+                                       struct xl_task *t) {
   __u32 n = gso && len > gso ? (len + gso - 1) / gso : 1;
-  emit_recv(v, 0, n > 1 ? gso : len, ts, tgid, tid, flow, port);
+  emit_recv(v, 0, n > 1 ? gso : len, ts, tgid, tid, flow, port, t);
   if (n == 1)
     return;
   struct xl_recv_loop c = {.v = v,
@@ -384,7 +392,7 @@ static long stamp_mmsg(__u32 i, void *ctx) {
   __u64 flow = c->remote
                    ? with_sender(c->flow, (__u64)msg.msg_name, msg.msg_namelen)
                    : c->flow;
-  emit_recv(&v, 0, mlen, c->ts, c->tgid, c->tid, flow, c->port);
+  emit_recv(&v, 0, mlen, c->ts, c->tgid, c->tid, flow, c->port, 0);
   return 0;
 }
 
@@ -468,7 +476,7 @@ int BPF_PROG(on_sys_exit, struct pt_regs *regs, long ret) {
            : nr == NR_RECVMSG
                ? with_sender(flow, (__u64)msg.msg_name, msg.msg_namelen)
                : 0;
-  stamp_recv(&v, (__u64)ret, gso, tgid, tid, ts, flow, t->rx_port);
+  stamp_recv(&v, (__u64)ret, gso, tgid, tid, ts, flow, t->rx_port, t);
   return 0;
 }
 

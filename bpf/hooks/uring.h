@@ -218,7 +218,7 @@ int BPF_PROG(on_io_uring_complete, struct io_ring_ctx *ring, void *req,
     return 0;
   }
   emit_recv(&v, 0, (__u64)res, ts, tgid, tid, flow,
-            BPF_CORE_READ(sk, __sk_common.skc_num));
+            BPF_CORE_READ(sk, __sk_common.skc_num), 0);
   return 0;
 }
 

@@ -41,6 +41,12 @@ struct xl_task {
   __u64 woken_pending;
   /* An io_uring send request is being issued (uring.h stamps it). */
   __u8 in_uring;
+  /* The last datagram this thread's receive call read (its first, for a
+   * UDP GRO read), valid while read_valid: a later waking of the thread
+   * is not that datagram's (sched.h), which it has in hand already. */
+  __u8 read_valid;
+  __u32 read_kind;
+  __u64 read_seq;
 };
 
 struct {
