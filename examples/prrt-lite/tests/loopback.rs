@@ -68,37 +68,50 @@ fn run_pair(
 ) -> Logs {
     let dir = scratch(name);
     let ip: IpAddr = ip.parse().unwrap();
-    let dest = SocketAddr::new(ip, free_port(ip)).to_string();
     let (ready, rlog, slog) = (
         dir.join("ready"),
         dir.join("receiver.jsonl"),
         dir.join("sender.jsonl"),
     );
-    let mut receiver = Running(
-        Command::new(program)
-            .args(["recv", "--bind", &dest, "--expect", &count.to_string()])
-            .args(["--idle-exit-ms", "3000", "--first-packet-timeout-s", "20"])
-            .arg("--ready-file")
-            .arg(&ready)
-            .arg("--log")
-            .arg(&rlog)
-            .args(recv_args)
-            .stdin(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
-    let start = Instant::now();
-    while !ready.exists() {
-        assert!(
-            start.elapsed() < Duration::from_secs(20),
-            "receiver not ready"
+    // A free port can be taken by a test running beside this one between
+    // our look and the receiver's bind: then the receiver ends at once, and
+    // another port is tried.
+    let mut attempts = 0;
+    let (dest, mut receiver) = loop {
+        attempts += 1;
+        let dest = SocketAddr::new(ip, free_port(ip)).to_string();
+        let mut receiver = Running(
+            Command::new(program)
+                .args(["recv", "--bind", &dest, "--expect", &count.to_string()])
+                .args(["--idle-exit-ms", "3000", "--first-packet-timeout-s", "20"])
+                .arg("--ready-file")
+                .arg(&ready)
+                .arg("--log")
+                .arg(&rlog)
+                .args(recv_args)
+                .stdin(Stdio::null())
+                .spawn()
+                .unwrap(),
         );
-        assert!(
-            receiver.0.try_wait().unwrap().is_none(),
-            "receiver ended early"
-        );
-        std::thread::sleep(Duration::from_millis(5));
-    }
+        let start = Instant::now();
+        let mut ended = false;
+        while !ready.exists() {
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "receiver not ready"
+            );
+            if receiver.0.try_wait().unwrap().is_some() {
+                ended = true;
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        if !ended {
+            break (dest, receiver);
+        }
+        assert!(attempts < 3, "receiver ended early {attempts} times");
+        receiver.0.wait().unwrap();
+    };
     let mut sender = Running(
         Command::new(program)
             .args(["send", "--dest", &dest, "--count", &count.to_string()])
