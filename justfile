@@ -41,20 +41,22 @@ conformance:
 # The fuzz targets run long: CASES per property, a fresh seed (printed).
 fuzz CASES="200000":
     @# The proptest targets, binary fuzz of tests/fuzz/ (USDT notes and
-    @# argument specs, ring-buffer records, the correlator), which `just test`
-    @# runs briefly on a fixed seed; the correlator (DuckDB per case) gets a
-    @# hundredth of the cases; PROPTEST_RNG_SEED=N repeats a run. Dev profile
-    @# and the usual target directory: a release build would rebuild DuckDB
-    @# (~40 min).
+    @# argument specs, ring-buffer records, the correlator, the CLI's
+    @# renderers), which `just test` runs briefly on a fixed seed; the
+    @# correlator (DuckDB per case) gets a hundredth of the cases, the
+    @# renderers (a dozen CLI runs per case) a thousandth;
+    @# PROPTEST_RNG_SEED=N repeats a run. Dev profile and the usual target
+    @# directory: a release build would rebuild DuckDB (~40 min).
     seed=${PROPTEST_RNG_SEED:-$RANDOM$RANDOM}; echo "fuzz: seed $seed, {{CASES}} cases"; \
-    PROPTEST_RNG_SEED=$seed PROPTEST_CASES={{CASES}} cargo test -p xlap-tests --test fuzz -- --skip fuzz_correlate::; \
-    PROPTEST_RNG_SEED=$seed PROPTEST_CASES=$(( {{CASES}} / 100 > 16 ? {{CASES}} / 100 : 16 )) cargo test -p xlap-tests --test fuzz -- fuzz_correlate::
+    PROPTEST_RNG_SEED=$seed PROPTEST_CASES={{CASES}} cargo test -p xlap-tests --test fuzz -- --skip fuzz_correlate:: --skip fuzz_render::; \
+    PROPTEST_RNG_SEED=$seed PROPTEST_CASES=$(( {{CASES}} / 100 > 16 ? {{CASES}} / 100 : 16 )) cargo test -p xlap-tests --test fuzz -- fuzz_correlate::; \
+    PROPTEST_RNG_SEED=$seed PROPTEST_CASES=$(( {{CASES}} / 1000 > 8 ? {{CASES}} / 1000 : 8 )) cargo test -p xlap-tests --test fuzz -- fuzz_render::
 
 # Formatting, clippy, clang-format, and the committed schemas.
 lint:
     cargo fmt --all --check
     cargo clippy --workspace --all-targets -- -D warnings
-    clang-format --dry-run --Werror bpf/*.c bpf/*.h bpf/lib/*.h bpf/hooks/*.h examples/markers/c/*.h examples/markers/c/*.c tests/c/*.c
+    clang-format --dry-run --Werror bpf/*.c bpf/*.h bpf/lib/*.h bpf/hooks/*.h examples/markers/c/*.h examples/markers/c/*.c tests/c/*.c userspace/xlap-exit/src/*.cpp
     cargo run -q -p xlap-trace -- schema --check schemas
 
 # Regenerate the committed schema files.
@@ -92,3 +94,12 @@ bench-compare *ARGS: build
 # --big-runs N) analysed as one population. Built once in bench-results/.
 bench-analysis *ARGS: build
     {{target}}/debug/xlap-bench-analysis --python {{python}} {{ARGS}}
+
+# Peak memory (the child's ru_maxrss) and wall time of every command that
+# reads a run (correlate, analyze -q all, report, export, summary, compare,
+# history, sql), each a child under a timeout and RLIMIT_DATA, on synthetic
+# runs of 10 000 and 10 M packets (--quick: 1 M), kept in bench-results/,
+# and a recorded run (--run xlap-demo/run), against their bounds: 500 MB,
+# and the engine limit + 2 GiB. Markdown; bench-results/memory.json.
+bench-memory *ARGS: build
+    {{target}}/debug/xlap-bench-memory {{ARGS}}

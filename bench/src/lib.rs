@@ -4,3 +4,6 @@
 //! compare-verdict study).
 
 pub mod args;
+pub mod measure;
+pub mod stamps;
+pub mod synth;

@@ -24,12 +24,11 @@
 use proptest::prelude::*;
 use proptest::test_runner::{Config, RngSeed};
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::Path;
 use xlap_abi::xlap_point as xp;
 use xlap_analyze::{correlate, CorrelateOptions, Run};
 use xlap_records::points::kernel_point;
-use xlap_records::writer::{stream_to_parquet, StampBatcher, StampStream};
 use xlap_records::Stamp;
+use xlap_tests::run_files::{write_run, RunFiles};
 use xlap_tests::Scratch;
 
 fn config(cases: u32) -> Config {
@@ -51,7 +50,7 @@ fn config(cases: u32) -> Config {
 }
 
 /// The kernel points of each side in path order.
-const TX_POINTS: [u32; 7] = [
+pub(crate) const TX_POINTS: [u32; 7] = [
     xp::XLAP_POINT_SOCK_SEND_ENTER,
     xp::XLAP_POINT_DEV_QUEUE,
     xp::XLAP_POINT_QDISC_ENQUEUE,
@@ -60,7 +59,7 @@ const TX_POINTS: [u32; 7] = [
     xp::XLAP_POINT_DEV_XMIT,
     xp::XLAP_POINT_SOCK_SEND_EXIT,
 ];
-const RX_POINTS: [u32; 7] = [
+pub(crate) const RX_POINTS: [u32; 7] = [
     xp::XLAP_POINT_DEV_NETIF_RX,
     xp::XLAP_POINT_DEV_GRO_RECEIVE,
     xp::XLAP_POINT_DEV_RECEIVE_SKB,
@@ -260,6 +259,8 @@ struct Generated {
 const APP_BASE: u16 = xp::XLAP_POINT_APP_BASE as u16;
 const PERIOD_NS: u64 = 1_000_000;
 const SLOT_NS: u64 = 20_000;
+/// CLOCK_REALTIME at every run's start.
+const REALTIME_NS: i64 = 1_700_000_000_000_000_000;
 
 fn app_id(name: &str) -> u16 {
     APP_BASE
@@ -489,35 +490,6 @@ fn generate(sc: &Scenario) -> Generated {
     }
 }
 
-/// Writes a run directory as the recorder leaves it (stamps.parquet via
-/// the live Arrow stream, run.json).
-fn write_run(
-    dir: &Path,
-    run_id: &str,
-    host: &str,
-    boot_id: &str,
-    mono_ns: i64,
-    seq_size: u8,
-    stamps: &[Stamp],
-) {
-    std::fs::create_dir_all(dir).unwrap();
-    let mut batcher = StampBatcher::new(run_id, host, app_names());
-    let stream = dir.join("stamps.arrows");
-    let mut out = StampStream::create(&stream).unwrap();
-    for s in stamps {
-        batcher.push(s);
-    }
-    out.write(&batcher.finish()).unwrap();
-    out.finish().unwrap();
-    stream_to_parquet(&stream, &dir.join("stamps.parquet")).unwrap();
-    let meta = serde_json::json!({
-        "schema_version": "2", "run_id": run_id, "host": host, "boot_id": boot_id,
-        "options": {"layout": {"seq_size": seq_size}},
-        "clock_start": {"monotonic_ns": mono_ns, "realtime_ns": 1_700_000_000_000_000_000i64},
-    });
-    std::fs::write(dir.join("run.json"), meta.to_string()).unwrap();
-}
-
 /// The column of a truth entry: kernel columns as they are, app markers as
 /// `app_<name>[_tx|_rx]_ns`.
 fn column(name: &str, tx: bool, both_sides: &BTreeSet<String>) -> String {
@@ -540,30 +512,37 @@ fn check(sc: &Scenario, case: &str) -> Result<(), TestCaseError> {
             ('b', 1_000_000_000 + sc.clock_offset),
         ] {
             let dir = scratch.path(&format!("run-{host}"));
-            write_run(
-                &dir,
-                &format!("run-{host}"),
-                &format!("host-{host}"),
-                &format!("boot-{host}"),
-                mono,
-                sc.seq_size,
-                &g.stamps[&host],
+            let (run_id, host_name, boot_id) = (
+                format!("run-{host}"),
+                format!("host-{host}"),
+                format!("boot-{host}"),
             );
+            let files = RunFiles {
+                run_id: &run_id,
+                host: &host_name,
+                boot_id: &boot_id,
+                app_names: &app_names(),
+                seq_size: sc.seq_size,
+                monotonic_ns: mono,
+                realtime_ns: REALTIME_NS,
+            };
+            write_run(&dir, &files, &g.stamps[&host]);
             runs.push(Run::open(&dir).unwrap());
         }
     } else {
         let mut all: Vec<Stamp> = g.stamps.values().flatten().cloned().collect();
         all.sort_by_key(|s| s.ts_ns);
         let dir = scratch.path("run-a");
-        write_run(
-            &dir,
-            "run-a",
-            "host-a",
-            "boot-a",
-            1_000_000_000,
-            sc.seq_size,
-            &all,
-        );
+        let files = RunFiles {
+            run_id: "run-a",
+            host: "host-a",
+            boot_id: "boot-a",
+            app_names: &app_names(),
+            seq_size: sc.seq_size,
+            monotonic_ns: 1_000_000_000,
+            realtime_ns: REALTIME_NS,
+        };
+        write_run(&dir, &files, &all);
         runs.push(Run::open(&dir).unwrap());
     }
     let conn = duckdb::Connection::open_in_memory().unwrap();

@@ -661,22 +661,76 @@ fn bad_inputs_get_a_message_and_an_exit_code() {
     );
 }
 
-fn chromium() -> Option<PathBuf> {
-    ["chromium", "chromium-browser", "google-chrome"]
-        .iter()
-        .find_map(|n| {
-            std::env::var_os("PATH").and_then(|p| {
-                std::env::split_paths(&p)
-                    .map(|d| d.join(n))
-                    .find(|f| f.is_file())
-            })
-        })
+/// A command that reaches its memory ceiling ends with exit 8 and a line
+/// naming its step, wherever the allocation failed (Rust or the engine's
+/// C++): never an abort, a panic or the OOM killer (the report once grew
+/// to 24 GiB). Ceilings from below what opening the engine takes to above
+/// what the command needs on the fixture.
+#[test]
+fn a_command_at_its_memory_ceiling_ends_with_exit_8_naming_its_step() {
+    let _guard = xlap_tests::unprivileged();
+    let scratch = Scratch::new("ceiling");
+    let run = fixture();
+    let run = run.to_str().unwrap();
+    let html = scratch.path("r.html");
+    let json = scratch.path("p.json");
+    let summary = scratch.path("s.json");
+    let commands: [(&str, Vec<&str>); 4] = [
+        (
+            "building the report",
+            vec!["report", run, "-o", html.to_str().unwrap()],
+        ),
+        ("analysing", vec!["analyze", run, "-q", "all"]),
+        (
+            "exporting",
+            vec!["export", run, "--perfetto", json.to_str().unwrap()],
+        ),
+        (
+            "summarising runs",
+            vec!["summary", run, "-o", summary.to_str().unwrap()],
+        ),
+    ];
+    let mut stopped = 0;
+    for (step, args) in &commands {
+        for ceiling in ["12MB", "40MB", "90MB", "6GB"] {
+            let out = Command::new(bin("xlap-trace"))
+                .args(args)
+                .env("XLAP_MAX_MEMORY", ceiling)
+                .output()
+                .unwrap();
+            let err = String::from_utf8_lossy(&out.stderr);
+            let what = format!("{args:?} at {ceiling}: {}\n{err}", out.status);
+            for never in [
+                "panicked",
+                "terminate called",
+                "bad_alloc",
+                "memory allocation of",
+            ] {
+                assert!(!err.contains(never), "{what}");
+            }
+            match out.status.code() {
+                // Enough for this command (6GB always is).
+                Some(0) => {}
+                Some(8) => {
+                    stopped += 1;
+                    assert!(
+                        err.contains(&format!("out of memory while {step}"))
+                            && err.contains("XLAP_MAX_MEMORY"),
+                        "{what}"
+                    );
+                }
+                _ => panic!("{what}"),
+            }
+        }
+    }
+    // 12MB and 40MB are below what opening the engine takes.
+    assert!(stopped >= 8, "only {stopped} runs reached their ceiling");
 }
 
 #[test]
 fn report_renders_every_plot_in_headless_chromium() {
     let _guard = xlap_tests::unprivileged();
-    let Some(browser) = chromium() else {
+    let Some(browser) = xlap_tests::browser::chromium() else {
         xlap_tests::may_skip(
             "report_renders_every_plot_in_headless_chromium",
             "chromium is not installed (./run.sh test installs it)",
@@ -703,47 +757,16 @@ fn report_renders_every_plot_in_headless_chromium() {
         "-o",
         html.to_str().unwrap(),
     ]));
-    let text = std::fs::read_to_string(&html).unwrap();
-    assert!(
-        !text.contains("src=\"http") && !text.contains("href=\"http"),
-        "the report must not load anything from the network"
-    );
-    let out = Command::new(browser)
-        .args([
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--window-size=1200,900",
-            "--dump-dom",
-        ])
-        .arg(format!("file://{}", html.display()))
-        .output()
-        .unwrap();
-    let dom = String::from_utf8_lossy(&out.stdout);
-    let ids = xlap_analyze::report::FIGURES
+    let ids: Vec<&str> = xlap_analyze::report::FIGURES
         .iter()
-        .chain([&xlap_analyze::report::OVERLAY_FIGURE]);
-    for id in ids {
-        let at = dom
-            .find(&format!("id=\"{id}\""))
-            .unwrap_or_else(|| panic!("figure {id} missing"));
-        let figure_tag = &dom[dom[..at].rfind("<figure").unwrap()..at + 200];
-        let rendered = figure_tag
-            .split("data-rendered=\"")
-            .nth(1)
-            .and_then(|s| s.split('"').next())
-            .unwrap_or_else(|| panic!("figure {id} was not laid out: {figure_tag}"));
-        let (size, marks) = rendered.split_once(" marks=").unwrap();
-        let (w, h) = size.split_once('x').unwrap();
-        let (w, h, marks): (u32, u32, u32) = (
-            w.parse().unwrap(),
-            h.parse().unwrap(),
-            marks.parse().unwrap(),
-        );
-        assert!(w > 200 && h > 100, "figure {id} is {w}x{h}");
-        assert!(marks > 0, "figure {id} drew nothing");
-        if *id == xlap_analyze::report::OVERLAY_FIGURE {
-            assert_eq!(marks, 2, "one profile per run");
+        .chain([&xlap_analyze::report::OVERLAY_FIGURE])
+        .copied()
+        .collect();
+    for (id, f) in xlap_tests::browser::render(&browser, &html, &ids) {
+        assert!(f.width > 200 && f.height > 100, "figure {id} is {f:?}");
+        assert!(f.marks > 0, "figure {id} drew nothing");
+        if id == xlap_analyze::report::OVERLAY_FIGURE {
+            assert_eq!(f.marks, 2, "one profile per run");
         }
     }
 }

@@ -7,8 +7,8 @@
 use std::path::Path;
 use xlap_abi::xlap_point;
 use xlap_analyze::{correlate, CorrelateOptions, Run};
-use xlap_records::writer::{stream_to_parquet, StampBatcher, StampStream};
 use xlap_records::Stamp;
+use xlap_tests::run_files::{self, RunFiles};
 use xlap_tests::Scratch;
 
 const PACKETS: u64 = 70_000; // more than 2^16: the seq field wraps once
@@ -64,26 +64,17 @@ struct RunNames<'a> {
 
 /// Writes a run directory with the given stamps and names.
 fn write_run_named(dir: &Path, stamps: &[Stamp], names: &RunNames) {
-    std::fs::create_dir_all(dir).unwrap();
-    let mut batcher = StampBatcher::new(
-        names.run_id,
-        names.host,
-        names.markers.iter().map(|m| m.to_string()).collect(),
-    );
-    let stream = dir.join("stamps.arrows");
-    let mut out = StampStream::create(&stream).unwrap();
-    for s in stamps {
-        batcher.push(s);
-    }
-    out.write(&batcher.finish()).unwrap();
-    out.finish().unwrap();
-    stream_to_parquet(&stream, &dir.join("stamps.parquet")).unwrap();
-    let meta = serde_json::json!({
-        "schema_version": "1", "run_id": names.run_id, "host": names.host, "boot_id": names.boot_id,
-        "options": {"layout": {"seq_size": 2}},
-        "clock_start": {"monotonic_ns": 0, "realtime_ns": 0},
-    });
-    std::fs::write(dir.join("run.json"), meta.to_string()).unwrap();
+    let app_names: Vec<String> = names.markers.iter().map(|m| m.to_string()).collect();
+    let files = RunFiles {
+        run_id: names.run_id,
+        host: names.host,
+        boot_id: names.boot_id,
+        app_names: &app_names,
+        seq_size: 2,
+        monotonic_ns: 0,
+        realtime_ns: 0,
+    };
+    run_files::write_run(dir, &files, stamps);
 }
 
 fn synthetic() -> Vec<Stamp> {
@@ -400,7 +391,11 @@ fn hostile_names_are_carried_quoted_through_correlation_and_analyses() {
             },
         )
         .unwrap();
-        assert!(html.contains("send_start'x"), "the report names the stages");
+        // Escaped as every name from data is (xlap_records::escape::xml).
+        assert!(
+            html.contains("send_start&#39;x") && !html.contains("send_start'x"),
+            "the report names the stages, escaped"
+        );
         let trace = scratch.path("trace.json");
         let exported = xlap_analyze::perfetto::export(
             &conn,

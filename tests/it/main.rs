@@ -25,6 +25,7 @@ mod correlate_synthetic;
 mod crash_recovery;
 mod dataset;
 mod deadline_activation;
+mod demo;
 mod estimate;
 mod event_loops;
 mod example_protocol;

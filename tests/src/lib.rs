@@ -5,11 +5,14 @@
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
+pub mod browser;
 pub mod c_programs;
 pub mod example;
 pub mod go_programs;
 pub mod multiset;
 pub mod packets_file;
+pub mod run_files;
+pub mod run_limited;
 pub mod trace;
 
 /// The environment variable that lets a test skip what this machine cannot

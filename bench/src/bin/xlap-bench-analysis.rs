@@ -24,137 +24,15 @@
 
 use anyhow::{bail, Context, Result};
 use serde_json::{json, Value};
-use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::time::Instant;
+use std::process::Command;
+use xlap_bench::measure::{measure, median, Measured};
+use xlap_bench::synth::{fresh_aggregates, packets_of};
 use xlap_tests::bin;
-
-struct Measured {
-    seconds: f64,
-    peak_rss_mib: f64,
-    stdout: String,
-    stderr: String,
-}
-
-/// Runs a command to completion: wall time and the child's peak RSS (from
-/// wait4's rusage, the kernel's own account).
-fn measure(cmd: &mut Command) -> Result<Measured> {
-    let t0 = Instant::now();
-    let child = cmd
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .with_context(|| format!("starting {cmd:?}"))?;
-    let pid = child.id() as i32;
-    let out_pipe = child.stdout;
-    let err_pipe = child.stderr;
-    let out_thread = std::thread::spawn(move || {
-        let mut s = String::new();
-        if let Some(mut p) = out_pipe {
-            let _ = std::io::Read::read_to_string(&mut p, &mut s);
-        }
-        s
-    });
-    let err_thread = std::thread::spawn(move || {
-        let mut s = String::new();
-        if let Some(mut p) = err_pipe {
-            let _ = std::io::Read::read_to_string(&mut p, &mut s);
-        }
-        s
-    });
-    let mut status = 0;
-    // SAFETY: a zeroed rusage is a valid out-parameter for wait4.
-    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: pid is our child; status and usage are valid pointers.
-    let r = unsafe { libc::wait4(pid, &mut status, 0, &mut usage) };
-    let seconds = t0.elapsed().as_secs_f64();
-    if r != pid {
-        bail!("wait4: {}", std::io::Error::last_os_error());
-    }
-    let stdout = out_thread.join().unwrap_or_default();
-    let stderr = err_thread.join().unwrap_or_default();
-    let exit = std::process::ExitStatus::from_raw(status);
-    if !exit.success() {
-        bail!("{cmd:?} failed ({exit}): {stderr}");
-    }
-    Ok(Measured {
-        seconds,
-        peak_rss_mib: usage.ru_maxrss as f64 / 1024.0,
-        stdout,
-        stderr,
-    })
-}
-
-fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
 
 /// The value of `--name VALUE`, `default` when absent; a bad value is an error.
 fn arg<T: std::str::FromStr>(name: &str, default: T) -> Result<T> {
     Ok(xlap_bench::args::arg_value(name)?.unwrap_or(default))
-}
-
-/// The synthetic run, generated once per size and kept in bench-results/;
-/// the seconds `synth` took when it ran now.
-fn dataset(packets: u64) -> Result<(PathBuf, Option<f64>)> {
-    let dir = PathBuf::from(format!("bench-results/synth-{packets}"));
-    let meta: Option<Value> = std::fs::read_to_string(dir.join("run.json"))
-        .ok()
-        .and_then(|t| serde_json::from_str(&t).ok());
-    let current = meta.is_some_and(|m| {
-        m["options"]["synthetic"]["packets"] == packets && dir.join("packets.parquet").exists()
-    });
-    if current {
-        fresh_aggregates(&packets_of(std::slice::from_ref(&dir)))?;
-        return Ok((dir, None));
-    }
-    eprintln!(
-        "generating {packets} synthetic packets into {}",
-        dir.display()
-    );
-    let m = measure(
-        Command::new(bin("xlap-trace"))
-            .args([
-                "synth",
-                "--packets",
-                &packets.to_string(),
-                "--seed",
-                "1",
-                "-o",
-            ])
-            .arg(&dir),
-    )?;
-    eprintln!("  {:.2} s, {:.0} MiB", m.seconds, m.peak_rss_mib);
-    Ok((dir, Some(m.seconds)))
-}
-
-/// The stored aggregates of a kept run, computed again when a change to
-/// `queries/views.sql` (or another release) made them stale: else every
-/// side that should read them would compute them, and the bench would
-/// measure the wrong path without a word.
-fn fresh_aggregates(packets: &[PathBuf]) -> Result<()> {
-    let t0 = Instant::now();
-    let mut stale = 0;
-    for p in packets {
-        stale += usize::from(xlap_analyze::stored::refresh(p)?);
-    }
-    if stale > 0 {
-        eprintln!(
-            "stored aggregates of {stale} kept runs ({}...) were stale or missing: computed again in {:.1} s",
-            packets[0].display(),
-            t0.elapsed().as_secs_f64()
-        );
-    }
-    Ok(())
-}
-
-/// The packets file of each run directory.
-fn packets_of(dirs: &[PathBuf]) -> Vec<PathBuf> {
-    dirs.iter()
-        .map(|d| xlap_records::RunDir::new(d).packets())
-        .collect()
 }
 
 /// `runs` small synthetic runs (2000 packets each, seeds 1..) and a
@@ -376,7 +254,7 @@ fn main() -> Result<()> {
     let history_n: u32 = arg("--history-runs", if quick { 50 } else { 500 })?;
     let big_n: u32 = arg("--big-runs", if quick { 2 } else { 10 })?;
     let here = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let (run, synth_s) = dataset(packets)?;
+    let (run, synth_s) = xlap_bench::synth::run(packets, 1)?;
     let bare = bare_copy(&run)?;
     let size_mib = std::fs::metadata(run.join("packets.parquet"))?.len() as f64 / 1048576.0;
     println!("## Analysis: {packets} packets ({size_mib:.0} MiB of Parquet), {rounds} interleaved rounds\n");

@@ -402,7 +402,7 @@ fn point_columns(conn: &Connection) -> Result<SidedColumns> {
         rows.collect::<std::result::Result<_, _>>()?
     };
     if cols.is_empty() {
-        return Err(AnalyzeError::Other(
+        return Err(AnalyzeError::NoPackets(
             "no stamp carries a sequence number: nothing to correlate".into(),
         ));
     }

@@ -117,8 +117,9 @@ fn aligned(t: &Table) -> String {
 }
 
 fn markdown(t: &Table) -> String {
-    let esc = |s: String| s.replace('|', "\\|");
-    let mut out = format!("| {} |\n|", t.columns.join(" | "));
+    let esc = |s: String| xlap_records::escape::markdown(&s);
+    let head: Vec<String> = t.columns.iter().map(|c| esc(c.clone())).collect();
+    let mut out = format!("| {} |\n|", head.join(" | "));
     for i in 0..t.columns.len() {
         out.push_str(if is_numeric(t, i) {
             " ---: |"

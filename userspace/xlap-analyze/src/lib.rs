@@ -55,6 +55,9 @@ pub enum AnalyzeError {
     Query { query: String, what: String },
     #[error("DuckDB: {0}")]
     Db(#[from] duckdb::Error),
+    /// The runs hold no packet to analyse (bad input: exit 6).
+    #[error("{0}")]
+    NoPackets(String),
     #[error("{0}")]
     Other(String),
 }

@@ -317,8 +317,10 @@ impl Summary {
     }
 
     fn read(path: &Path) -> Result<Summary> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| AnalyzeError::Other(format!("cannot read {}: {e}", path.display())))?;
+        let text = std::fs::read_to_string(path).map_err(|e| AnalyzeError::Input {
+            path: path.display().to_string(),
+            what: format!("cannot read it: {e}"),
+        })?;
         let bad = |what: String| AnalyzeError::Input {
             path: path.display().to_string(),
             what,

@@ -451,11 +451,17 @@ pub fn compare(
         .iter()
         .map(|r| r.verdict)
         .min_by_key(|v| rank(*v).min(2))
-        .map_or(Verdict::Pass, |v| match v {
+        // Nothing compared decides nothing: never a pass.
+        .map_or(Verdict::Inconclusive, |v| match v {
             Verdict::Improvement => Verdict::Pass,
             v => v,
         });
     let mut notes = Vec::new();
+    if rows.is_empty() {
+        notes.push(
+            "no metric of the baseline is in the candidate (other kinds or stages): nothing was compared".into(),
+        );
+    }
     match noise {
         Noise::Runs => {}
         Noise::Blocks => {

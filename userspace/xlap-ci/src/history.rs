@@ -121,7 +121,7 @@ pub fn markdown(runs: &[Summary], series: &[Series]) -> String {
     let header: Vec<String> = columns
         .iter()
         .map(|c| match c {
-            Some(i) => names[*i].clone(),
+            Some(i) => xlap_records::escape::markdown(&names[*i]),
             None => format!("… {left_out} runs"),
         })
         .collect();
@@ -155,8 +155,8 @@ pub fn markdown(runs: &[Summary], series: &[Series]) -> String {
         };
         let _ = writeln!(
             out,
-            "| `{}` | {} | {} |{spread_cells} {} |",
-            s.metric,
+            "| {} | {} | {} |{spread_cells} {} |",
+            xlap_records::escape::code(&s.metric),
             s.kind,
             cells.join(" | "),
             drift(s.drift)
@@ -268,7 +268,7 @@ pub fn svg(series: &[Series], runs: usize, top: usize) -> String {
             "<text x=\"{}\" y=\"{:.1}\">{} kind {} ({})</text>",
             w - right + 32.0,
             ly + 4.0,
-            s.metric.replace('&', "&amp;").replace('<', "&lt;"),
+            xlap_records::escape::xml(&s.metric),
             super::render::kind_text(s.kind),
             drift(s.drift)
         );

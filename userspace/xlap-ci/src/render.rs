@@ -5,6 +5,7 @@
 use super::compare::{Comparison, Limit, Noise, Row};
 use super::stats::{change_text, interval_text, Verdict};
 use std::fmt::Write;
+use xlap_records::escape::{code, markdown as md, xml as xml_escape};
 
 fn verdict_text(v: Verdict) -> &'static str {
     match v {
@@ -173,8 +174,8 @@ pub fn markdown(c: &Comparison) -> String {
     for r in &c.rows {
         let _ = writeln!(
             out,
-            "| `{}` | {} | {} | {} | {} | {:.1} | {} | {} |",
-            r.metric,
+            "| {} | {} | {} | {} | {} | {:.1} | {} | {} |",
+            code(&r.metric),
             kind_text(r.kind),
             verdict_cell(r),
             change(r),
@@ -195,10 +196,10 @@ pub fn markdown(c: &Comparison) -> String {
     let _ = writeln!(
         out,
         "\nBaseline: {} ({} run{}{base_sample}). Candidate: {}{cand_sample}. Intervals {}.",
-        c.baseline_runs.join(", "),
+        md(&c.baseline_runs.join(", ")),
         c.baseline_run_count,
         if c.baseline_run_count == 1 { "" } else { "s" },
-        c.candidate_runs.join(", "),
+        md(&c.candidate_runs.join(", ")),
         noise_text(c.noise)
     );
     if let Some(line) = tracer_line(c) {
@@ -208,11 +209,11 @@ pub fn markdown(c: &Comparison) -> String {
         let _ = writeln!(
             out,
             "\nStages of the baseline the candidate lacks: {}.",
-            c.not_compared.join(", ")
+            md(&c.not_compared.join(", "))
         );
     }
     for n in &c.notes {
-        let _ = writeln!(out, "\n> {n}");
+        let _ = writeln!(out, "\n> {}", md(n));
     }
     out
 }
@@ -239,13 +240,6 @@ fn tracer_line(c: &Comparison) -> Option<String> {
     }
     (!parts.is_empty())
         .then(|| format!("Tracer cost (baseline → candidate): {}.", parts.join(", ")))
-}
-
-fn xml_escape(s: &str) -> String {
-    s.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
-        .replace('"', "&quot;")
 }
 
 pub fn junit(c: &Comparison) -> String {

@@ -10,10 +10,13 @@
 //! | 5 | a target process does not exist |
 //! | 6 | a bad input file or run directory (not a run or packets table, wrong schema version, no packets, one end only, a run still being recorded, a live stream that cannot be recovered); for `estimate`, not an RTT file of `probe rtt`, a pair without samples, or pairs that do not determine every host (the message names the pairs to add) |
 //! | 7 | nothing to key: the targets held only TCP sockets (or none) and never opened a UDP socket during the run (its files are still written) |
+//! | 8 | out of memory: the command reached its memory ceiling (`XLAP_MAX_MEMORY`) or the engine's limit (`XLAP_MEMORY_LIMIT`); the message names the step ([`memory`]) |
 //!
 //! `xlap-trace run -- CMD` exits with the command's status instead (128 +
 //! the signal that ended it) once tracing worked; with the codes above when
 //! it did not.
+
+pub mod memory;
 
 use std::fmt;
 
@@ -26,6 +29,7 @@ pub enum Code {
     NoSuchProcess = 5,
     BadInput = 6,
     NotUdp = 7,
+    OutOfMemory = 8,
 }
 
 /// An error with its exit code; anywhere in an `anyhow` chain.

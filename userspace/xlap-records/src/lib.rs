@@ -2,6 +2,7 @@
 //! xlap-trace writes, writers for it, and `run.json` (typed, written and
 //! read through one declaration). Pure Rust: testable without root.
 
+pub mod escape;
 pub mod points;
 pub mod run_dir;
 pub mod run_meta;

@@ -43,7 +43,7 @@ pub enum Command {
     Summary(SummaryArgs),
     /// Compare a candidate run with a baseline: per metric and stage, the
     /// change with a bootstrap interval and a verdict. Exit codes: 0 no
-    /// regression, 1 regression, 2 error.
+    /// regression, 1 regression, 2 error, 6 bad input, 8 out of memory.
     Compare(CompareArgs),
     /// Per-stage quantiles over a series of runs (summaries or run
     /// directories, oldest first): the drift no single comparison flags.

@@ -12,10 +12,19 @@ use cli::{Cli, Command, DatasetCommand};
 use commands::{analyze, ci, correlate, demo, estimate, points, record, report, schema, stage};
 use std::process::ExitCode;
 use xlap_analyze::AnalyzeError;
-use xlap_exit::Code;
+use xlap_exit::{memory, Code};
+
+/// An allocation past the memory ceiling ends the command with a message
+/// and exit code 8 (xlap_exit::memory), not an abort.
+#[global_allocator]
+static ALLOCATOR: memory::Ceiling = memory::Ceiling;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if let Err(e) = memory::apply() {
+        eprintln!("xlap-trace: error: {e}");
+        return ExitCode::from(Code::Usage as u8);
+    }
     match run(cli) {
         Ok(code) => code,
         // Output piped into `head`: not an error.
@@ -27,11 +36,25 @@ fn main() -> ExitCode {
         {
             ExitCode::SUCCESS
         }
+        Err(e) if out_of_memory(&e) => {
+            eprintln!(
+                "xlap-trace: error: out of memory while {}: {e:#}",
+                memory::current_step()
+            );
+            eprintln!("xlap-trace: {}", memory::advice());
+            ExitCode::from(Code::OutOfMemory as u8)
+        }
         Err(e) => {
             eprintln!("xlap-trace: error: {e:#}");
             ExitCode::from(exit_code(&e))
         }
     }
+}
+
+/// The engine ran out of memory (its limit, or the ceiling under it).
+fn out_of_memory(e: &anyhow::Error) -> bool {
+    e.chain()
+        .any(|c| memory::is_engine_out_of_memory(&c.to_string()))
 }
 
 /// The exit code of an error (README: exit codes): the code a library
@@ -43,7 +66,7 @@ fn exit_code(e: &anyhow::Error) -> u8 {
     }
     let analysis = e.chain().find_map(|c| c.downcast_ref::<AnalyzeError>());
     match analysis {
-        Some(AnalyzeError::Input { .. }) => Code::BadInput as u8,
+        Some(AnalyzeError::Input { .. } | AnalyzeError::NoPackets(_)) => Code::BadInput as u8,
         Some(AnalyzeError::Usage(_)) => Code::Usage as u8,
         _ => Code::Runtime as u8,
     }
@@ -67,15 +90,51 @@ fn runs_read(command: &Option<Command>) -> Vec<&std::path::Path> {
     }
 }
 
+/// What a command does, for the message of an allocation failure.
+fn step_of(command: &Option<Command>) -> &'static str {
+    match command {
+        None | Some(Command::Record(_)) => "recording",
+        Some(Command::Run(_)) => "recording a command",
+        Some(Command::Finish(_)) => "finishing a run",
+        Some(Command::Summary(_)) => "summarising runs",
+        Some(Command::Compare(_)) => "comparing runs",
+        Some(Command::History(_)) => "reading the history of runs",
+        Some(Command::Analyze(_)) => "analysing",
+        Some(Command::Sql(_)) => "running SQL",
+        Some(Command::Synth(_)) => "synthesising a run",
+        Some(Command::Report(_)) => "building the report",
+        Some(Command::Export(_)) => "exporting",
+        Some(Command::Demo(_)) => "running the demo",
+        Some(Command::Recover(_)) => "recovering a run",
+        Some(Command::Correlate(_)) => "correlating",
+        Some(Command::Dataset(_)) => "adding runs to a dataset",
+        _ => "working",
+    }
+}
+
 fn run(cli: Cli) -> Result<ExitCode> {
+    memory::step("recovering the runs read");
     xlap_capture::recover::before_reading(&runs_read(&cli.command));
+    memory::step(step_of(&cli.command));
     let done = match cli.command {
         None => record::record(&cli.record),
         Some(Command::Record(a)) => record::record(&a),
         Some(Command::Run(a)) => return record::run(&a),
         Some(Command::Finish(a)) => record::finish(&a),
         Some(Command::Summary(a)) => ci::summary(&a),
-        Some(Command::Compare(a)) => return ci::compare(&a),
+        // 1 is compare's regression: any other failure exits 2.
+        Some(Command::Compare(a)) => {
+            return ci::compare(&a).map_err(|e| {
+                if exit_code(&e) == Code::Runtime as u8 && !out_of_memory(&e) {
+                    e.context(xlap_exit::Failure {
+                        code: Code::Usage,
+                        message: "compare failed (exit 2; 1 is a regression)".into(),
+                    })
+                } else {
+                    e
+                }
+            })
+        }
         Some(Command::History(a)) => ci::history(&a),
         Some(Command::Schema(a)) => schema::schema(a),
         Some(Command::Analyze(a)) => analyze::analyze(&a),

@@ -17,7 +17,7 @@ use crate::Result;
 use duckdb::Connection;
 use serde_json::Value;
 use std::fmt::Write;
-use svg::{esc, Frame, Scale};
+use svg::{esc, Extent, Frame, Scale};
 
 pub struct ReportOptions {
     /// The packet kind to show (default: the most common).
@@ -44,6 +44,36 @@ pub const FIGURES: &[&str] = &[
 
 /// The figure a report of several runs adds: their end-to-end profiles.
 pub const OVERLAY_FIGURE: &str = "profile-overlay";
+
+/// Points of a scatter panel at most (a sample of the packets it plots).
+const SCATTER_POINTS: u32 = 2000;
+
+/// Packets a stage needs to be shown as one that drives end-to-end
+/// latency: two packets give any stage a Pearson r of 1.
+const MIN_LEADING_PACKETS: i64 = 30;
+
+/// Stages shown in the scatter and the profile.
+const LEADING_STAGES: usize = 3;
+
+/// The stages that drive end-to-end latency most, from the `correlation`
+/// rows: by their share of the end-to-end variance (which weighs a stage
+/// by the packets it has, where r does not), among stages of at least
+/// [`MIN_LEADING_PACKETS`] packets.
+fn leading_stages(corr: &[impl Fn(&str) -> Value]) -> Vec<String> {
+    let mut by_share: Vec<(String, f64)> = corr
+        .iter()
+        .filter(|r| text(&r("side")) != "total")
+        .filter(|r| r("packets").as_i64().unwrap_or(0) >= MIN_LEADING_PACKETS)
+        .map(|r| (text(&r("stage")), num(&r("variance_share"))))
+        .filter(|(_, share)| share.is_finite())
+        .collect();
+    by_share.sort_by(|a, b| b.1.total_cmp(&a.1));
+    by_share
+        .into_iter()
+        .take(LEADING_STAGES)
+        .map(|(s, _)| s)
+        .collect()
+}
 
 /// Send-time bins of the time series.
 const TIME_BINS: usize = 600;
@@ -112,28 +142,80 @@ fn us(ns: f64) -> f64 {
     ns / 1e3
 }
 
+/// The lowest latency a log axis shows, µs: a stage can take 0 ns (or
+/// less, when clocks are mapped).
+const AXIS_FLOOR_US: f64 = 0.1;
+
+/// The vertical scale of `n` rows (at least one).
+fn rows_scale(n: usize) -> Scale {
+    Scale::linear(Extent::new(0.0, n.max(1) as f64).expect("finite"))
+}
+
+/// A plot with nothing to draw says so, in a frame of the plot's size.
+fn empty_plot(width: f64, height: f64, note: &str, aria: &str) -> String {
+    let unit = Extent::new(0.0, 1.0).expect("finite");
+    let mut f = Frame::new(
+        width,
+        height,
+        20.0,
+        Scale::linear(unit),
+        Scale::linear(unit),
+    );
+    f.push(&format!(
+        r#"<text x="{:.1}" y="{:.1}" class="empty" text-anchor="middle">{}</text>"#,
+        width / 2.0,
+        height / 2.0,
+        esc(note)
+    ));
+    f.finish(aria)
+}
+
+/// Every value finite.
+fn finite(values: &[f64]) -> bool {
+    values.iter().all(|v| v.is_finite())
+}
+
 /// Horizontal box plots, one row per stage, on a log µs axis.
 fn jitter_plot(t: &Table) -> String {
     let rs = rows(t);
-    let lo = rs
-        .iter()
-        .map(|r| num(&r("min_ns")))
-        .fold(f64::INFINITY, f64::min)
-        // a stage can take 0 ns (or less, when clocks are mapped): the axis
-        // starts at 0.1 µs
-        .max(100.0);
-    let hi = rs.iter().map(|r| num(&r("max_ns"))).fold(0.0, f64::max);
+    let extent = Extent::of(
+        rs.iter()
+            .flat_map(|r| [num(&r("min_ns")), num(&r("max_ns"))])
+            .map(us),
+    );
+    let Some(extent) = extent else {
+        return empty_plot(
+            960.0,
+            80.0,
+            "no stage has a packet of this kind",
+            "box plots per stage",
+        );
+    };
     let row_h = 22.0;
     let mut f = Frame::new(
         960.0,
         rs.len() as f64 * row_h + 60.0,
         300.0,
-        Scale::log(us(lo), us(hi)),
-        Scale::linear(0.0, rs.len() as f64),
+        Scale::log(extent.at_least(AXIS_FLOOR_US)),
+        rows_scale(rs.len()),
     );
     f.y_down = true;
     for (i, r) in rs.iter().enumerate() {
         let y = f.py(i as f64 + 0.5);
+        let quartiles = [
+            "whisker_lo_ns",
+            "q1_ns",
+            "median_ns",
+            "q3_ns",
+            "whisker_hi_ns",
+            "max_ns",
+        ]
+        .map(|c| num(&r(c)));
+        if !finite(&quartiles) {
+            // A stage without a value of this kind: its label alone.
+            f.row_label(y, &text(&r("stage")).replace("__", " → "));
+            continue;
+        }
         let color = match text(&r("side")).as_str() {
             "tx" => PALETTE[0],
             "rx" => PALETTE[1],
@@ -178,20 +260,24 @@ fn jitter_plot(t: &Table) -> String {
 /// Horizontal bars: a value per labelled row.
 fn bars(items: &[(String, f64, String)], x_title: &str, color: &str, aria: &str) -> String {
     let row_h = 22.0;
-    let hi = items.iter().map(|i| i.1).fold(0.0, f64::max);
-    let lo = items.iter().map(|i| i.1).fold(0.0, f64::min);
+    let zero = Extent::new(0.0, 0.0).expect("finite");
+    let extent = items.iter().fold(zero, |e, i| e.with(i.1));
+    let lo = extent.lo();
     let mut f = Frame::new(
         960.0,
         items.len().max(1) as f64 * row_h + 60.0,
         300.0,
-        Scale::linear(lo, if hi > lo { hi } else { lo + 1.0 }),
-        Scale::linear(0.0, items.len().max(1) as f64),
+        Scale::linear(extent),
+        rows_scale(items.len()),
     );
     f.y_down = true;
     for (i, (name, v, tip)) in items.iter().enumerate() {
         let y = f.py(i as f64 + 0.5);
-        let (x0, x1) = (f.px(0.0f64.max(lo)), f.px(*v));
         f.row_label(y, name);
+        if !v.is_finite() {
+            continue;
+        }
+        let (x0, x1) = (f.px(0.0f64.max(lo)), f.px(*v));
         f.push(&format!(
             r#"<rect class="mark" x="{:.1}" y="{:.1}" width="{:.1}" height="14" fill="{color}"><title>{}</title></rect>"#,
             x0.min(x1),
@@ -208,31 +294,44 @@ fn scatter(conn: &Connection, stages: &[String], kind: u64) -> Result<String> {
     let mut panels = String::new();
     for (i, stage) in stages.iter().enumerate() {
         let col = crate::sql::ident(&format!("{stage}_ns"));
+        // The sample is drawn from the rows the panel plots: a sample of
+        // the table, filtered after, missed a small stage's packets.
         let t = queries::run_sql(
             conn,
             &format!(
-                "SELECT {col}::DOUBLE AS x, e2e_ns::DOUBLE AS y FROM packets
-                 WHERE kind = {kind} AND e2e_ns IS NOT NULL AND {col} IS NOT NULL
-                 USING SAMPLE reservoir(2000 ROWS) REPEATABLE (42)"
+                "SELECT x, y FROM (
+                     SELECT {col}::DOUBLE AS x, e2e_ns::DOUBLE AS y FROM packets
+                     WHERE kind = {kind} AND e2e_ns IS NOT NULL AND {col} IS NOT NULL
+                 ) USING SAMPLE reservoir({SCATTER_POINTS} ROWS) REPEATABLE (42)"
             ),
         )?;
-        let pts: Vec<(f64, f64)> = t.rows.iter().map(|r| (num(&r[0]), num(&r[1]))).collect();
-        let ext = |f: fn(f64, f64) -> f64, init: f64, get: fn(&(f64, f64)) -> f64| {
-            pts.iter().map(get).fold(init, f)
+        let pts: Vec<(f64, f64)> = t
+            .rows
+            .iter()
+            .map(|r| (us(num(&r[0])), us(num(&r[1]))))
+            .filter(|(x, y)| x.is_finite() && y.is_finite())
+            .collect();
+        let title = format!("{} µs", stage.replace("__", " → "));
+        let aria = format!("{stage} against end-to-end");
+        let (Some(xe), Some(ye)) = (
+            Extent::of(pts.iter().map(|p| p.0)),
+            Extent::of(pts.iter().map(|p| p.1)),
+        ) else {
+            panels.push_str(&empty_plot(
+                320.0,
+                280.0,
+                &format!("{title}: no packet with an end-to-end value"),
+                &aria,
+            ));
+            continue;
         };
         // As in the box plots, the axes start at 0.1 µs at the lowest.
         let mut f = Frame::new(
             320.0,
             280.0,
             56.0,
-            Scale::log(
-                us(ext(f64::min, f64::INFINITY, |p| p.0).max(100.0)),
-                us(ext(f64::max, 1.0, |p| p.0)),
-            ),
-            Scale::log(
-                us(ext(f64::min, f64::INFINITY, |p| p.1).max(100.0)),
-                us(ext(f64::max, 1.0, |p| p.1)),
-            ),
+            Scale::log(xe.at_least(AXIS_FLOOR_US)),
+            Scale::log(ye.at_least(AXIS_FLOOR_US)),
         );
         let color = PALETTE[i % PALETTE.len()];
         let mut dots = String::from("<g class=\"mark\">");
@@ -240,15 +339,15 @@ fn scatter(conn: &Connection, stages: &[String], kind: u64) -> Result<String> {
             let _ = write!(
                 dots,
                 r#"<circle cx="{:.1}" cy="{:.1}" r="1.6" fill="{color}" fill-opacity="0.5"/>"#,
-                f.px(us(*x)),
-                f.py(us(*y))
+                f.px(*x),
+                f.py(*y)
             );
         }
         dots.push_str("</g>");
         f.push(&dots);
-        f.x_axis(&format!("{} µs", stage.replace("__", " → ")));
+        f.x_axis(&format!("{title} ({} packets)", pts.len()));
         f.y_axis("end-to-end µs");
-        panels.push_str(&f.finish(&format!("{stage} against end-to-end")));
+        panels.push_str(&f.finish(&aria));
     }
     Ok(panels)
 }
@@ -296,16 +395,22 @@ fn overlay_plot(runs: &[(String, &Table)]) -> String {
 /// points, stroke width) each.
 fn profile_lines(lines: &[ProfileLine], x_title: &str, aria: &str) -> String {
     let all = || lines.iter().flat_map(|(_, p, _)| p.iter());
-    let lo = all().map(|p| p.0).fold(f64::INFINITY, f64::min).max(1.0);
-    let hi = all().map(|p| p.0).fold(1.0, f64::max);
-    let min_e = all().map(|p| p.1).fold(1.0, f64::min);
+    let (Some(x), Some(y)) = (
+        Extent::of(all().map(|p| us(p.0))),
+        Extent::of(all().map(|p| p.1)),
+    ) else {
+        return empty_plot(960.0, 120.0, "no packet with a latency to profile", aria);
+    };
+    // The legend beside the plot area, not over the curves.
+    let legend_width = 300.0;
     let mut f = Frame::new(
         960.0,
         420.0,
         70.0,
-        Scale::log(us(lo), us(hi)),
-        Scale::log(min_e, 1.0),
+        Scale::log(x.at_least(1e-3)),
+        Scale::log(y.with(1.0)),
     );
+    f.right = legend_width;
     let mut legend = String::new();
     for (i, (label, pts, width)) in lines.iter().enumerate() {
         if pts.is_empty() {
@@ -316,6 +421,9 @@ fn profile_lines(lines: &[ProfileLine], x_title: &str, aria: &str) -> String {
             .iter()
             .map(|(ns, e)| format!("{:.1},{:.1}", f.px(us(*ns)), f.py(*e)))
             .collect();
+        if pts.is_empty() {
+            continue;
+        }
         f.push(&format!(
             r#"<polyline class="mark" points="{}" fill="none" stroke="{color}" stroke-width="{width}"><title>{}</title></polyline>"#,
             pts.join(" "),
@@ -324,7 +432,7 @@ fn profile_lines(lines: &[ProfileLine], x_title: &str, aria: &str) -> String {
         let _ = write!(
             legend,
             r#"<text x="{:.1}" y="{:.1}" style="fill:{color}" class="row">{}</text>"#,
-            f.width - f.right - 360.0,
+            f.width - f.right + 10.0,
             f.top + 16.0 + 15.0 * i as f64,
             esc(label)
         );
@@ -355,28 +463,34 @@ fn time_series(conn: &Connection, kind: u64) -> Result<String> {
     let pts: Vec<(f64, f64, f64)> = t
         .rows
         .iter()
-        .map(|r| (num(&r[0]), num(&r[1]), num(&r[2])))
+        .map(|r| (num(&r[0]), us(num(&r[1])), us(num(&r[2]))))
+        .filter(|p| finite(&[p.0, p.1, p.2]))
         .collect();
-    let t_max = pts.iter().map(|p| p.0).fold(1e-6, f64::max);
-    let lo = pts
-        .iter()
-        .map(|p| p.1)
-        .fold(f64::INFINITY, f64::min)
-        .max(100.0);
-    let hi = pts.iter().map(|p| p.2).fold(1.0, f64::max);
+    let aria = "end-to-end latency over send time";
+    let (Some(time), Some(latency)) = (
+        Extent::of(pts.iter().map(|p| p.0)),
+        Extent::of(pts.iter().flat_map(|p| [p.1, p.2])),
+    ) else {
+        return Ok(empty_plot(
+            960.0,
+            120.0,
+            "no packet of this kind with a send time and an end-to-end value",
+            aria,
+        ));
+    };
     let mut f = Frame::new(
         960.0,
         360.0,
         70.0,
-        Scale::linear(0.0, t_max),
-        Scale::log(us(lo), us(hi)),
+        Scale::linear(time.with(0.0)),
+        Scale::log(latency.at_least(AXIS_FLOOR_US)),
     );
     for (series, color, pick) in [("max", PALETTE[3], 2usize), ("median", PALETTE[0], 1usize)] {
         let line: Vec<String> = pts
             .iter()
             .map(|p| {
                 let y = if pick == 1 { p.1 } else { p.2 };
-                format!("{:.1},{:.1}", f.px(p.0), f.py(us(y)))
+                format!("{:.1},{:.1}", f.px(p.0), f.py(y))
             })
             .collect();
         if line.is_empty() {
@@ -389,7 +503,7 @@ fn time_series(conn: &Connection, kind: u64) -> Result<String> {
     }
     f.x_axis("send time, s since the first packet");
     f.y_axis("end-to-end µs (log)");
-    Ok(f.finish("end-to-end latency over send time"))
+    Ok(f.finish(aria))
 }
 
 /// Waterfalls: a row per slow packet, a segment per step between
@@ -401,13 +515,14 @@ fn waterfall(t: &Table) -> String {
         v.dedup();
         v
     };
-    let hi = rs.iter().map(|r| num(&r("at_ns"))).fold(1.0, f64::max);
+    let zero = Extent::new(0.0, 0.0).expect("finite");
+    let span = rs.iter().fold(zero, |e, r| e.with(us(num(&r("at_ns")))));
     let mut f = Frame::new(
         960.0,
         ranks.len().max(1) as f64 * 30.0 + 60.0,
         300.0,
-        Scale::linear(0.0, us(hi)),
-        Scale::linear(0.0, ranks.len().max(1) as f64),
+        Scale::linear(span),
+        rows_scale(ranks.len()),
     );
     f.y_down = true;
     for (i, rank) in ranks.iter().enumerate() {
@@ -430,6 +545,9 @@ fn waterfall(t: &Table) -> String {
         let mut prev: Option<(f64, String)> = None;
         for r in &steps {
             let at = num(&r("at_ns"));
+            if !at.is_finite() {
+                continue;
+            }
             let point = text(&r("point"));
             if let Some((p_at, p_point)) = &prev {
                 let color = if text(&r("side")) == "rx" {
@@ -537,14 +655,7 @@ pub fn build(conn: &Connection, opts: &ReportOptions) -> Result<String> {
             )
         })
         .collect();
-    let mut by_r: Vec<(String, f64)> = corr_rows
-        .iter()
-        .filter(|r| text(&r("side")) != "total")
-        .map(|r| (text(&r("stage")), num(&r("pearson_r")).abs()))
-        .filter(|(_, r)| r.is_finite())
-        .collect();
-    by_r.sort_by(|a, b| b.1.total_cmp(&a.1));
-    let top_stages: Vec<String> = by_r.iter().take(3).map(|(s, _)| s.clone()).collect();
+    let top_stages = leading_stages(&corr_rows);
     let mut profile_stages = vec![
         "e2e".to_string(),
         "sender_total".to_string(),
@@ -555,7 +666,7 @@ pub fn build(conn: &Connection, opts: &ReportOptions) -> Result<String> {
     let mut html = String::new();
     let _ = write!(
         html,
-        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>xlap-trace report: {t}</title><style>{STYLE}</style></head><body>\n<h1>Where the latency comes from: {t}</h1>\n<p>Packets of {label}. Generated by xlap-trace {v} from the bundled queries (<code>xlap-trace analyze</code> prints the same numbers).</p>\n",
+        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"/><title>xlap-trace report: {t}</title><style>{STYLE}</style></head><body>\n<h1>Where the latency comes from: {t}</h1>\n<p>Packets of {label}. Generated by xlap-trace {v} from the bundled queries (<code>xlap-trace analyze</code> prints the same numbers).</p>\n",
         t = esc(&opts.title),
         label = esc(&kind_label(conn, kind)),
         v = env!("CARGO_PKG_VERSION")
@@ -603,7 +714,7 @@ pub fn build(conn: &Connection, opts: &ReportOptions) -> Result<String> {
         ),
         figure(
             "scatter",
-            "The three stages most correlated with end-to-end latency, against it (a sample of up to 2000 packets, log axes).",
+            &format!("The {LEADING_STAGES} stages with the largest share of the end-to-end variance (of those with {MIN_LEADING_PACKETS} packets or more), against it: a sample of up to {SCATTER_POINTS} of each stage's packets, log axes."),
             format!("<div class=\"panels\">{}</div>", scatter(conn, &top_stages, kind)?)
         )
     );

@@ -30,6 +30,8 @@ impl Stopped {
             .ok_or_else(|| failure(Code::Usage, "give the command to run after --"))?;
         let mut cmd = std::process::Command::new(program);
         cmd.args(args);
+        // The job has the memory limit it would have had untraced.
+        xlap_exit::memory::unbounded(&mut cmd);
         // SAFETY: ptrace(PTRACE_TRACEME) is async-signal-safe and touches
         // no memory of the parent.
         unsafe {

@@ -839,6 +839,248 @@ mod tests {
         }
     }
 
+    /// splitmix64, for the odd runs below.
+    fn next(state: &mut u64) -> u64 {
+        *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = *state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// OpenMetrics text as Prometheus reads it: comments (`# TYPE`, `#
+    /// HELP`, `# UNIT`) or `name{labels} value` samples with escaped label
+    /// values and a finite or +Inf value, a histogram's buckets
+    /// non-decreasing up to its count, `# EOF` last and only there.
+    fn check_openmetrics(text: &str) -> Result<(), String> {
+        let body = text
+            .strip_suffix("# EOF\n")
+            .ok_or("does not end with # EOF")?;
+        let mut last_bucket: Option<(String, u64)> = None;
+        for line in body.lines() {
+            if line.starts_with('#') {
+                let ok = ["# TYPE ", "# HELP ", "# UNIT "]
+                    .iter()
+                    .any(|p| line.starts_with(p));
+                if !ok {
+                    return Err(format!("a comment OpenMetrics does not have: {line:?}"));
+                }
+                continue;
+            }
+            let name_end = line
+                .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == ':'))
+                .ok_or(format!("no value: {line:?}"))?;
+            let (name, mut rest) = line.split_at(name_end);
+            if name.is_empty() || name.starts_with(|c: char| c.is_ascii_digit()) {
+                return Err(format!("not a metric name: {line:?}"));
+            }
+            let mut labels = String::new();
+            if let Some(r) = rest.strip_prefix('{') {
+                // key="value",... with \\, \" and \n the only escapes.
+                let mut chars = r.char_indices();
+                let mut in_value = false;
+                let mut end = None;
+                while let Some((i, c)) = chars.next() {
+                    match (in_value, c) {
+                        (true, '\\') => match chars.next() {
+                            Some((_, '\\' | '"' | 'n')) => {}
+                            e => return Err(format!("bad escape {e:?}: {line:?}")),
+                        },
+                        (true, '"') => in_value = false,
+                        (true, '\n') => return Err(format!("a raw newline: {line:?}")),
+                        (false, '"') => in_value = true,
+                        (false, '}') => {
+                            end = Some(i);
+                            break;
+                        }
+                        (false, c) if c.is_ascii_alphanumeric() || "_=,".contains(c) => {}
+                        (false, c) => return Err(format!("{c:?} outside a label value: {line:?}")),
+                        _ => {}
+                    }
+                }
+                let end = end.ok_or(format!("unclosed labels: {line:?}"))?;
+                labels = r[..end].to_string();
+                rest = &r[end + 1..];
+            }
+            let value = rest
+                .strip_prefix(' ')
+                .ok_or(format!("no space before the value: {line:?}"))?;
+            let v: f64 = if value == "+Inf" {
+                f64::INFINITY
+            } else {
+                value
+                    .parse()
+                    .map_err(|e| format!("value {value:?}: {e}: {line:?}"))?
+            };
+            if !(v.is_finite() || value == "+Inf") {
+                return Err(format!("a value that is not finite: {line:?}"));
+            }
+            // Buckets of one histogram (same labels but le) never decrease.
+            if name.ends_with("_bucket") {
+                let series = labels.split(",le=").next().unwrap_or("").to_string();
+                let n = v as u64;
+                if let Some((s, before)) = &last_bucket {
+                    if *s == series && n < *before {
+                        return Err(format!("a bucket below the one before: {line:?}"));
+                    }
+                }
+                last_bucket = Some((series, n));
+            } else if name.ends_with("_count") {
+                if let Some((s, before)) = last_bucket.take() {
+                    if labels != s {
+                        return Err(format!("a count after another series' buckets: {line:?}"));
+                    }
+                    if v as u64 != before {
+                        return Err(format!("count {v} but +Inf bucket {before}: {line:?}"));
+                    }
+                }
+            }
+        }
+        if body.contains("# EOF") {
+            return Err("# EOF before the end".into());
+        }
+        Ok(())
+    }
+
+    /// Runs a live view can see and nobody designed: no stamp, one, one
+    /// packet, stamps without a seq, every stamp at one instant or at 0,
+    /// a later point stamped earlier, stages of 1 ns and of hours, seqs up
+    /// to 2^64 − 1, kinds up to 2^32 − 1 and none, the longest marker
+    /// names (with a `--usdt` point's dots), a marker on both sides, a
+    /// point id nobody named. The terminal view says no NaN or inf and the
+    /// OpenMetrics text is well formed (the view's half of the renderers'
+    /// fuzz target, tests/fuzz/fuzz_render.rs, which cannot reach this
+    /// private module).
+    #[test]
+    fn odd_runs_render_a_view_and_well_formed_metrics() {
+        use xlap_abi::xlap_point as xp;
+        let app = xp::XLAP_POINT_APP_BASE as u16;
+        let tx = [
+            xp::XLAP_POINT_SOCK_SEND_ENTER,
+            xp::XLAP_POINT_DEV_QUEUE,
+            xp::XLAP_POINT_DEV_START_XMIT,
+            xp::XLAP_POINT_SOCK_SEND_EXIT,
+        ]
+        .map(|p| p as u16);
+        let rx = [
+            xp::XLAP_POINT_DEV_NETIF_RX,
+            xp::XLAP_POINT_SOCK_QUEUE,
+            xp::XLAP_POINT_SOCK_RECV_EXIT,
+        ]
+        .map(|p| p as u16);
+        let names = vec![
+            "send".to_string(),
+            "deliver".to_string(),
+            format!("{}.x", "L".repeat(62)),
+            "a.b.c".to_string(),
+        ];
+        for case in 0..300u64 {
+            let mut state = case;
+            let r = next(&mut state);
+            let packets = match case % 5 {
+                0 => 0,
+                1 => 1,
+                _ => r % 200,
+            };
+            let step = |state: &mut u64| -> i64 {
+                let r = next(state);
+                match case % 7 {
+                    0 => 0,
+                    1 => 1_000,
+                    2 => 3_600_000_000_000,
+                    _ => {
+                        let d = 1i64 << (r % 43);
+                        if (r >> 40) % 4 == 0 {
+                            -d
+                        } else {
+                            d
+                        }
+                    }
+                }
+            };
+            let kind = |state: &mut u64| match next(state) % 4 {
+                _ if case % 3 == 0 => None,
+                0 => Some(0),
+                1 => Some(u32::MAX),
+                _ => Some(7),
+            };
+            let seq0 = match case % 4 {
+                0 => u64::MAX - 10,
+                _ => next(&mut state) >> (next(&mut state) % 64),
+            };
+            let mut v = LiveView::new(names.clone(), false, None).unwrap();
+            let t0: i64 = if case % 11 == 0 { 0 } else { 1 << 50 };
+            for i in 0..packets {
+                let seq = seq0.wrapping_add(i);
+                let kind = kind(&mut state);
+                let mut t = t0 + i as i64 * 1_000;
+                let mask = next(&mut state);
+                let mut points: Vec<(u16, u32)> = Vec::new();
+                if mask & 1 != 0 {
+                    points.push((app, 1));
+                }
+                points.extend(
+                    tx.iter()
+                        .enumerate()
+                        .filter(|(j, _)| mask >> (1 + j) & 1 != 0)
+                        .map(|(_, p)| (*p, 1)),
+                );
+                points.extend(
+                    rx.iter()
+                        .enumerate()
+                        .filter(|(j, _)| mask >> (5 + j) & 1 != 0)
+                        .map(|(_, p)| (*p, 2)),
+                );
+                for (j, id) in [app + 1, app + 2, app + 3, app + 9].into_iter().enumerate() {
+                    if mask >> (8 + j) & 1 != 0 {
+                        points.push((id, 2));
+                    }
+                }
+                if mask >> 12 & 1 != 0 {
+                    // The sender's marker on the receiver too.
+                    points.push((app, 2));
+                }
+                for (point, pid) in points {
+                    let mut s = Stamp {
+                        ts_ns: t.max(0) as u64,
+                        point,
+                        seq: (mask >> 13 & 7 != 0).then_some(seq),
+                        kind,
+                        flow: 1,
+                        pid,
+                        tid: pid,
+                        cpu: 0,
+                        len: 0,
+                        ifindex: None,
+                        queue: None,
+                        hw_ts_ns: None,
+                        priority: None,
+                        from_user: point >= app,
+                        fragment: mask >> 16 & 15 == 0,
+                    };
+                    if s.fragment && mask >> 20 & 1 == 0 {
+                        s.fragment = false;
+                    }
+                    v.note(&s);
+                    t += step(&mut state);
+                }
+            }
+            let losses = [("ringbuf_full", case), ("parse", 0)];
+            v.finish(&losses);
+            let view = v.view(&v.total, 0.0, f64::from(case as u32), &losses);
+            let bad = view
+                .split(|c: char| !c.is_ascii_alphanumeric())
+                .find(|w| matches!(*w, "NaN" | "inf"));
+            assert!(bad.is_none(), "case {case}: the view says {bad:?}:\n{view}");
+            let text = openmetrics(&v.total, v.stamps, v.packets, 1, &losses, &|k| {
+                v.stage_name(k)
+            });
+            if let Err(e) = check_openmetrics(&text) {
+                panic!("case {case}: {e}\n{text}");
+            }
+        }
+    }
+
     #[test]
     fn packets_complete_into_stages_in_time_order() {
         let mut v = LiveView::new(vec!["send".into(), "deliver".into()], false, None).unwrap();

@@ -10,7 +10,7 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 use xlap_capture::preflight;
 use xlap_capture::record::{self, RecordOptions};
-use xlap_exit::{failure, Code};
+use xlap_exit::{failure, memory, Code};
 use xlap_stage::{Qdisc, Stage, StageConfig};
 
 /// The example binaries are built beside xlap-trace.
@@ -70,8 +70,7 @@ pub fn run(args: &DemoArgs) -> Result<()> {
         let _ = std::fs::remove_file(files(f));
     }
     let dest = format!("{}:9000", b.ipv4);
-    let mut receiver = b
-        .command(&example)
+    let mut receiver = memory::unbounded(&mut b.command(&example))
         .args(["recv", "--bind", &dest, "--expect", &args.count.to_string()])
         .arg("--ready-file")
         .arg(files("receiver.ready"))
@@ -81,8 +80,7 @@ pub fn run(args: &DemoArgs) -> Result<()> {
         .spawn()
         .context("cannot start the example receiver")?;
     wait_for(&files("receiver.ready"), Duration::from_secs(20))?;
-    let mut sender = a
-        .command(&example)
+    let mut sender = memory::unbounded(&mut a.command(&example))
         .args([
             "send",
             "--dest",
