@@ -19,6 +19,16 @@ pub fn run_dir(packets: u64, seed: u32) -> PathBuf {
     })
 }
 
+/// `xlap-trace synth` of `packets` packets and `seed` into `dir`.
+pub fn synth_command(packets: u64, seed: u32, dir: &std::path::Path) -> Command {
+    let mut cmd = Command::new(bin("xlap-trace"));
+    cmd.args(["synth", "--packets", &packets.to_string(), "--seed"])
+        .arg(seed.to_string())
+        .arg("-o")
+        .arg(dir);
+    cmd
+}
+
 /// The synthetic run of `packets` packets and `seed`, generated when it is
 /// missing (or was made with other settings) and kept; the seconds `synth`
 /// took when it ran now. A kept run's stale stored aggregates are made
@@ -42,13 +52,7 @@ pub fn run(packets: u64, seed: u32) -> Result<(PathBuf, Option<f64>)> {
         "generating {packets} synthetic packets (seed {seed}) into {}",
         dir.display()
     );
-    let m = measure(
-        Command::new(bin("xlap-trace"))
-            .args(["synth", "--packets", &packets.to_string(), "--seed"])
-            .arg(seed.to_string())
-            .arg("-o")
-            .arg(&dir),
-    )?;
+    let m = measure(&mut synth_command(packets, seed, &dir))?;
     eprintln!("  {:.2} s, {:.0} MiB", m.seconds, m.peak_rss_mib);
     Ok((dir, Some(m.seconds)))
 }

@@ -118,13 +118,7 @@ fn big_dataset(first: &Path, packets: u64, runs: u32) -> Result<PathBuf> {
     let mut dirs = vec![first.to_path_buf()];
     for seed in 2..=runs {
         let dir = base.join(format!("s{seed}"));
-        let m = measure(
-            Command::new(bin("xlap-trace"))
-                .args(["synth", "--packets", &packets.to_string(), "--seed"])
-                .arg(seed.to_string())
-                .arg("-o")
-                .arg(&dir),
-        )?;
+        let m = measure(&mut xlap_bench::synth::synth_command(packets, seed, &dir))?;
         eprintln!("  run {seed}/{runs}: synth {:.1} s", m.seconds);
         dirs.push(dir);
     }
