@@ -990,7 +990,7 @@ mod tests {
                     2 => 3_600_000_000_000,
                     _ => {
                         let d = 1i64 << (r % 43);
-                        if (r >> 40) % 4 == 0 {
+                        if (r >> 40).is_multiple_of(4) {
                             -d
                         } else {
                             d
