@@ -21,14 +21,17 @@ test: lint build
     @# A test that leaked a stage fails the suite (and the leak is removed),
     @# checked even when tests failed.
     {{xlap}} stage sweep >/dev/null
-    @# Then the tests of what a kernel before 6.12 lacks, run as on Debian
-    @# 12's 6.1 (XLAP_KERNEL_AS: docs/stamp-points.md, minimum kernel per
-    @# feature): areas of the `it` binary by name (a filter matches anywhere
-    @# in a test's name, hence the skip: capture:: would also take usdt_capture::).
+    @# Then the areas of the `it` binary that the kernel matrix cannot
+    @# afford under emulation, run as on Debian 12's 6.1 (XLAP_KERNEL_AS:
+    @# docs/stamp-points.md, minimum kernel per feature; a filter matches
+    @# anywhere in a test's name, hence the skip: capture:: would also take
+    @# usdt_capture::). Last, the kernel matrix: Debian's own 6.1 and 6.12
+    @# in QEMU guests, and 5.10's refusal (docs/testing.md).
     status=0; cargo test --workspace --no-fail-fast || status=$?; \
-    XLAP_KERNEL_AS=6.1 cargo test -p xlap-tests --no-fail-fast --test it -- kernel_features:: attribution:: \
+    XLAP_KERNEL_AS=6.1 cargo test -p xlap-tests --no-fail-fast --test it -- attribution:: \
         event_loops:: io_uring:: iperf3:: path_matrix:: capture:: least_privilege:: --skip usdt_capture:: || status=$?; \
-    {{xlap}} stage sweep --check; exit $status
+    {{xlap}} stage sweep --check || status=$?; \
+    just vm-matrix || status=$?; exit $status
 
 # The conformance matrix: programs we did not write (iperf3, sockperf, Go,
 # tokio, C sendmmsg/recvmmsg, Python asyncio, ...) traced and checked
@@ -103,3 +106,16 @@ bench-analysis *ARGS: build
 # and the engine limit + 2 GiB. Markdown; bench-results/memory.json.
 bench-memory *ARGS: build
     {{target}}/debug/xlap-bench-memory {{ARGS}}
+
+# The kernel matrix in QEMU guests booted with Debian's own kernels (6.1,
+# 6.12, and 5.10 below the minimum): a real recording checked against the
+# programs' own counts and areas of the `it` binary on 6.1 and 6.12, the
+# refusal on 5.10; kernels fetched once into the build cache (tests/vm/,
+# docs/testing.md). SUITES: bookworm bookworm-backports bullseye (default
+# all). Part of `just test`.
+vm-matrix *SUITES:
+    cargo build --workspace
+    @# The `it` binary of the workspace's build (the one `just test` ran).
+    it=$(cargo test --workspace --no-run --message-format=json 2>/dev/null | \
+        python3 -c 'import json,sys; print(next((m["executable"] for m in map(json.loads, sys.stdin) if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "it" and m.get("executable")), ""))'); \
+    CARGO_TARGET_DIR={{target}} XLAP_VM_IT_BIN="$it" tests/vm/matrix.sh {{SUITES}}

@@ -37,10 +37,13 @@ command -v cargo >/dev/null || die "cargo not found: install Rust (rustup, stabl
 # anchor (a hand-written script); capsh (libcap2-bin) runs the least-privilege
 # test, python3 its third-party-style senders; ping the stage tests;
 # golang-go builds the conformance matrix's Go program (tests/go); Spark
-# (pyspark, the dataset's reader test) runs on the JVM.
+# (pyspark, the dataset's reader test) runs on the JVM; QEMU, kmod,
+# busybox, zstd and Debian's archive keys run the kernel matrix (tests/vm:
+# Debian's kernels unpacked, booted with virtme-ng from PyPI).
 PACKAGES=(clang llvm libbpf-dev bpftool libclang-dev clang-format systemtap-sdt-dev
 	build-essential pkg-config iproute2 iperf3 sockperf ethtool chromium python3-venv bpftrace
-	libcap2-bin python3 iputils-ping golang-go openjdk-17-jre-headless)
+	libcap2-bin python3 iputils-ping golang-go openjdk-17-jre-headless
+	qemu-system-x86 kmod busybox-static zstd debian-archive-keyring)
 missing=()
 for p in "${PACKAGES[@]}"; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

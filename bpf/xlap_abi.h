@@ -163,6 +163,11 @@ struct xlap_config {
    * the run attaches the same hooks and stamps nothing, which measures
    * what their dispatch alone costs the traced protocol. */
   __u8 empty_programs;
+  /* 1: the kernel has no sock_recv_length tracepoint (Linux < 6.3): a
+   * receive syscall finds its socket at exit from its file descriptor
+   * (hooks/syscall.h, recv_sock_by_fd) and stamps it when the socket's
+   * port is a traced one. */
+  __u8 recv_by_fd;
   __u16 tunnel_ports[XLAP_TUNNEL_PORTS]; /* host order, 0 = unused */
   /* Kernel points not written (bit = point id; --points): 0 writes all. */
   __u32 points_off;

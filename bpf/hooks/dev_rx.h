@@ -48,18 +48,12 @@ static __always_inline int rx_note_of(struct sk_buff *skb, struct xl_rd *r,
  * skb; the earlier device points cannot know they are first, and a note
  * an skb left at a device, never taken at its socket, is indistinguishable
  * there from one of the same skb, so they read the headers themselves). */
-static __always_inline void stamp_rx_dev(__u16 point, struct sk_buff *skb,
-                                         int notes) {
+static __always_inline void stamp_rx_dev_at(struct xl_rd *r, __u16 point,
+                                            struct sk_buff *skb,
+                                            struct net_device *dev, int notes) {
   __u64 key = (__u64)skb;
-  struct net_device *dev = skb->dev;
-  if (!dev || !iface_allowed(dev)) {
-    if (notes)
-      rx_forget_at_device(key);
-    return;
-  }
-  struct xl_rd r;
   struct xl_dgram d = {};
-  int ret = parse_rx(skb, &r, &d);
+  int ret = parse_rx(skb, r, &d);
   if (ret == XL_FOREIGN) {
     if (notes)
       rx_forget_at_device(key);
@@ -95,8 +89,8 @@ static __always_inline void stamp_rx_dev(__u16 point, struct sk_buff *skb,
    * holds nothing for us unless a device may have timed it. */
   struct xl_shinfo sh = {};
   if (CFG.device_rx_times || skb->data_len)
-    skb_shinfo_read(skb, &sh);
-  __u32 got = read_datagrams(sh.gso_size, &r, &d, &id, &segs, &loss, &beyond);
+    skb_shinfo_read(skb, r->h, &sh);
+  __u32 got = read_datagrams(sh.gso_size, r, &d, &id, &segs, &loss, &beyond);
   if (beyond)
     count_losses(point, loss, beyond);
   if (!got) {
@@ -112,7 +106,7 @@ static __always_inline void stamp_rx_dev(__u16 point, struct sk_buff *skb,
    * reassembly hands its socket another skb). */
   if (notes) {
     struct xl_rx_note n = {.now = now, .unsampled = !keep};
-    if (!d.frag && !beyond && rx_note_of(skb, &r, &d, &n))
+    if (!d.frag && !beyond && rx_note_of(skb, r, &d, &n))
       rx_note_at_device(key, &n, &id, segs, got);
     else
       rx_forget_at_device(key);
@@ -125,6 +119,21 @@ static __always_inline void stamp_rx_dev(__u16 point, struct sk_buff *skb,
                      .ifindex = dev->ifindex,
                      .queue = skb->queue_mapping};
   emit_all(&at, &id, segs, got);
+}
+
+static __always_inline void stamp_rx_dev(__u16 point, struct sk_buff *skb,
+                                         int notes) {
+  struct net_device *dev = skb->dev;
+  struct xl_rd r;
+  if (!dev || !iface_allowed(dev) || rd_enter(&r)) {
+    /* No room (deeper nesting than XL_ROOM_LEVELS): whose the skb is is
+     * not known before parsing; left out, as a foreign one. */
+    if (notes)
+      rx_forget_at_device((__u64)skb);
+    return;
+  }
+  stamp_rx_dev_at(&r, point, skb, dev, notes);
+  rd_leave(&r);
 }
 
 SEC("tp_btf/netif_rx")

@@ -286,14 +286,12 @@ later_fragment_of(struct xl_send_ctx *sc, __u64 cookie, struct xl_ident *id) {
   return 1;
 }
 
-/* Takes the identity of an skb of a traced process at its first device. */
-static __always_inline void tx_first_queue(struct sk_buff *skb, __u64 key,
-                                           __u32 tgid, __u64 cookie,
-                                           struct xl_send_ctx *sc,
-                                           __u16 point) {
-  struct xl_rd r;
+/* tx_first_queue with the parse view `r` taken. */
+static __always_inline void
+tx_first_queue_at(struct xl_rd *r, struct sk_buff *skb, __u64 key, __u32 tgid,
+                  __u64 cookie, struct xl_send_ctx *sc, __u16 point) {
   struct xl_dgram d = {};
-  int ret = parse_tx(skb, &r, &d);
+  int ret = parse_tx(skb, r, &d);
   if (ret == XL_FOREIGN)
     return;
   struct xl_ident id = {.pid = tgid};
@@ -324,7 +322,7 @@ static __always_inline void tx_first_queue(struct sk_buff *skb, __u64 key,
    * builds it paged): a linear skb is one datagram, without reading its
    * shared info (a probe read that cost a tenth of this point). */
   __u32 gso = skb->data_len ? skb_gso_size(skb) : 0;
-  __u32 got = read_datagrams(gso, &r, &d, &id, &segs, &loss, &beyond);
+  __u32 got = read_datagrams(gso, r, &d, &id, &segs, &loss, &beyond);
   if (!got) {
     count_losses(point, loss, 1 + beyond);
     send_unread(sc, loss, 1 + beyond);
@@ -333,7 +331,7 @@ static __always_inline void tx_first_queue(struct sk_buff *skb, __u64 key,
     tx_put_unread(skb, key, loss, 1 + beyond);
     return;
   }
-  note_tuple(&r, &d, cookie, 0);
+  note_tuple(r, &d, cookie, 0);
   struct xl_tx e = {.id = id,
                     .sk = (__u64)skb->sk,
                     .nseg = got,
@@ -371,6 +369,20 @@ static __always_inline void tx_first_queue(struct sk_buff *skb, __u64 key,
     if (e.beyond)
       count_losses(point, loss, e.beyond);
   }
+}
+
+/* Takes the identity of an skb of a traced process at its first device. */
+static __always_inline void tx_first_queue(struct sk_buff *skb, __u64 key,
+                                           __u32 tgid, __u64 cookie,
+                                           struct xl_send_ctx *sc,
+                                           __u16 point) {
+  struct xl_rd r;
+  if (rd_enter(&r)) {
+    count_loss(point, XLAP_LOSS_PARSE);
+    return;
+  }
+  tx_first_queue_at(&r, skb, key, tgid, cookie, sc, point);
+  rd_leave(&r);
 }
 
 /* Whether the skb comes from a traced socket, and the process that sent

@@ -139,42 +139,17 @@ queue_noted(struct xlap_sock *ts, struct xl_rx_slot *s, __u64 key, __u64 now) {
   ts->rx_last = key;
 }
 
-SEC("cgroup_skb/ingress")
-int on_sock_ingress(struct __sk_buff *ctx) {
-  RETURN_IF_EMPTY(1);
-  struct bpf_sock *sk = ctx->sk;
-  if (!sk)
-    return 1;
-  sk = bpf_sk_fullsock(sk);
-  if (!sk || sk->protocol != IPPROTO_UDP_)
-    return 1;
-  __u16 point = XLAP_POINT_SOCK_QUEUE;
-  struct xlap_sock *ts = bpf_sk_storage_get(&SOCKS, sk, 0, 0);
-  if (!ts) {
-    /* Another socket on a traced port: mark the datagram, so that the
-     * device stamps taken for it by port are dropped. */
-    __u32 port = sk->src_port;
-    __u8 *any = bpf_map_lookup_elem(&PORTS_ANY, &port);
-    if (!any || !*any)
-      return 1;
-    point = XLAP_POINT_SOCK_FOREIGN;
-  }
-  __u64 now = bpf_ktime_get_ns();
-  if (ts) {
-    /* The context is the kernel's skb: its device point may have read it. */
-    __u64 key = (__u64)(long)ctx;
-    struct xl_rx_slot *noted = rx_device_note(key, now, ctx->len);
-    if (noted && noted_here(ctx, noted) &&
-        flow_noted(noted->id.flow, noted->addr_sig, 1)) {
-      queue_noted(ts, noted, key, now);
-      return 1;
-    }
-  }
-  struct xl_rd r;
+/* The socket-queue point's parse and stamps, with the parse view `r`
+ * taken (ts: the traced socket, or 0 for another socket on a traced
+ * port). */
+static __always_inline int sock_ingress_at(struct xl_rd *r,
+                                           struct __sk_buff *ctx,
+                                           struct xlap_sock *ts, __u16 point,
+                                           __u64 now) {
   struct xl_dgram d = {};
-  rd_init_ctx(&r, ctx);
-  rd_fill_ctx(&r, ctx);
-  int ret = parse_ip(&r, 0, &d);
+  rd_init_ctx(r, ctx);
+  rd_fill_ctx(r, ctx);
+  int ret = parse_ip(r, 0, &d);
   if (ret == XL_FOREIGN)
     return 1;
   if (ret != XL_OK) {
@@ -209,9 +184,9 @@ int on_sock_ingress(struct __sk_buff *ctx) {
   }
   struct xl_segs *segs;
   __u32 loss = XLAP_LOSS_PARSE, beyond = 0;
-  __u32 got = read_datagrams(ctx->gso_size, &r, &d, &id, &segs, &loss, &beyond);
+  __u32 got = read_datagrams(ctx->gso_size, r, &d, &id, &segs, &loss, &beyond);
   note_flow(ts, d.flow);
-  note_tuple(&r, &d, ts->cookie, 1);
+  note_tuple(r, &d, ts->cookie, 1);
   if (beyond)
     count_losses(point, loss, beyond);
   if (!got) {
@@ -257,6 +232,48 @@ int on_sock_ingress(struct __sk_buff *ctx) {
       ts->rx_last = q->skb;
     }
   }
+  return 1;
+}
+
+SEC("cgroup_skb/ingress")
+int on_sock_ingress(struct __sk_buff *ctx) {
+  RETURN_IF_EMPTY(1);
+  struct bpf_sock *sk = ctx->sk;
+  if (!sk)
+    return 1;
+  sk = bpf_sk_fullsock(sk);
+  if (!sk || sk->protocol != IPPROTO_UDP_)
+    return 1;
+  __u16 point = XLAP_POINT_SOCK_QUEUE;
+  struct xlap_sock *ts = bpf_sk_storage_get(&SOCKS, sk, 0, 0);
+  if (!ts) {
+    /* Another socket on a traced port: mark the datagram, so that the
+     * device stamps taken for it by port are dropped. */
+    __u32 port = sk->src_port;
+    __u8 *any = bpf_map_lookup_elem(&PORTS_ANY, &port);
+    if (!any || !*any)
+      return 1;
+    point = XLAP_POINT_SOCK_FOREIGN;
+  }
+  __u64 now = bpf_ktime_get_ns();
+  if (ts) {
+    /* The context is the kernel's skb: its device point may have read it. */
+    __u64 key = (__u64)(long)ctx;
+    struct xl_rx_slot *noted = rx_device_note(key, now, ctx->len);
+    if (noted && noted_here(ctx, noted) &&
+        flow_noted(noted->id.flow, noted->addr_sig, 1)) {
+      queue_noted(ts, noted, key, now);
+      return 1;
+    }
+  }
+  struct xl_rd r;
+  if (rd_enter(&r)) {
+    if (ts)
+      count_loss(point, XLAP_LOSS_PARSE);
+    return 1;
+  }
+  sock_ingress_at(&r, ctx, ts, point, now);
+  rd_leave(&r);
   return 1;
 }
 

@@ -100,20 +100,31 @@ __attribute__((noinline)) int xl_user_ident(const struct xl_uview *v, __u64 at,
   return 0;
 }
 
+/* The view of the first two iovecs of the `iovlen` at `iov` (user memory). */
+static __always_inline int iov_view(const void *iov, __u64 iovlen,
+                                    struct xl_uview *v) {
+  /* The iovecs (base, len pairs) are read into v itself and put in its
+   * order after: no copy on the stack. */
+  __u64 *w = (__u64 *)v;
+  __u64 n = iovlen > 2 ? 2 : iovlen;
+  if (!iov || !n || bpf_probe_read_user(w, n * 16, iov))
+    return -1;
+  __u64 base0 = w[0], len0 = w[1];
+  __u64 base1 = n == 2 ? w[2] : 0, len1 = n == 2 ? w[3] : 0;
+  v->base[0] = base0;
+  v->base[1] = base1;
+  v->len[0] = len0;
+  v->len[1] = len1;
+  return 0;
+}
+
+_Static_assert(sizeof(struct xl_uview) == 2 * sizeof(struct iovec),
+               "an xl_uview holds two iovecs");
+
 /* The view of a msghdr's first two iovecs. */
 static __always_inline int msg_view(const struct user_msghdr *msg,
                                     struct xl_uview *v) {
-  struct iovec iov[2] = {};
-  __u64 n = msg->msg_iovlen > 2 ? 2 : msg->msg_iovlen;
-  if (!msg->msg_iov || !n ||
-      bpf_probe_read_user(iov, n == 2 ? sizeof(iov) : sizeof(iov[0]),
-                          msg->msg_iov))
-    return -1;
-  v->base[0] = (__u64)iov[0].iov_base;
-  v->len[0] = iov[0].iov_len;
-  v->base[1] = n == 2 ? (__u64)iov[1].iov_base : 0;
-  v->len[1] = n == 2 ? iov[1].iov_len : 0;
-  return 0;
+  return iov_view(msg->msg_iov, msg->msg_iovlen, v);
 }
 
 /* The view of a receive call's buffer (the first message of recvmmsg). */
@@ -329,8 +340,8 @@ static __always_inline void stamp_recv(const struct xl_uview *v, __u64 len,
  * socket's local half completed by the sender address the call returned
  * (`name`, `namelen` bytes), 0 without one. An IPv4 sender on a dual-stack
  * socket comes as a mapped IPv6 address: folded as the IPv4 one. */
-static __always_inline __u64 with_sender(__u64 local, __u64 name,
-                                         __u32 namelen) {
+static __attribute__((noinline)) __u64 with_sender(__u64 local, __u64 name,
+                                                   __u32 namelen) {
   __u8 a[24] = {};
   if (!name || namelen < 8 ||
       bpf_probe_read_user(a, namelen >= 24 ? 24 : 8, (void *)name))
@@ -361,6 +372,18 @@ static __always_inline __u64 sender_of_recvfrom(__u64 local,
   return with_sender(local, regs->r8, len);
 }
 
+/* The first fields of struct user_msghdr, as laid out there. */
+struct xl_msg_head {
+  void *msg_name;
+  int msg_namelen;
+  struct iovec *msg_iov;
+  __kernel_size_t msg_iovlen;
+};
+
+_Static_assert(__builtin_offsetof(struct xl_msg_head, msg_iovlen) ==
+                   __builtin_offsetof(struct user_msghdr, msg_iovlen),
+               "xl_msg_head is the head of user_msghdr");
+
 /* One message of a recvmmsg (a bpf_loop body). */
 struct xl_mmsg_loop {
   __u64 vec; /* struct mmsghdr[] in user memory */
@@ -369,6 +392,11 @@ struct xl_mmsg_loop {
   __u32 n, tgid, tid;
   __u16 port; /* the socket's local port */
   __u8 remote;
+  /* Room for the message being read: in the caller's frame, whose deepest
+   * point is elsewhere, rather than in the loop body's, which is on a call
+   * chain with the stamp path's frames (512 bytes in all). */
+  struct xl_msg_head msg;
+  __u32 mlen;
 };
 
 /* struct mmsghdr: a msghdr, then the message's length. */
@@ -378,21 +406,55 @@ static long stamp_mmsg(__u32 i, void *ctx) {
   struct xl_mmsg_loop *c = ctx;
   if (i >= c->n)
     return 1;
-  struct user_msghdr msg = {};
-  __u32 mlen = 0;
+  /* Only the head of the msghdr (name and iovecs), not all of it. */
+  struct xl_msg_head *msg = &c->msg;
   __u64 at = c->vec + (__u64)i * MMSGHDR_SIZE;
   struct xl_uview v = {};
-  if (bpf_probe_read_user(&msg, sizeof(msg), (void *)at) ||
-      bpf_probe_read_user(&mlen, sizeof(mlen),
+  if (bpf_probe_read_user(msg, sizeof(*msg), (void *)at) ||
+      bpf_probe_read_user(&c->mlen, sizeof(c->mlen),
                           (void *)at + sizeof(struct user_msghdr)) ||
-      msg_view(&msg, &v)) {
+      iov_view(msg->msg_iov, msg->msg_iovlen, &v)) {
     count_loss(XLAP_POINT_SOCK_RECV_EXIT, XLAP_LOSS_PARSE);
     return 0;
   }
-  __u64 flow = c->remote
-                   ? with_sender(c->flow, (__u64)msg.msg_name, msg.msg_namelen)
-                   : c->flow;
-  emit_recv(&v, 0, mlen, c->ts, c->tgid, c->tid, flow, c->port, 0);
+  __u64 flow =
+      c->remote ? with_sender(c->flow, (__u64)msg->msg_name, msg->msg_namelen)
+                : c->flow;
+  emit_recv(&v, 0, c->mlen, c->ts, c->tgid, c->tid, flow, c->port, 0);
+  return 0;
+}
+
+/* A receive call's socket without sock_recv_length (Linux < 6.3, where
+ * CFG.recv_by_fd is set): the socket behind file descriptor `fd` of the
+ * current task, taken when it is a UDP socket on a traced port (owned by
+ * `tgid`). No socket storage here (the pointer is read, not trusted), so
+ * no flow either: the reads carry the port only. */
+static __attribute__((noinline)) int recv_sock_by_fd(struct xl_task *t,
+                                                     __u64 fd, __u32 tgid) {
+  struct task_struct *task = bpf_get_current_task_btf();
+  struct fdtable *fdt = BPF_CORE_READ(task, files, fdt);
+  if (!fdt || fd >= BPF_CORE_READ(fdt, max_fds))
+    return 0;
+  struct file **fds = BPF_CORE_READ(fdt, fd);
+  struct file *f = 0;
+  if (bpf_probe_read_kernel(&f, sizeof(f), &fds[fd]) || !f)
+    return 0;
+  if ((BPF_CORE_READ(f, f_inode, i_mode) & 0170000) != 0140000)
+    return 0; /* not a socket */
+  struct socket *sock = BPF_CORE_READ(f, private_data);
+  struct sock *sk = BPF_CORE_READ(sock, sk);
+  if (!sk || BPF_CORE_READ(sk, sk_protocol) != IPPROTO_UDP_)
+    return 0;
+  struct xlap_port_key pk = {
+      .netns = BPF_CORE_READ(sk, __sk_common.skc_net.net, ns.inum),
+      .port = BPF_CORE_READ(sk, __sk_common.skc_num)};
+  __u32 *owner = bpf_map_lookup_elem(&TARGET_PORTS, &pk);
+  if (!owner || *owner != tgid)
+    return 0;
+  t->on_sock = 1;
+  t->rx_port = pk.port;
+  t->rx_remote = 0;
+  t->rx_flow = 0;
   return 0;
 }
 
@@ -404,11 +466,26 @@ int BPF_PROG(on_sys_exit, struct pt_regs *regs, long ret) {
   if (!send && !wait && !is_recv(nr))
     return 0;
   /* Only threads of traced processes have call contexts. */
-  struct xl_task *t = task_ctx(bpf_get_current_task_btf());
-  if (!t)
-    return 0;
+  struct task_struct *task = bpf_get_current_task_btf();
+  struct xl_task *t = task_ctx(task);
   __u64 pid_tgid = bpf_get_current_pid_tgid();
   __u32 tgid = pid_tgid >> 32, tid = (__u32)pid_tgid;
+  /* Without sock_recv_length (CFG.recv_by_fd), a receive call that began
+   * before tracing did has no entry context: it gets one here, as that
+   * tracepoint gives it on newer kernels (the arguments are in regs). */
+  if (CFG.recv_by_fd && ret > 0 && !send && !wait && (!t || !t->in_recv) &&
+      bpf_map_lookup_elem(&TARGET_PIDS, &tgid)) {
+    if (!t)
+      t = bpf_task_storage_get(&TASK_CTX, task, 0,
+                               BPF_LOCAL_STORAGE_GET_F_CREATE);
+    if (t) {
+      t->in_send = 0;
+      t->in_recv = 1;
+      t->on_sock = 0;
+    }
+  }
+  if (!t)
+    return 0;
   if (wait) {
     if (t->in_wait) {
       t->in_wait = 0;
@@ -438,6 +515,8 @@ int BPF_PROG(on_sys_exit, struct pt_regs *regs, long ret) {
   /* A reader woken while still on its CPU is never switched in for that
    * wake-up: once its receive returns, the wake-up is spent. */
   forget_woken(t);
+  if (CFG.recv_by_fd && !t->on_sock && ret > 0)
+    recv_sock_by_fd(t, regs->di, tgid);
   if (!t->on_sock || ret <= 0)
     return 0;
   /* Peeked datagrams stay queued (the read that takes them is stamped);

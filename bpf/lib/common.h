@@ -382,10 +382,12 @@ static __always_inline void emit(__u16 point, __u64 ts,
   xl_emit(&at, id);
 }
 
+/* Pointers only: the datagram's identity is built in emit_seg's frame, so
+ * that the loop's frames (xl_emit_rest, emit_seg, xl_emit) stay small. */
 struct xl_emit_loop {
   const struct xl_at *at;
+  const struct xl_ident *first;
   const struct xl_segs *segs;
-  struct xl_ident id;
   __u32 n;
 };
 
@@ -399,9 +401,10 @@ static long emit_seg(__u32 idx, void *ctx) {
    * (XLAP_MAX_SEGS is a power of two) the verifier sees. */
   asm volatile("" : "+r"(i));
   i &= XLAP_MAX_SEGS - 1;
-  c->id.seq = c->segs->seq[i];
-  c->id.kind = c->segs->kind[i];
-  xl_emit(c->at, &c->id);
+  struct xl_ident id = *c->first;
+  id.seq = c->segs->seq[i];
+  id.kind = c->segs->kind[i];
+  xl_emit(c->at, &id);
   return 0;
 }
 
@@ -417,7 +420,7 @@ __attribute__((noinline)) int xl_emit_rest(const struct xl_at *at,
                                            __u32 n) {
   if (!at || !first || !segs)
     return 0;
-  struct xl_emit_loop c = {.at = at, .segs = segs, .id = *first, .n = n};
+  struct xl_emit_loop c = {.at = at, .first = first, .segs = segs, .n = n};
   bpf_loop(XLAP_MAX_SEGS - 1, emit_seg, &c, 0);
   return 0;
 }

@@ -43,6 +43,34 @@
  * before fragments and extension headers were handled. */
 #define XL_CACHE 64
 
+/* Bytes of one parse that do not fit the stack: the device points' frames,
+ * plus the stamp path's frames below them, must stay within the combined
+ * stack of a BPF-to-BPF call chain (512 bytes; kernels before private
+ * stacks for tracing programs count every frame: Debian's 6.1 and 6.12). */
+struct xl_room {
+  __u8 c[XL_CACHE]; /* the parse cache */
+  __u8 h[48];       /* an IP header read outside the cache; the shared info */
+};
+
+/* Per-CPU rooms, one per nesting level: programs on one CPU nest strictly
+ * (an interrupt's program runs to completion before the interrupted one
+ * goes on), so the level taken at rd_enter is this parse's until
+ * rd_leave, as with the stamp batch's depth. */
+#define XL_ROOM_LEVELS 4 /* task, softirq, hardirq, NMI */
+
+struct xl_rooms {
+  __u32 depth;
+  __u32 _pad;
+  struct xl_room lv[XL_ROOM_LEVELS];
+};
+
+struct {
+  __uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+  __uint(max_entries, 1);
+  __type(key, __u32);
+  __type(value, struct xl_rooms);
+} ROOMS SEC(".maps");
+
 /* A read-only view of an skb's bytes. */
 struct xl_rd {
   struct bpf_dynptr dp;
@@ -54,8 +82,40 @@ struct xl_rd {
   __u32 len;           /* skb->len: bytes from data to the end */
   __u32 c_off;         /* offset of c (parse_at's network header) */
   __u32 c_len;         /* valid bytes in c: 0, XL_CACHE / 2 or XL_CACHE */
-  __u8 c[XL_CACHE];
+  __u8 *c;             /* XL_CACHE bytes: this level's room */
+  __u8 *h;             /* 48 bytes: this level's room */
+  struct xl_rooms *rooms;
 };
+
+/* Takes this nesting level's room for the parse cache. Returns 0, or -1
+ * when there is none (deeper nesting than XL_ROOM_LEVELS: the caller counts
+ * the datagram lost if it is its own). Every 0 is paired with rd_leave. */
+static __always_inline int rd_enter(struct xl_rd *r) {
+  __u32 zero = 0;
+  struct xl_rooms *s = bpf_map_lookup_elem(&ROOMS, &zero);
+  if (!s)
+    return -1;
+  volatile __u32 *d = &s->depth;
+  __u32 old = *d;
+  if (old >= XL_ROOM_LEVELS)
+    return -1;
+  *d = old + 1;
+  asm volatile("" ::: "memory");
+  old &= XL_ROOM_LEVELS - 1;
+  r->c = s->lv[old].c;
+  r->h = s->lv[old].h;
+  r->rooms = s;
+  return 0;
+}
+
+static __always_inline void rd_leave(struct xl_rd *r) {
+  struct xl_rooms *s = r->rooms;
+  if (!s)
+    return;
+  volatile __u32 *d = &s->depth;
+  asm volatile("" ::: "memory");
+  *d = *d - 1;
+}
 
 /* bpf_dynptr_from_skb(skb, 0, dp): a kfunc call with a placeholder BTF id
  * that the loader replaces (xlap_abi.h, XLAP_KFUNC_DYNPTR_FROM_SKB). */
@@ -208,9 +268,11 @@ static __always_inline int rd_status(int err) {
 /* Parses the IP header at l3 and the UDP header after it. */
 static __always_inline int parse_ip(struct xl_rd *r, __u32 l3,
                                     struct xl_dgram *d) {
-  __u8 hbuf[40];
+  __u8 *hbuf = r->h;
   const __u8 *h = hbuf;
-  __u32 saddr[4] = {}, daddr[4] = {};
+  /* The addresses where they lie in the header (the cache or r->h, both
+   * in this level's room, not on the stack). */
+  const __u32 *saddr, *daddr;
   int words, err;
   __u32 l4;
   /* The IP header straight from the cache when it holds it. */
@@ -224,8 +286,8 @@ static __always_inline int parse_ip(struct xl_rd *r, __u32 l3,
     __u16 frag = bpf_ntohs(iph->frag_off);
     if (iph->protocol != IPPROTO_UDP_)
       return XL_FOREIGN;
-    saddr[0] = iph->saddr;
-    daddr[0] = iph->daddr;
+    saddr = (const __u32 *)(h + 12);
+    daddr = (const __u32 *)(h + 16);
     words = 1;
     d->frag_key = ((__u32)bpf_ntohs(iph->id) << 16) ^ iph->saddr ^ iph->daddr;
     if (frag & 0x1fff) {
@@ -238,8 +300,8 @@ static __always_inline int parse_ip(struct xl_rd *r, __u32 l3,
     if (!cached && (err = rd_read_skb(r, l3, hbuf, 40)))
       return rd_status(err);
     struct ipv6hdr *ip6 = (struct ipv6hdr *)h;
-    __builtin_memcpy(saddr, &ip6->saddr, 16);
-    __builtin_memcpy(daddr, &ip6->daddr, 16);
+    saddr = (const __u32 *)(h + 8);
+    daddr = (const __u32 *)(h + 24);
     words = 4;
     __u8 next = ip6->nexthdr;
     l4 = l3 + 40;
@@ -410,6 +472,13 @@ static __always_inline int read_ident_at(struct xl_rd *r, __u32 pay,
     asm volatile("" : "+r"(need));
     if (need > XL_CACHE)
       need = XL_CACHE;
+    /* Bounded again in the register itself, after the compiler's last
+     * copy: Linux 6.1's verifier lost the bound above on a copy (the read
+     * was refused as unbounded in a bpf_loop body). */
+    asm volatile("if %[n] <= %[max] goto +1\n"
+                 "%[n] = %[max]\n"
+                 : [n] "+r"(need)
+                 : [max] "i"(XL_CACHE));
     r->c_len = 0;
     int err = rd_read_skb(r, off, r->c, need);
     if (err)
@@ -435,21 +504,23 @@ struct xl_shinfo {
   __u64 hw_ts;
 };
 
-static __always_inline void skb_shinfo_read(struct sk_buff *skb,
+#define XL_SHINFO_WIN 48
+
+/* buf: XL_SHINFO_WIN bytes of room (the parse's r->h, once parsed). */
+static __always_inline void skb_shinfo_read(struct sk_buff *skb, __u8 *buf,
                                             struct xl_shinfo *out) {
   unsigned char *sh = skb->head + skb->end;
   __u32 o_gso = bpf_core_field_offset(struct skb_shared_info, gso_size);
   __u32 o_hw = bpf_core_field_offset(struct skb_shared_info, hwtstamps);
-  __u8 buf[48] = {};
   out->gso_size = 0;
   out->hw_ts = 0;
   /* gso_size (near the start) and hwtstamps (a few words later) fall in
    * one 48-byte window on every kernel we know; otherwise two reads. */
-  if (o_hw > o_gso && o_hw - o_gso + 8 <= sizeof(buf)) {
-    if (bpf_probe_read_kernel(buf, sizeof(buf), sh + o_gso))
+  if (o_hw > o_gso && o_hw - o_gso + 8 <= XL_SHINFO_WIN) {
+    if (bpf_probe_read_kernel(buf, XL_SHINFO_WIN, sh + o_gso))
       return;
     out->gso_size = *(__u16 *)buf;
-    __u32 at = (o_hw - o_gso) & (sizeof(buf) - 8 - 1);
+    __u32 at = (o_hw - o_gso) & (XL_SHINFO_WIN - 8 - 1);
     __builtin_memcpy(&out->hw_ts, buf + at, 8);
     return;
   }

@@ -6,6 +6,9 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+#[path = "build_stack.rs"]
+mod stack;
+
 const OBJECTS: &[&str] = &["capture", "calibrate"];
 
 fn main() {
@@ -89,6 +92,38 @@ fn main() {
         if !status.success() {
             fail(&format!("clang failed on {}", src.display()));
         }
+        check_stack(name, &obj, &out);
+    }
+}
+
+/// Every program's worst BPF-to-BPF call chain must fit the verifier's
+/// combined stack limit of older kernels (`build_stack.rs`); the numbers
+/// go to OUT_DIR/NAME.stack.txt (`capture::STACK_TABLE`).
+fn check_stack(name: &str, obj: &Path, out: &Path) {
+    let bytes = std::fs::read(obj).expect("read the BPF object just built");
+    let chains = stack::chains(&bytes)
+        .unwrap_or_else(|e| fail(&format!("stack check of {}: {e}", obj.display())));
+    let table = out.join(format!("{name}.stack.txt"));
+    std::fs::write(&table, stack::table(&chains)).expect("write the stack table");
+    let over: Vec<String> = chains
+        .iter()
+        .filter(|c| c.total > stack::LIMIT)
+        .map(|c| {
+            format!(
+                "{} ({}): {} bytes: {}",
+                c.program,
+                c.section,
+                c.total,
+                c.describe()
+            )
+        })
+        .collect();
+    if !over.is_empty() {
+        fail(&format!(
+            "{name}.bpf.o: the combined stack of a BPF-to-BPF call chain exceeds {} bytes, which Linux 6.1 and 6.12 refuse (frames rounded to 32; move large locals to the per-CPU ROOMS map, bpf/lib/packet.h):\n  {}",
+            stack::LIMIT,
+            over.join("\n  ")
+        ));
     }
 }
 

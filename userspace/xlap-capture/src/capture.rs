@@ -10,6 +10,7 @@ use aya::programs::{
     BtfTracePoint, CgroupSkb, CgroupSkbAttachType, CgroupSock, CgroupSockAddr, UProbe,
 };
 use aya::{include_bytes_aligned, Btf, Ebpf, EbpfLoader};
+use aya_obj::btf::BtfKind;
 use std::os::fd::AsFd;
 use xlap_abi::{xlap_loss, xlap_point};
 use xlap_exit::{failure, Code};
@@ -291,6 +292,14 @@ impl Capture {
         let boundary = choose_boundary(settings.socket_calls, &dynptr, &btf);
         config.syscall_hooks = matches!(boundary, BoundaryChoice::Syscalls(_)) as u8;
         config.send_calls = settings.points.needs_program("on_sock_send_length") as u8;
+        // Without sock_recv_length (Linux < 6.3), a receive syscall finds
+        // its socket from its file descriptor (bpf/hooks/syscall.h).
+        config.recv_by_fd = (config.syscall_hooks == 1
+            && (btf
+                .id_by_type_name_kind("btf_trace_sock_recv_length", BtfKind::Typedef)
+                .is_err()
+                || emulated_absent("on_sock_recv_length").is_some()))
+            as u8;
         // SAFETY: xlap_config is a plain C struct of integers (no padding
         // holes with undefined contents: it is zero-initialised by Default).
         let config_bytes: &[u8] = unsafe {
@@ -321,18 +330,23 @@ impl Capture {
             if !settings.points.needs_program(prog) {
                 continue;
             }
+            if let Some(why) = emulated_absent(prog) {
+                unattached.push(Unattached {
+                    program: prog,
+                    hook: target,
+                    why,
+                });
+                continue;
+            }
             let result = attach(&mut bpf, &btf, prog, Kind::TpBtf, target);
             if let Err(e) = result {
                 if required {
-                    return Err(failure(
-                        Code::Kernel,
-                        format!("cannot attach to the {target} tracepoint: {e:#}"),
-                    ));
+                    return Err(required_refused(prog, target, &e));
                 }
                 unattached.push(Unattached {
                     program: prog,
                     hook: target,
-                    why: format!("{e:#}"),
+                    why: refusal(prog, &e).unwrap_or_else(|| format!("{e:#}")),
                 });
             }
         }
@@ -345,7 +359,7 @@ impl Capture {
                     unattached.push(Unattached {
                         program: hook.program,
                         hook: tp,
-                        why: format!("{e:#}"),
+                        why: refusal(hook.program, &e).unwrap_or_else(|| format!("{e:#}")),
                     });
                 }
             }
@@ -781,7 +795,9 @@ fn attach_socket_hooks(
         .program_mut("on_sock_create")
         .context("program on_sock_create is missing from the object")?
         .try_into()?;
-    create.load()?;
+    create
+        .load()
+        .map_err(|e| required_refused("on_sock_create", "cgroup/sock_create", &e.into()))?;
     create
         .attach(&root, CgroupAttachMode::Single)
         .map_err(|e| {
@@ -800,7 +816,8 @@ fn attach_socket_hooks(
             .program_mut(prog)
             .with_context(|| format!("program {prog} is missing from the object"))?
             .try_into()?;
-        hook.load()?;
+        hook.load()
+            .map_err(|e| required_refused(prog, section, &e.into()))?;
         hook.attach(&root, CgroupAttachMode::Single).map_err(|e| {
             failure(
                 Code::Kernel,
@@ -820,7 +837,8 @@ fn attach_socket_hooks(
             .program_mut(prog)
             .with_context(|| format!("program {prog} is missing from the object"))?
             .try_into()?;
-        hook.load()?;
+        hook.load()
+            .map_err(|e| required_refused(prog, attach_type, &e.into()))?;
         hook.attach(&root, CgroupAttachMode::Single).map_err(|e| {
             failure(
                 Code::Kernel,
@@ -843,7 +861,15 @@ fn attach_socket_hooks(
         .program_mut("on_sock_ingress")
         .context("program on_sock_ingress is missing from the object")?
         .try_into()?;
-    ingress.load()?;
+    if let Err(e) = ingress.load() {
+        let e = anyhow::Error::from(e);
+        unattached.push(Unattached {
+            program: "on_sock_ingress",
+            hook: "cgroup_skb/ingress",
+            why: refusal("on_sock_ingress", &e).unwrap_or_else(|| format!("{e:#}")),
+        });
+        return Ok(());
+    }
     if let Err(e) = ingress.attach(
         &root,
         CgroupSkbAttachType::Ingress,
@@ -856,6 +882,115 @@ fn attach_socket_hooks(
         });
     }
     Ok(())
+}
+
+/// Why `program` is left out when the run behaves as an older kernel
+/// (`XLAP_KERNEL_AS`) than its hook's minimum (`hooks::HOOKS`), as that
+/// kernel would leave it out.
+fn emulated_absent(program: &str) -> Option<String> {
+    let (major, minor) = crate::preflight::kernel_as()?;
+    let (min_major, min_minor) = crate::hooks::HOOKS
+        .iter()
+        .find(|h| h.program == program)?
+        .min_kernel?;
+    ((major, minor) < (min_major, min_minor)).then(|| {
+        format!("behaving as Linux {major}.{minor} (XLAP_KERNEL_AS), which lacks it: it needs Linux {min_major}.{min_minor}")
+    })
+}
+
+/// The combined stack per program as the build counted it
+/// (`build_stack.rs`: frames rounded to 32 as Linux 6.1 counts).
+pub const STACK_TABLE: &str = include_str!(concat!(env!("OUT_DIR"), "/capture.stack.txt"));
+
+/// The combined stack of `program`'s worst call chain, as built.
+pub fn built_stack(program: &str) -> Option<u32> {
+    STACK_TABLE
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .find_map(|l| {
+            let mut f = l.split_whitespace();
+            let (_, name, bytes) = (f.next()?, f.next()?, f.next()?);
+            (name == program).then(|| bytes.parse().ok()).flatten()
+        })
+}
+
+/// When the kernel's verifier refused `program`: what it said (its
+/// decisive line, not the log) and which of its limits that is.
+pub fn refusal(program: &str, err: &anyhow::Error) -> Option<String> {
+    let log = err.chain().find_map(|c| match c.downcast_ref() {
+        Some(aya::programs::ProgramError::LoadError { verifier_log, .. }) => {
+            Some(verifier_log.to_string())
+        }
+        _ => None,
+    })?;
+    let noise = |l: &&str| {
+        let l = l.trim();
+        l.is_empty()
+            || l.starts_with("processed ")
+            || l.starts_with("verification time")
+            || l.starts_with("stack depth")
+            || l.starts_with("-- END")
+    };
+    let line = log
+        .lines()
+        .rev()
+        .find(|l| !noise(l))
+        .unwrap_or("(no verifier output)")
+        .trim();
+    let limit = if line.contains("combined stack size") {
+        let built = built_stack(program)
+            .map(|b| format!("; built: {b} bytes counted as Linux 6.1 counts"))
+            .unwrap_or_default();
+        format!("its limit of 512 bytes of stack for a chain of BPF-to-BPF calls, which this kernel applies to tracing programs{built}")
+    } else if line.contains("too large") || line.contains("too complex") {
+        "its limit on the instructions or states it explores (1M)".to_string()
+    } else if line.contains("-th argument") || line.contains("invalid mem access") {
+        "a tracepoint whose arguments or types differ on this kernel from those the program was written for".to_string()
+    } else {
+        "a check the program does not pass on this kernel".to_string()
+    };
+    Some(format!(
+        "the kernel's verifier refused {program}: \"{line}\" ({limit})"
+    ))
+}
+
+/// Which option leaves `program` out of a run.
+fn leave_out(program: &str) -> String {
+    let hook = crate::hooks::HOOKS.iter().find(|h| h.program == program);
+    match hook.and_then(|h| h.boundary) {
+        Some(crate::hooks::Boundary::Syscalls) => {
+            return "--boundary socket-calls leaves it out (on Linux 6.12 and later)".into()
+        }
+        Some(crate::hooks::Boundary::SocketCalls) => {
+            return "--boundary syscalls (the default) leaves it out".into()
+        }
+        None => {}
+    }
+    for set in ["standard", "minimal"] {
+        if crate::point_sets::PointSet::parse(set).is_ok_and(|s| !s.needs_program(program)) {
+            return format!("--points {set} leaves it out");
+        }
+    }
+    "no option leaves it out (every run needs it): please report this kernel (uname -r) and this message".into()
+}
+
+/// A required program the kernel refused: exit 4 (the kernel lacks
+/// something needed), with the program, the verifier's limit and the option
+/// that leaves it out; other errors as they are.
+fn required_refused(program: &str, target: &str, err: &anyhow::Error) -> anyhow::Error {
+    match refusal(program, err) {
+        Some(why) => failure(
+            Code::Kernel,
+            format!(
+                "{why}; the run needs it for {target}: {} (docs/stamp-points.md, minimum kernel per feature)",
+                leave_out(program)
+            ),
+        ),
+        None => failure(
+            Code::Kernel,
+            format!("cannot attach {program} to {target}: {err:#}"),
+        ),
+    }
 }
 
 fn attach(bpf: &mut Ebpf, btf: &Btf, prog: &str, kind: Kind, target: &str) -> Result<()> {
@@ -911,4 +1046,57 @@ pub fn drain_batches(batches: &PerCpuArray<MapData, Batch>) -> Result<Vec<xlap_a
         out.extend_from_slice(batch.0.pending());
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod refusal_tests {
+    use super::*;
+
+    fn refused(log: &str) -> anyhow::Error {
+        anyhow::Error::from(aya::programs::ProgramError::LoadError {
+            io_error: std::io::Error::from_raw_os_error(libc::EACCES),
+            verifier_log: aya_obj::VerifierLog::new(log.to_string()),
+        })
+    }
+
+    /// What Debian 12's 6.1 said of the program before issue 49's fix:
+    /// the program, the decisive line, the limit and the option, not the log.
+    #[test]
+    fn a_verifier_refusal_names_the_program_the_limit_and_the_option() {
+        let log = "0: (bf) r6 = r1\n...\ncombined stack size of 3 calls is 544. Too large\nverification time 1 usec\nstack depth 272+48+56+0+192+48+96\nprocessed 900 insns (limit 1000000)\n";
+        let e = required_refused("on_sys_exit", "sys_exit", &refused(log));
+        let text = e.to_string();
+        assert_eq!(xlap_exit::code_of(&e), 4, "{text}");
+        assert!(text.contains("on_sys_exit"), "{text}");
+        assert!(
+            text.contains("combined stack size of 3 calls is 544"),
+            "{text}"
+        );
+        assert!(text.contains("512 bytes"), "{text}");
+        assert!(text.contains("--boundary socket-calls"), "{text}");
+        assert!(!text.contains("r6 = r1"), "the log itself: {text}");
+        // An optional program: one line for run.json.
+        let why = refusal(
+            "on_io_uring_complete",
+            &refused("23: (61) r6 = *(u32 *)(r7 +8)\nR7 invalid mem access 'scalar'\n"),
+        )
+        .unwrap();
+        assert!(why.contains("R7 invalid mem access"), "{why}");
+        assert!(why.contains("arguments or types differ"), "{why}");
+        // Not a verifier refusal: none.
+        assert!(refusal("on_sys_exit", &anyhow::anyhow!("ENOENT")).is_none());
+    }
+
+    #[test]
+    fn the_build_counted_every_programs_stack_within_the_limit() {
+        assert!(STACK_TABLE.lines().filter(|l| !l.starts_with('#')).count() >= 30);
+        for h in crate::hooks::HOOKS {
+            if h.program == crate::hooks::SKB_DYNPTR {
+                continue;
+            }
+            let bytes = built_stack(h.program)
+                .unwrap_or_else(|| panic!("{} is not in the stack table", h.program));
+            assert!(bytes <= 512, "{}: {bytes}", h.program);
+        }
+    }
 }

@@ -1,0 +1,123 @@
+#!/usr/bin/env bash
+# Runs inside a guest booted by tests/vm/matrix.sh (all paths are the
+# host's; OUT is a --rwdir). Each step writes OUT/STEP.status (ok, or what
+# failed) and OUT/STEP.log; OUT/times has the guest's uptime at each step.
+#
+#   guest.sh OUT XLAP record             two UDP programs on loopback, recorded,
+#                                        stamps per point against their own counts
+#   guest.sh OUT XLAP refuse             `record` refuses this kernel: exit 4,
+#                                        naming what is missing, no verifier dump
+#   guest.sh OUT XLAP it IT [FILTER...]  areas of the `it` test binary, by name
+#
+# Steps can be chained: guest.sh OUT XLAP record it IT FILTER... (`it` takes
+# the rest of the arguments).
+set -uo pipefail
+out=$1 xlap=$2
+shift 2
+here=$(cd "$(dirname "$0")" && pwd)
+mkdir -p "$out"
+stamp() { echo "$1 $(cut -d' ' -f1 /proc/uptime)" >>"$out/times"; }
+echo "kernel $(uname -r)" >"$out/times"
+stamp start
+ip link set lo up
+
+record() {
+	local d=$out/record n=${XLAP_VM_COUNT:-2000}
+	rm -rf "$d" && mkdir -p "$d"
+	python3 "$here/udp_pair.py" recv 7311 "$n" "$d/received" &
+	local r=$!
+	python3 "$here/udp_pair.py" send 7311 "$n" "$d/go" "$d/sent" &
+	local s=$!
+	"$xlap" record --pid "$s" --pid "$r" --seq-offset 0 --seq-size 4 --seq-endian big \
+		--no-usdt --duration 120 --ready-file "$d/go" -o "$d/run" >"$d/stdout" 2>"$d/stderr"
+	local rc=$?
+	# A recorder that failed never signalled the sender: end both.
+	[ "$rc" = 0 ] || kill "$s" "$r" 2>/dev/null
+	wait "$s" "$r"
+	cat "$d/stderr"
+	python3 - "$d" "$rc" <<'PY'
+import json, sys
+d, rc = sys.argv[1], int(sys.argv[2])
+sent = int(open(f"{d}/sent").read()) if rc == 0 else 0
+received = int(open(f"{d}/received").read()) if rc == 0 else 0
+problems = [] if rc == 0 else [f"xlap-trace record exited {rc}"]
+meta = json.load(open(f"{d}/run/run.json")) if rc == 0 else {}
+points = meta.get("points", {})
+unavailable = meta.get("unavailable_points", {})
+degraded = meta.get("degraded_points", {})
+# Every datagram crosses these on loopback (no qdisc: noqueue; no GRO).
+core = ["sock.send_enter", "sock.send_exit", "dev.queue", "dev.start_xmit", "dev.xmit",
+        "dev.netif_rx", "dev.receive_skb", "sock.queue", "sock.recv_exit"]
+if rc == 0 and received != sent:
+    problems.append(f"the programs lost datagrams on loopback: sent {sent}, received {received}")
+lines = [f"programs: sent {sent}, received {received}; boundary {meta.get('options', {}).get('boundary')}; "
+         f"bpf_ns_per_stamp {meta.get('bpf_ns_per_stamp')}"]
+for p in sorted(set(core) | set(points) | set(unavailable)):
+    n = points.get(p, {}).get("stamps", 0)
+    if p in unavailable:
+        verdict = "unavailable (said)" if n == 0 else f"said unavailable but {n} stamps"
+        if n:
+            problems.append(f"{p}: {verdict}")
+    elif p in core:
+        verdict = "ok" if n == received else f"expected {received}"
+        if n != received:
+            problems.append(f"{p}: {n} stamps, the receiver got {received}")
+        if p in degraded:
+            verdict += " (degraded: said)"
+    else:
+        verdict = "-"
+    lines.append(f"  {p:18} {n:6}  {verdict}")
+for k, v in sorted(meta.get("unavailable_hooks", {}).items()):
+    lines.append(f"  hook {k}: {v.splitlines()[0][:200] if v else ''}")
+for k, v in sorted(degraded.items()):
+    lines.append(f"  degraded {k}: {v[:200]}")
+print("\n".join(lines))
+open(f"{d}/../record.status", "w").write("ok\n" if not problems else "; ".join(problems) + "\n")
+PY
+}
+
+refuse() {
+	local d=$out/refuse
+	rm -rf "$d" && mkdir -p "$d"
+	sleep 30 &
+	local pid=$!
+	"$xlap" record --pid "$pid" --seq-offset 0 --seq-size 4 --no-usdt --duration 1 -o "$d/run" \
+		>"$d/stdout" 2>"$d/stderr"
+	local rc=$?
+	kill "$pid" 2>/dev/null
+	cat "$d/stderr"
+	local why=""
+	[ "$rc" = 4 ] || why="exit $rc, not 4"
+	grep -q "$(uname -r)" "$d/stderr" && grep -q '5\.17' "$d/stderr" || why="$why; the message names neither this kernel nor 5.17"
+	grep -qi 'verifier\|processed [0-9]* insns' "$d/stderr" && why="$why; a verifier dump"
+	echo "${why:-ok}" | sed 's/^; //' >"$out/refuse.status"
+}
+
+# One test at a time, each timed (OUT/it.times: seconds, verdict, name).
+it() {
+	local bin=$1 failed=() t0 t1 rc
+	shift
+	: >"$out/it.times"
+	while read -r name; do
+		t0=$(cut -d' ' -f1 /proc/uptime)
+		XLAP_REQUIRE_PRIVILEGED=1 CI=true INSTA_UPDATE=no "$bin" --test-threads=1 --exact "$name"
+		rc=$?
+		t1=$(cut -d' ' -f1 /proc/uptime)
+		echo "$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.0f", b - a }') $([ $rc = 0 ] && echo ok || echo FAILED) $name" >>"$out/it.times"
+		[ "$rc" = 0 ] || failed+=("$name")
+	done < <("$bin" --list "$@" 2>/dev/null | sed -n 's/: test$//p')
+	if ((${#failed[@]})); then echo "failed: ${failed[*]}"; else echo ok; fi >"$out/it.status"
+}
+
+while (($#)); do
+	step=$1
+	shift
+	case "$step" in
+	record | refuse) "$step" >"$out/$step.log" 2>&1 ;;
+	it) it "$@" >"$out/it.log" 2>&1
+		set --
+		;;
+	*) echo "guest.sh: unknown step $step" >&2 && exit 2 ;;
+	esac
+	stamp "$step"
+done
