@@ -30,6 +30,7 @@ mod estimate;
 mod event_loops;
 mod example_protocol;
 mod faults;
+mod foreign_runs;
 mod hostile_targets;
 mod io_uring;
 mod iperf3;

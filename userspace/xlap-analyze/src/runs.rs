@@ -93,7 +93,7 @@ pub fn read_meta(path: &Path) -> Result<RunMeta> {
         path: path.display().to_string(),
         what,
     };
-    let text = std::fs::read_to_string(path).map_err(|e| {
+    let text = xlap_records::run_file::read_json_text(path).map_err(|e| {
         let dir = path.parent().unwrap_or(Path::new("."));
         if RunDir::new(dir).segments().is_file() {
             err(format!(
@@ -129,7 +129,7 @@ pub(crate) fn stamps_whole(dir: &Path) -> std::result::Result<(), String> {
 /// error on it names neither the file's state nor a way out.
 fn whole_parquet(path: &Path) -> std::result::Result<(), String> {
     use std::io::{Read, Seek, SeekFrom};
-    let mut f = std::fs::File::open(path).map_err(|e| e.to_string())?;
+    let mut f = xlap_records::run_file::open(path).map_err(|e| e.to_string())?;
     let len = f.metadata().map_err(|e| e.to_string())?.len();
     if len < 12 {
         return Err(format!("{len} bytes"));

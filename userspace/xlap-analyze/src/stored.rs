@@ -55,7 +55,7 @@ const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
 
 /// Names the packets file's content: its size and the hash of its footer.
 fn packets_id(packets: &Path) -> std::io::Result<String> {
-    let mut f = std::fs::File::open(packets)?;
+    let mut f = xlap_records::run_file::open(packets)?;
     let size = f.metadata()?.len();
     let from = size.saturating_sub(FOOTER_BYTES);
     f.seek(SeekFrom::Start(from))?;

@@ -36,6 +36,15 @@ pub const BLOCKS: u64 = 10;
 /// block's p99 is one packet.
 const MIN_BLOCK_PACKETS: u64 = 50;
 
+/// The longest run id, host, kernel or stage name a summary read from a
+/// file may hold (what xlap-trace writes is well under 100 bytes).
+pub const MAX_NAME_BYTES: usize = 1024;
+
+/// The largest packet, stamp or loss count a summary read from a file may
+/// hold: 2⁵³, exact as a float, and thousands of runs of it pool without
+/// overflow.
+pub const MAX_COUNT: u64 = 1 << 53;
+
 /// The quantile levels stored per block: coarser than [`grid`], the blocks
 /// only have to tell the spread.
 pub fn block_grid() -> Vec<f64> {
@@ -317,10 +326,11 @@ impl Summary {
     }
 
     fn read(path: &Path) -> Result<Summary> {
-        let text = std::fs::read_to_string(path).map_err(|e| AnalyzeError::Input {
-            path: path.display().to_string(),
-            what: format!("cannot read it: {e}"),
-        })?;
+        let text =
+            xlap_records::run_file::read_json_text(path).map_err(|e| AnalyzeError::Input {
+                path: path.display().to_string(),
+                what: e.to_string(),
+            })?;
         let bad = |what: String| AnalyzeError::Input {
             path: path.display().to_string(),
             what,
@@ -336,7 +346,76 @@ impl Summary {
                 s.summary_version
             )));
         }
+        s.check().map_err(bad)?;
         Ok(s)
+    }
+
+    /// What a summary from elsewhere must hold before any of it is used:
+    /// the grids this version writes, one value per level everywhere,
+    /// finite values, counts that cannot overflow when pooled, names of a
+    /// sane length. A summary xlap-trace wrote always passes.
+    fn check(&self) -> std::result::Result<(), String> {
+        if self.levels != grid() {
+            return Err(format!(
+                "its quantile levels are not the {} this xlap-trace writes: edited, or not a summary",
+                grid().len()
+            ));
+        }
+        if !self.block_levels.is_empty() && self.block_levels != block_grid() {
+            return Err("its block levels are not those this xlap-trace writes".into());
+        }
+        for name in self.runs.iter().chain(&self.hosts).chain(&self.kernels) {
+            if name.len() > MAX_NAME_BYTES {
+                return Err(format!(
+                    "a run, host or kernel name of {} bytes (at most {MAX_NAME_BYTES})",
+                    name.len()
+                ));
+            }
+        }
+        for count in [self.stamps, self.lost] {
+            if count > MAX_COUNT {
+                return Err(format!("a count of {count} (at most {MAX_COUNT})"));
+            }
+        }
+        for st in &self.stages {
+            let at = || format!("stage {:.64} (kind {})", st.stage, st.kind);
+            if st.stage.len() > MAX_NAME_BYTES || st.side.len() > MAX_NAME_BYTES {
+                return Err(format!(
+                    "{}: a name longer than {MAX_NAME_BYTES} bytes",
+                    at()
+                ));
+            }
+            if st.packets > MAX_COUNT {
+                return Err(format!(
+                    "{}: {} packets (at most {MAX_COUNT})",
+                    at(),
+                    st.packets
+                ));
+            }
+            let grids = std::iter::once(&st.quantiles_ns).chain(&st.runs_ns);
+            for g in grids {
+                if g.len() != self.levels.len() || g.iter().any(|v| !v.is_finite()) {
+                    return Err(format!(
+                        "{}: a grid of {} values, or one not finite, for {} levels",
+                        at(),
+                        g.len(),
+                        self.levels.len()
+                    ));
+                }
+            }
+            if !st.blocks_ns.is_empty()
+                && (st.blocks_ns.len() as u64 != BLOCKS
+                    || st.blocks_ns.iter().any(|g| {
+                        g.len() != self.block_levels.len() || g.iter().any(|v| !v.is_finite())
+                    }))
+            {
+                return Err(format!(
+                    "{}: blocks that are not {BLOCKS} grids at the block levels",
+                    at()
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// Compact JSON (one line: a pooled baseline of ten runs stays in the
@@ -344,7 +423,18 @@ impl Summary {
     pub fn write(&self, path: &Path) -> Result<()> {
         let text = serde_json::to_string(self)
             .map_err(|e| AnalyzeError::Other(format!("summary: {e}")))?;
-        std::fs::write(path, text + "\n")
+        // Never through a link left where the file goes (a run directory
+        // from elsewhere): it would create or overwrite what it names.
+        let mut f = xlap_records::run_file::create(path).map_err(|e| match e {
+            xlap_records::run_file::RunFileError::Io(e) => {
+                AnalyzeError::Other(format!("cannot write {}: {e}", path.display()))
+            }
+            refused => AnalyzeError::Input {
+                path: path.display().to_string(),
+                what: refused.to_string(),
+            },
+        })?;
+        std::io::Write::write_all(&mut f, (text + "\n").as_bytes())
             .map_err(|e| AnalyzeError::Other(format!("cannot write {}: {e}", path.display())))
     }
 

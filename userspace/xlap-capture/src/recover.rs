@@ -36,7 +36,7 @@ fn recorder_alive(meta: &RunMeta) -> Option<u32> {
 }
 
 fn read_meta(path: &Path) -> Result<RunMeta> {
-    let text = std::fs::read_to_string(path).map_err(|e| {
+    let text = xlap_records::run_file::read_json_text(path).map_err(|e| {
         failure(
             Code::BadInput,
             format!(

@@ -5,6 +5,7 @@
 pub mod escape;
 pub mod points;
 pub mod run_dir;
+pub mod run_file;
 pub mod run_meta;
 pub mod sample;
 pub mod schema;

@@ -448,7 +448,8 @@ impl<R: std::io::Read> std::io::Read for Counting<R> {
 fn ends_with_eos(path: &Path) -> bool {
     use std::io::{Read, Seek, SeekFrom};
     let mut tail = [0u8; 8];
-    File::open(path)
+    crate::run_file::open(path)
+        .map_err(std::io::Error::from)
         .and_then(|mut f| {
             f.seek(SeekFrom::End(-8))?;
             f.read_exact(&mut tail)
@@ -469,7 +470,9 @@ pub fn stream_to_parquet_with(
         let path = path.to_path_buf();
         move |source| WriteError::Io { path, source }
     };
-    let file = File::open(stream).map_err(io(stream))?;
+    let file = crate::run_file::open(stream)
+        .map_err(std::io::Error::from)
+        .map_err(io(stream))?;
     let bytes_total = file.metadata().map_err(io(stream))?.len();
     let bytes = std::rc::Rc::new(std::cell::Cell::new(0u64));
     let reader = StreamReader::try_new(

@@ -180,7 +180,7 @@ pub struct SegmentIndex {
 impl SegmentIndex {
     pub fn read(dir: &Path) -> Result<SegmentIndex> {
         let path = dir.join(INDEX_FILE);
-        let text = std::fs::read_to_string(&path)
+        let text = xlap_records::run_file::read_json_text(&path)
             .with_context(|| format!("cannot read {}", path.display()))?;
         serde_json::from_str(&text)
             .with_context(|| format!("{} is not a segment index", path.display()))
