@@ -426,11 +426,13 @@ static long stamp_mmsg(__u32 i, void *ctx) {
 
 /* A receive call's socket without sock_recv_length (Linux < 6.3, where
  * CFG.recv_by_fd is set): the socket behind file descriptor `fd` of the
- * current task, taken when it is a UDP socket on a traced port (owned by
- * `tgid`). No socket storage here (the pointer is read, not trusted), so
- * no flow either: the reads carry the port only. */
+ * current task (a traced process), taken when it is a UDP socket on a
+ * traced port: whichever traced process registered the port, as a
+ * preforked worker reads the socket its parent bound. No socket storage
+ * here (the pointer is read, not trusted), so no flow either: the reads
+ * carry the port only. */
 static __attribute__((noinline)) int recv_sock_by_fd(struct xl_task *t,
-                                                     __u64 fd, __u32 tgid) {
+                                                     __u64 fd) {
   struct task_struct *task = bpf_get_current_task_btf();
   struct fdtable *fdt = BPF_CORE_READ(task, files, fdt);
   if (!fdt || fd >= BPF_CORE_READ(fdt, max_fds))
@@ -448,8 +450,7 @@ static __attribute__((noinline)) int recv_sock_by_fd(struct xl_task *t,
   struct xlap_port_key pk = {
       .netns = BPF_CORE_READ(sk, __sk_common.skc_net.net, ns.inum),
       .port = BPF_CORE_READ(sk, __sk_common.skc_num)};
-  __u32 *owner = bpf_map_lookup_elem(&TARGET_PORTS, &pk);
-  if (!owner || *owner != tgid)
+  if (!bpf_map_lookup_elem(&TARGET_PORTS, &pk))
     return 0;
   t->on_sock = 1;
   t->rx_port = pk.port;
@@ -516,7 +517,7 @@ int BPF_PROG(on_sys_exit, struct pt_regs *regs, long ret) {
    * wake-up: once its receive returns, the wake-up is spent. */
   forget_woken(t);
   if (CFG.recv_by_fd && !t->on_sock && ret > 0)
-    recv_sock_by_fd(t, regs->di, tgid);
+    recv_sock_by_fd(t, regs->di);
   if (!t->on_sock || ret <= 0)
     return 0;
   /* Peeked datagrams stay queued (the read that takes them is stamped);
