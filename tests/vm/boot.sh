@@ -31,7 +31,7 @@ kver=$(ls "$kdir/lib/modules" | head -n1)
 # vCPU, 3 of 5 guests of Debian's 6.1 hung in the `it` selection (both
 # vCPUs in "soft lockup" at the same instruction of bpf_trace_run2, the
 # bpf_stats_enabled_key jump label, which `record --bpf-stats sampled`
-# patches twice a second); on one thread none of 2 guests (14 tests) did,
+# patches twice a second); on one thread none of 4 guests (26 tests) did,
 # in the same time per test (docs/testing.md). XLAP_VM_QEMU_OPTS replaces
 # these options.
 if [ "${XLAP_VM_KVM:-0}" = 1 ]; then
