@@ -459,6 +459,24 @@ static __attribute__((noinline)) int recv_sock_by_fd(struct xl_task *t,
   return 0;
 }
 
+/* The context of a receive call of a traced process that began before
+ * tracing (`t` its thread's context, if any); 0 for other processes. */
+static __always_inline struct xl_task *
+recv_begun_before(struct task_struct *task, struct xl_task *t) {
+  __u32 tgid = bpf_get_current_pid_tgid() >> 32;
+  if (!bpf_map_lookup_elem(&TARGET_PIDS, &tgid))
+    return t;
+  if (!t)
+    t = bpf_task_storage_get(&TASK_CTX, task, 0,
+                             BPF_LOCAL_STORAGE_GET_F_CREATE);
+  if (t) {
+    t->in_send = 0;
+    t->in_recv = 1;
+    t->on_sock = 0;
+  }
+  return t;
+}
+
 SEC("tp_btf/sys_exit")
 int BPF_PROG(on_sys_exit, struct pt_regs *regs, long ret) {
   RETURN_IF_EMPTY(0);
@@ -469,24 +487,15 @@ int BPF_PROG(on_sys_exit, struct pt_regs *regs, long ret) {
   /* Only threads of traced processes have call contexts. */
   struct task_struct *task = bpf_get_current_task_btf();
   struct xl_task *t = task_ctx(task);
-  __u64 pid_tgid = bpf_get_current_pid_tgid();
-  __u32 tgid = pid_tgid >> 32, tid = (__u32)pid_tgid;
   /* Without sock_recv_length (CFG.recv_by_fd), a receive call that began
    * before tracing did has no entry context: it gets one here, as that
    * tracepoint gives it on newer kernels (the arguments are in regs). */
-  if (CFG.recv_by_fd && ret > 0 && !send && !wait && (!t || !t->in_recv) &&
-      bpf_map_lookup_elem(&TARGET_PIDS, &tgid)) {
-    if (!t)
-      t = bpf_task_storage_get(&TASK_CTX, task, 0,
-                               BPF_LOCAL_STORAGE_GET_F_CREATE);
-    if (t) {
-      t->in_send = 0;
-      t->in_recv = 1;
-      t->on_sock = 0;
-    }
-  }
+  if (CFG.recv_by_fd && ret > 0 && !send && !wait && (!t || !t->in_recv))
+    t = recv_begun_before(task, t);
   if (!t)
     return 0;
+  __u64 pid_tgid = bpf_get_current_pid_tgid();
+  __u32 tgid = pid_tgid >> 32, tid = (__u32)pid_tgid;
   if (wait) {
     if (t->in_wait) {
       t->in_wait = 0;

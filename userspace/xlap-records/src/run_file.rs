@@ -38,18 +38,23 @@ impl From<RunFileError> for std::io::Error {
     }
 }
 
-/// Opens `path` for reading: a regular file, not through a link at its
-/// last component. The open itself never blocks (a FIFO is refused after
-/// it, not waited on).
-pub fn open(path: &Path) -> Result<File, RunFileError> {
-    let file = OpenOptions::new()
-        .read(true)
+/// Opens `path` as `options` say, never through a link at its last
+/// component, and without blocking (a FIFO is refused after, not waited on).
+fn no_follow(options: &mut OpenOptions, path: &Path) -> Result<File, RunFileError> {
+    options
         .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
         .open(path)
         .map_err(|e| match e.raw_os_error() {
             Some(libc::ELOOP) => RunFileError::Link,
             _ => RunFileError::Io(e),
-        })?;
+        })
+}
+
+/// Opens `path` for reading: a regular file, not through a link at its
+/// last component. The open itself never blocks (a FIFO is refused after
+/// it, not waited on).
+pub fn open(path: &Path) -> Result<File, RunFileError> {
+    let file = no_follow(OpenOptions::new().read(true), path)?;
     let kind = file.metadata()?.file_type();
     if !kind.is_file() {
         return Err(RunFileError::NotRegular(if kind.is_fifo() {
@@ -102,17 +107,14 @@ pub fn read_json_text(path: &Path) -> Result<String, RunFileError> {
 /// link left where the file goes (dangling or not) is refused, not
 /// followed to create or overwrite the file it names.
 pub fn create(path: &Path) -> Result<File, RunFileError> {
-    let file = OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o644)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
-        .open(path)
-        .map_err(|e| match e.raw_os_error() {
-            Some(libc::ELOOP) => RunFileError::Link,
-            _ => RunFileError::Io(e),
-        })?;
+    let file = no_follow(
+        OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o644),
+        path,
+    )?;
     if !file.metadata()?.file_type().is_file() {
         return Err(RunFileError::NotRegular("FIFO or device"));
     }
