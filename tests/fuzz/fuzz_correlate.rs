@@ -22,7 +22,7 @@
 //! `PROPTEST_CASES` for more (`just fuzz`).
 
 use proptest::prelude::*;
-use proptest::test_runner::{Config, RngSeed};
+use proptest::test_runner::Config;
 use std::collections::{BTreeMap, BTreeSet};
 use xlap_abi::xlap_point as xp;
 use xlap_analyze::{correlate, CorrelateOptions, Run};
@@ -32,21 +32,7 @@ use xlap_tests::run_files::{write_run, RunFiles};
 use xlap_tests::Scratch;
 
 fn config(cases: u32) -> Config {
-    // Config::default() reads the PROPTEST_* variables.
-    let mut c = Config {
-        failure_persistence: None,
-        ..Config::default()
-    };
-    if std::env::var_os("PROPTEST_CASES").is_none() {
-        c.cases = cases;
-    }
-    if std::env::var_os("PROPTEST_RNG_SEED").is_none() {
-        c.rng_seed = RngSeed::Fixed(0x5EED_1A90);
-    }
-    if c.timeout == 0 {
-        c.timeout = 300_000;
-    }
-    c
+    crate::config(cases, 0x5EED_1A90, 300_000)
 }
 
 /// The kernel points of each side in path order.

@@ -3,7 +3,7 @@
 //! mutations, and the proptest settings.
 
 use proptest::prelude::*;
-use proptest::test_runner::{Config, RngSeed};
+use proptest::test_runner::Config;
 use xlap_usdt::{Arg, ArgLocation, Register};
 
 /// Settings of a fuzz target: `cases` unless `PROPTEST_CASES` says otherwise
@@ -14,21 +14,7 @@ use xlap_usdt::{Arg, ArgLocation, Register};
 /// its shrunk input; it is kept as a plain #[test], not in a
 /// proptest-regressions file.
 pub fn config(cases: u32) -> Config {
-    // Config::default() reads the PROPTEST_* variables.
-    let mut c = Config {
-        failure_persistence: None,
-        ..Config::default()
-    };
-    if std::env::var_os("PROPTEST_CASES").is_none() {
-        c.cases = cases;
-    }
-    if std::env::var_os("PROPTEST_RNG_SEED").is_none() {
-        c.rng_seed = RngSeed::Fixed(0x5EED_1A90);
-    }
-    if c.timeout == 0 {
-        c.timeout = 10_000;
-    }
-    c
+    crate::config(cases, 0x5EED_1A90, 10_000)
 }
 
 /// Every register name the assembler writes, with the 64-bit register the

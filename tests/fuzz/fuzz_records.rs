@@ -11,7 +11,7 @@
 
 use core::mem::offset_of;
 use proptest::prelude::*;
-use proptest::test_runner::{Config, RngSeed};
+use proptest::test_runner::Config;
 use xlap_abi::{
     xlap_point, xlap_stamp, STAMP_SIZE, XLAP_FLAG_FRAGMENT, XLAP_FLAG_FROM_USER, XLAP_FLAG_HW_TS,
     XLAP_FLAG_KIND, XLAP_FLAG_SEQ_VALID,
@@ -23,21 +23,7 @@ use xlap_records::Stamp;
 /// its input), failures kept as plain tests rather than in a
 /// proptest-regressions file.
 fn config(cases: u32) -> Config {
-    // Config::default() reads the PROPTEST_* variables.
-    let mut c = Config {
-        failure_persistence: None,
-        ..Config::default()
-    };
-    if std::env::var_os("PROPTEST_CASES").is_none() {
-        c.cases = cases;
-    }
-    if std::env::var_os("PROPTEST_RNG_SEED").is_none() {
-        c.rng_seed = RngSeed::Fixed(0x5EED_1A90);
-    }
-    if c.timeout == 0 {
-        c.timeout = 10_000;
-    }
-    c
+    crate::config(cases, 0x5EED_1A90, 10_000)
 }
 
 /// (offset, width) of every field of `struct xlap_stamp`, padding included.

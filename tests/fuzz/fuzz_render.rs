@@ -36,7 +36,7 @@
 
 use crate::fuzz_correlate::{RX_POINTS, TX_POINTS};
 use proptest::prelude::*;
-use proptest::test_runner::{Config, RngSeed};
+use proptest::test_runner::Config;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use xlap_abi::xlap_point as xp;
@@ -46,27 +46,18 @@ use xlap_tests::run_limited::{run_limited, Budget, Limited};
 use xlap_tests::Scratch;
 
 fn config(cases: u32) -> Config {
-    // Config::default() reads the PROPTEST_* variables.
-    let mut c = Config {
-        failure_persistence: None,
-        // A failing case is a dozen CLI runs, a hanging one minutes:
-        // shrink for two minutes at most.
+    // A failing case is a dozen CLI runs, a hanging one minutes: shrink
+    // for two minutes at most.
+    Config {
         max_shrink_time: 120_000,
-        ..Config::default()
-    };
-    if std::env::var_os("PROPTEST_CASES").is_none() {
-        c.cases = cases;
+        ..crate::config(cases, 0x5EED_4E4D, 0)
     }
-    if std::env::var_os("PROPTEST_RNG_SEED").is_none() {
-        c.rng_seed = RngSeed::Fixed(0x5EED_4E4D);
-    }
-    c
 }
 
 /// Largest output file (the report, the plot, the trace) or stdout: the
 /// Perfetto export of its default 10 000 packets, every point stamped, is
 /// ~44 MB.
-const MAX_OUTPUT: u64 = 64 << 20;
+pub(crate) const MAX_OUTPUT: u64 = 64 << 20;
 /// The documented exit codes (README "Exit codes"), and 8: out of memory.
 const EXIT_CODES: std::ops::RangeInclusive<i32> = 0..=8;
 const APP_BASE: u16 = xp::XLAP_POINT_APP_BASE as u16;
@@ -437,17 +428,17 @@ fn write_case(sh: &Shape, name: &str) -> Case {
 
 /// A committed run with a known, ordinary shape: the other side of an
 /// overlay, a comparison and a history.
-fn fixture() -> PathBuf {
+pub(crate) fn fixture() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/synth-2000")
 }
 
-fn xlap(args: &[&dyn AsRef<std::ffi::OsStr>]) -> Limited {
+pub(crate) fn xlap(args: &[&dyn AsRef<std::ffi::OsStr>]) -> Limited {
     let mut cmd = Command::new(xlap_tests::bin("xlap-trace"));
     cmd.args(args.iter().map(|a| AsRef::<std::ffi::OsStr>::as_ref(*a)));
     run_limited(&mut cmd, Budget::default())
 }
 
-type Check = Result<(), String>;
+pub(crate) type Check = Result<(), String>;
 
 /// Ended by itself, with a documented code, without a panic; `must_succeed`:
 /// with `ok` codes only.
@@ -477,7 +468,7 @@ fn ended_well(out: &Limited, must_succeed: bool, ok: &[i32]) -> Check {
     }
 }
 
-fn read_output(path: &Path) -> Result<String, String> {
+pub(crate) fn read_output(path: &Path) -> Result<String, String> {
     let len = std::fs::metadata(path)
         .map_err(|e| format!("{}: {e}", path.display()))?
         .len();
@@ -525,7 +516,7 @@ fn non_finite_word(text: &str) -> Option<&str> {
 /// XML (the report, the plot, JUnit): parses; with `svg`, every geometric
 /// attribute is finite numbers, no text is a non-number, and no element
 /// came from a marker name.
-fn check_xml(text: &str, what: &str, svg: bool) -> Check {
+pub(crate) fn check_xml(text: &str, what: &str, svg: bool) -> Check {
     let opts = roxmltree::ParsingOptions {
         allow_dtd: true,
         ..Default::default()
@@ -584,7 +575,12 @@ fn check_xml(text: &str, what: &str, svg: bool) -> Check {
 /// Markdown: every table row has its header's cell count (unescaped
 /// `|`), no markup from a marker name; `one_heading`: the first line is
 /// the only heading.
-fn check_markdown(text: &str, what: &str, one_heading: bool, markers: &[String]) -> Check {
+pub(crate) fn check_markdown(
+    text: &str,
+    what: &str,
+    one_heading: bool,
+    markers: &[String],
+) -> Check {
     let lines: Vec<&str> = text.lines().collect();
     if one_heading {
         if !lines.first().is_some_and(|l| l.starts_with('#')) {
@@ -688,7 +684,7 @@ fn check_perfetto(text: &str) -> Check {
     Ok(())
 }
 
-fn check_json(text: &str, what: &str) -> Check {
+pub(crate) fn check_json(text: &str, what: &str) -> Check {
     serde_json::from_str::<serde_json::Value>(text)
         .map(|_| ())
         .map_err(|e| format!("{what} is not JSON: {e}"))
@@ -696,7 +692,7 @@ fn check_json(text: &str, what: &str) -> Check {
 
 /// compare's exit 1 is a regression: it says its verdict. An error must
 /// not look like one (`compare --help`: 2 on an error).
-fn compare_verdict(out: &Limited) -> Check {
+pub(crate) fn compare_verdict(out: &Limited) -> Check {
     if out.code() == Some(1) && out.stdout.is_empty() {
         return Err(format!(
             "an error exited 1, compare's code for a regression: {}",

@@ -43,3 +43,40 @@ pub fn write_run(dir: &Path, run: &RunFiles, stamps: &[Stamp]) {
     });
     std::fs::write(dir.join("run.json"), meta.to_string()).unwrap();
 }
+
+/// A stamp of a test's making: what tests vary given, the rest as a
+/// 100-byte datagram on a device of index 1 has it (from the user's
+/// buffer when `flow` is 0: an app marker's).
+pub fn stamp(ts_ns: u64, point: u32, seq: u64, kind: Option<u32>, flow: u64, pid: u32) -> Stamp {
+    Stamp {
+        ts_ns,
+        point: point as u16,
+        seq: Some(seq),
+        kind,
+        flow,
+        pid,
+        tid: pid,
+        cpu: 0,
+        len: 100,
+        ifindex: Some(1),
+        queue: None,
+        hw_ts_ns: None,
+        priority: None,
+        from_user: flow == 0,
+        fragment: false,
+    }
+}
+
+/// A run of one host (`h`, boot `b`) whose layout has a 4-byte sequence
+/// number, started at monotonic 1 s.
+pub fn one_host<'a>(run_id: &'a str, app_names: &'a [String]) -> RunFiles<'a> {
+    RunFiles {
+        run_id,
+        host: "h",
+        boot_id: "b",
+        app_names,
+        seq_size: 4,
+        monotonic_ns: 1_000_000_000,
+        realtime_ns: 1_700_000_000_000_000_000,
+    }
+}

@@ -46,6 +46,7 @@ use crate::sql;
 use crate::{AnalyzeError, Result};
 use duckdb::Connection;
 use serde::Serialize;
+use std::collections::HashMap;
 use std::path::Path;
 
 #[derive(Clone, Debug, Default)]
@@ -172,10 +173,21 @@ pub fn correlate(
         return Err(AnalyzeError::Other("no runs to correlate".into()));
     }
     let files: Vec<_> = runs.iter().map(|r| r.stamps()).collect();
+    correlate_stamps(conn, runs, &files, opts, out).map_err(crate::unreadable_in(&files))
+}
+
+fn correlate_stamps(
+    conn: &Connection,
+    runs: &[Run],
+    files: &[std::path::PathBuf],
+    opts: &CorrelateOptions,
+    out: Option<&Path>,
+) -> Result<Correlation> {
     conn.execute_batch(&format!(
         "CREATE OR REPLACE TEMP VIEW stamps AS SELECT * FROM read_parquet([{}]);",
-        sql::paths(&files)
+        sql::paths(files)
     ))?;
+    check_cardinality(conn, files)?;
     load_run_tables(conn, runs)?;
     let columns = StampColumns::of(conn)?;
     domains_and_flows(conn, &columns)?;
@@ -201,6 +213,65 @@ pub fn correlate(
         points: cols.into_iter().map(|(c, _)| c).collect(),
         clocks,
     })
+}
+
+/// The most distinct point names the stamps of one correlation may carry:
+/// the kernel's points with every variant of their column, and some two
+/// hundred markers. A column each, and the path order weighs every pair.
+pub const MAX_POINTS: i64 = 128;
+/// The most distinct packet kinds: a one-byte type field's range. Each
+/// kind has its own path, stages and summary grids.
+pub const MAX_KINDS: i64 = 256;
+
+/// The most distinct stages (pairs of points consecutive in a packet along
+/// its kind's path): a column each in the packets table, where a few
+/// dozen is a rich path. Points present at random in each packet make
+/// thousands (120 points: 2 786; the table took minutes to write).
+pub const MAX_STAGES: usize = 512;
+/// The most (kind, stage) pairs: a distribution each in summary.json,
+/// which must stay within what a summary's reader takes (16 MiB).
+pub const MAX_KIND_STAGES: usize = 16_384;
+
+/// Refuses stamps whose names or kinds are more than the correlator is
+/// built for ([`MAX_POINTS`], [`MAX_KINDS`]), naming the file that carries
+/// the most, before any step whose cost grows with them: a run directory
+/// from elsewhere may carry 57 000 point names (the engine once died of
+/// SIGFPE in its hash aggregate) or a kind per packet.
+fn check_cardinality(conn: &Connection, files: &[std::path::PathBuf]) -> Result<()> {
+    let (points, kinds): (i64, i64) = conn.query_row(
+        "SELECT count(DISTINCT point), count(DISTINCT kind) FROM stamps",
+        [],
+        |r| Ok((r.get(0)?, r.get(1)?)),
+    )?;
+    for (what, n, cap, column) in [
+        ("point names", points, MAX_POINTS, "point"),
+        ("packet kinds", kinds, MAX_KINDS, "kind"),
+    ] {
+        if n <= cap {
+            continue;
+        }
+        let (file, in_file): (String, i64) = conn.query_row(
+            &format!(
+                "SELECT filename, count(DISTINCT {column}) AS n
+                 FROM read_parquet([{}], filename = true) GROUP BY filename ORDER BY n DESC LIMIT 1",
+                sql::paths(files)
+            ),
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )?;
+        let hint = if column == "kind" {
+            "the layout's kind field is not a packet type (record with another --kind-offset, or none)"
+        } else {
+            "the stamps were not written by xlap-trace's recorder, or its markers name each packet"
+        };
+        return Err(AnalyzeError::Input {
+            path: file,
+            what: format!(
+                "its stamps carry {in_file} distinct {what} ({n} in all the runs); xlap-trace correlates at most {cap}: {hint}"
+            ),
+        });
+    }
+    Ok(())
 }
 
 /// Point columns (`<point>_ns`) with their side ("tx" or "rx").
@@ -422,6 +493,20 @@ fn build_packets(
     let paths = path_orders(conn, &cols)?;
     let cols = paths.layout;
     let stage_cols = paths.stages;
+    let kind_stages: usize = stage_cols.iter().map(|s| s.cases.len()).sum();
+    if stage_cols.len() > MAX_STAGES || kind_stages > MAX_KIND_STAGES {
+        return Err(AnalyzeError::Input {
+            path: runs
+                .iter()
+                .map(|r| r.stamps().display().to_string())
+                .collect::<Vec<_>>()
+                .join(", "),
+            what: format!(
+                "its packets pass their points in {} distinct stages (pairs of points consecutive in a packet), {kind_stages} over their kinds; xlap-trace correlates at most {MAX_STAGES}, and {MAX_KIND_STAGES} over the kinds: the markers fire in no steady order, or each packet at others",
+                stage_cols.len()
+            ),
+        });
+    }
     check_point_columns(conn, runs, &cols, &stage_cols)?;
     let weight = sample_weight(runs)?;
     write_packets(conn, opts, columns, &cols, &stage_cols, &weight)?;
@@ -725,41 +810,22 @@ fn path_orders(conn: &Connection, hint: &[(String, String)]) -> Result<Paths> {
     use xlap_records::stages::{self, Precedence};
     let n = hint.len();
     let col = |i: usize| format!("p.{}", sql::ident(&hint[i].0));
-    let pairs: Vec<(usize, usize)> = (0..n)
-        .flat_map(|i| (i + 1..n).map(move |j| (i, j)))
-        .collect();
-    let mut counts = vec!["p.kind::BIGINT".to_string()];
-    for &(i, j) in &pairs {
-        counts.push(format!("count(*) FILTER (WHERE {} < {})", col(i), col(j)));
-        counts.push(format!("count(*) FILTER (WHERE {} < {})", col(j), col(i)));
-    }
     let mask = (0..n)
         .map(|i| format!("CASE WHEN {} IS NULL THEN '0' ELSE '1' END", col(i)))
         .collect::<Vec<_>>()
         .join(" || ");
-    let hint_pos = |c: &String| hint.iter().position(|(h, _)| h == c);
+    // Positions and sides by name: looked up per pair and per packet's
+    // stage, where a scan of the list grew with a power of the points.
+    let hint_index: HashMap<&str, usize> = hint
+        .iter()
+        .enumerate()
+        .map(|(i, (c, _))| (c.as_str(), i))
+        .collect();
+    let hint_pos = |c: &String| hint_index.get(c.as_str()).copied();
     let by_hint = |a: &String, b: &String| hint_pos(a).cmp(&hint_pos(b));
     // Per kind: (kind, counts over both sides, point sets present).
     type KindCounts = (Option<i64>, Precedence<String>, Vec<Vec<bool>>);
     let mut kinds: Vec<KindCounts> = Vec::new();
-    {
-        let mut stmt = conn.prepare(&format!(
-            "SELECT {} FROM pk p GROUP BY ALL ORDER BY 1",
-            counts.join(", ")
-        ))?;
-        let mut rows = stmt.query([])?;
-        while let Some(r) = rows.next()? {
-            let kind: Option<i64> = r.get(0)?;
-            let mut prec = Precedence::default();
-            for (x, &(i, j)) in pairs.iter().enumerate() {
-                let ij: i64 = r.get(1 + 2 * x)?;
-                let ji: i64 = r.get(2 + 2 * x)?;
-                prec.count(&hint[i].0, &hint[j].0, ij as u64);
-                prec.count(&hint[j].0, &hint[i].0, ji as u64);
-            }
-            kinds.push((kind, prec, Vec::new()));
-        }
-    }
     {
         let mut stmt = conn.prepare(&format!(
             "SELECT p.kind::BIGINT, {mask} FROM pk p GROUP BY ALL ORDER BY 1, 2"
@@ -768,8 +834,35 @@ fn path_orders(conn: &Connection, hint: &[(String, String)]) -> Result<Paths> {
         while let Some(r) = rows.next()? {
             let kind: Option<i64> = r.get(0)?;
             let m: String = r.get(1)?;
+            if kinds.last().is_none_or(|k| k.0 != kind) {
+                let mut prec = Precedence::default();
+                for (c, _) in hint {
+                    prec.point(c);
+                }
+                kinds.push((kind, prec, Vec::new()));
+            }
+            let k = kinds.last_mut().expect("pushed");
+            k.2.push(m.bytes().map(|b| b == b'1').collect());
+        }
+    }
+    {
+        // Pairs within each packet, from its first stamp at each column:
+        // rows as many as the packets' pairs of points, where a column per
+        // pair (count FILTER) made the engine's plan grow with the fourth
+        // power of the points (40 points: out of memory).
+        let mut stmt = conn.prepare(
+            "WITH l AS (SELECT flow, kind, useq, col, min(t) AS t FROM s5 GROUP BY ALL)
+             SELECT a.kind::BIGINT, a.col, b.col, count(*)
+             FROM l a JOIN l b ON a.flow = b.flow AND a.kind IS NOT DISTINCT FROM b.kind AND a.useq = b.useq AND a.t < b.t
+             GROUP BY ALL",
+        )?;
+        let mut rows = stmt.query([])?;
+        while let Some(r) = rows.next()? {
+            let kind: Option<i64> = r.get(0)?;
+            let (a, b): (String, String) = (r.get(1)?, r.get(2)?);
+            let n: i64 = r.get(3)?;
             if let Some(k) = kinds.iter_mut().find(|k| k.0 == kind) {
-                k.2.push(m.bytes().map(|b| b == b'1').collect());
+                k.1.count(&a, &b, n as u64);
             }
         }
     }
@@ -786,13 +879,19 @@ fn path_orders(conn: &Connection, hint: &[(String, String)]) -> Result<Paths> {
         }
     }
     let layout_order = all.order(by_hint).order;
-    let side_of = |c: &String| hint.iter().find(|(h, _)| h == c).map(|(_, s)| s.clone());
+    let side_of = |c: &String| hint_pos(c).map(|i| hint[i].1.clone());
     let layout: Vec<(String, String)> = layout_order
         .iter()
         .map(|c| (c.clone(), side_of(c).unwrap_or_default()))
         .collect();
-    let layout_pos = |c: &String| layout_order.iter().position(|l| l == c);
+    let layout_index: HashMap<&str, usize> = layout_order
+        .iter()
+        .enumerate()
+        .map(|(i, c)| (c.as_str(), i))
+        .collect();
+    let layout_pos = |c: &String| layout_index.get(c.as_str()).copied();
     let mut stage_cols: Vec<StageColumn> = Vec::new();
+    let mut stage_index: HashMap<(String, String), usize> = HashMap::new();
     let mut conflicts = Vec::new();
     for (kind, prec, masks) in &kinds {
         let literal = kind.map_or("NULL".to_string(), |k| k.to_string());
@@ -817,27 +916,30 @@ fn path_orders(conn: &Connection, hint: &[(String, String)]) -> Result<Paths> {
                     c.first, c.then, c.agreeing, c.against
                 ));
             }
+            let order_pos: HashMap<&str, usize> = order
+                .order
+                .iter()
+                .enumerate()
+                .map(|(i, c)| (c.as_str(), i))
+                .collect();
             for m in masks {
                 let present = |c: &String| hint_pos(c).is_some_and(|i| m[i]);
                 for (a, b) in stages::stages(&order.order, present) {
-                    let (ia, ib) = (
-                        order.order.iter().position(|x| x == a).unwrap_or(0),
-                        order.order.iter().position(|x| x == b).unwrap_or(0),
-                    );
-                    let between = order.order[ia + 1..ib].to_vec();
-                    let s = match stage_cols.iter_mut().find(|s| &s.a == a && &s.b == b) {
-                        Some(s) => s,
-                        None => {
+                    let (ia, ib) = (order_pos[a.as_str()], order_pos[b.as_str()]);
+                    let at = *stage_index
+                        .entry((a.clone(), b.clone()))
+                        .or_insert_with(|| {
                             stage_cols.push(StageColumn {
                                 a: a.clone(),
                                 b: b.clone(),
                                 cases: Vec::new(),
                             });
-                            stage_cols.last_mut().expect("pushed")
-                        }
-                    };
+                            stage_cols.len() - 1
+                        });
+                    let s = &mut stage_cols[at];
                     if !s.cases.iter().any(|(k, _)| k.as_deref() == Some(&literal)) {
-                        s.cases.push((Some(literal.clone()), between));
+                        s.cases
+                            .push((Some(literal.clone()), order.order[ia + 1..ib].to_vec()));
                     }
                 }
             }

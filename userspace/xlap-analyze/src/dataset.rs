@@ -217,7 +217,14 @@ pub fn open_view(
     progress: bool,
     view: View,
 ) -> Result<Dataset> {
-    open_checked(conn, arg, shared, progress, view, true, Purpose::Analyse)
+    let how = Opening {
+        shared,
+        progress,
+        view,
+        both_ends: true,
+        purpose: Purpose::Analyse,
+    };
+    open_checked(conn, arg, how)
 }
 
 /// [`open_view`] for the user's own SQL (`xlap-trace sql`): a run with one
@@ -230,33 +237,55 @@ pub fn open_one_end_ok(
     progress: bool,
     view: View,
 ) -> Result<Dataset> {
-    open_checked(conn, arg, shared, progress, view, false, Purpose::Analyse)
+    let how = Opening {
+        shared,
+        progress,
+        view,
+        both_ends: false,
+        purpose: Purpose::Analyse,
+    };
+    open_checked(conn, arg, how)
 }
 
 /// Opens the packets file `packets` to compute its stored tables
 /// (crate::stored::store): the statements of `views.sql` up to them, a run
 /// with one end only included (its tables are empty).
 pub(crate) fn open_for_store(conn: &Connection, packets: &Path) -> Result<Dataset> {
-    open_checked(
-        conn,
-        packets,
-        Shared::Materialized,
-        false,
-        View::default(),
-        false,
-        Purpose::Store,
-    )
+    let how = Opening {
+        shared: Shared::Materialized,
+        progress: false,
+        view: View::default(),
+        both_ends: false,
+        purpose: Purpose::Store,
+    };
+    open_checked(conn, packets, how)
 }
 
-fn open_checked(
-    conn: &Connection,
-    arg: &Path,
+/// How a dataset is opened: its shared tables, whether each step's time is
+/// said, the view of its packets, whether packets must have both ends, and
+/// what for.
+#[derive(Clone, Copy, Debug)]
+struct Opening {
     shared: Shared,
     progress: bool,
     view: View,
     both_ends: bool,
     purpose: Purpose,
-) -> Result<Dataset> {
+}
+
+/// [`open_files`], a file the engine cannot read named as bad input.
+fn open_checked(conn: &Connection, arg: &Path, how: Opening) -> Result<Dataset> {
+    open_files(conn, arg, how).map_err(crate::unreadable_in(&[arg.to_path_buf()]))
+}
+
+fn open_files(conn: &Connection, arg: &Path, how: Opening) -> Result<Dataset> {
+    let Opening {
+        shared,
+        progress,
+        view,
+        both_ends,
+        purpose,
+    } = how;
     if !arg.exists() {
         return Err(input(
             arg,
@@ -352,6 +381,7 @@ fn open_checked(
             "r"
         }
     ))?;
+    check_kinds(conn, arg)?;
     name_kinds(conn)?;
     apply_view(conn, view)?;
     describe_columns(conn, &sides)?;
@@ -698,7 +728,7 @@ fn validate_packets(
     };
     match version.parse::<u32>() {
         Ok(v) if v <= PACKETS_SCHEMA_VERSION => {}
-        _ => {
+        Ok(_) => {
             return Err(input(
                 file,
                 format!(
@@ -706,6 +736,30 @@ fn validate_packets(
                 ),
             ))
         }
+        Err(_) => {
+            return Err(input(
+                file,
+                format!(
+                    "packets table schema version {:?} is not a version number: the file was edited or written by a foreign tool",
+                    version.chars().take(40).collect::<String>()
+                ),
+            ))
+        }
+    }
+    // A column per point and per stage: bounded as the correlator bounds
+    // them, before any query whose plan grows with the columns.
+    let most =
+        REQUIRED.len() + 4 * crate::correlate::MAX_POINTS as usize + crate::correlate::MAX_STAGES;
+    if cols.len() > most {
+        return Err(input(
+            file,
+            format!(
+                "the packets table has {} columns; xlap-trace reads at most {most} (its fixed columns, {} points and {} stages): written by a foreign tool",
+                cols.len(),
+                crate::correlate::MAX_POINTS,
+                crate::correlate::MAX_STAGES
+            ),
+        ));
     }
     check_names(file, cols.iter())?;
     let missing: Vec<&str> = REQUIRED
@@ -841,6 +895,26 @@ fn insert_runs(conn: &Connection, files: &[PathBuf], losses: usize) -> Result<()
 /// runs' (a packets file written into a directory of runs): their names
 /// would label another protocol's kinds. Then [`crate::KIND_ALL`], if any
 /// packet is of a layout without a kind.
+/// Packets of more kinds than the correlator makes ([`MAX_KINDS`]) come
+/// from a file edited or written elsewhere: each kind is a distribution per
+/// stage in every analysis (10 000 kinds: 3 GB, a 160 MB summary.json).
+///
+/// [`MAX_KINDS`]: crate::correlate::MAX_KINDS
+fn check_kinds(conn: &Connection, arg: &Path) -> Result<()> {
+    let kinds: i64 =
+        conn.query_row("SELECT count(DISTINCT kind) FROM packets", [], |r| r.get(0))?;
+    if kinds > crate::correlate::MAX_KINDS {
+        return Err(input(
+            arg,
+            format!(
+                "its packets are of {kinds} distinct kinds; xlap-trace analyses at most {}: the packets table was edited or written by a foreign tool",
+                crate::correlate::MAX_KINDS
+            ),
+        ));
+    }
+    Ok(())
+}
+
 fn name_kinds(conn: &Connection) -> Result<()> {
     let has_run_id: bool = conn.query_row(
         "SELECT count(*) > 0 FROM (DESCRIBE SELECT * FROM packets) WHERE column_name = 'run_id'",

@@ -174,8 +174,18 @@ pub fn print_correlation(c: &Correlation, out: &Path) {
     }
     println!("points in path order: {}", c.points.join(", "));
     // No order fits every packet: those packets have a negative stage.
-    for conflict in &c.order_conflicts {
+    // The first few: a run from elsewhere may have thousands, all in
+    // packets.json.
+    const SHOWN: usize = 10;
+    for conflict in c.order_conflicts.iter().take(SHOWN) {
         println!("path order does not fit every packet: {conflict}");
+    }
+    if c.order_conflicts.len() > SHOWN {
+        println!(
+            "path order: {} more pairs out of order, listed in {}",
+            c.order_conflicts.len() - SHOWN,
+            out.with_extension("json").display()
+        );
     }
     println!(
         "wrote {} and {}",

@@ -62,7 +62,49 @@ pub enum AnalyzeError {
     Other(String),
 }
 
+impl AnalyzeError {
+    /// The engine could not read a file it was given (a Parquet file cut
+    /// or with flipped bytes inside a page, past the checks on opening):
+    /// bad input, exit 6, not a failure of the tool. Its message names
+    /// the file.
+    pub fn is_unreadable_file(&self) -> bool {
+        let text = match self {
+            AnalyzeError::Db(e) => e.to_string(),
+            AnalyzeError::Query { what, .. } => what.clone(),
+            _ => return false,
+        };
+        // DuckDB's Parquet reader says it in many ways ("Failed to read
+        // file", "likely corrupted", "ZSTD Decompression failure", "don't
+        // know what type"): an `Invalid Error` is its own (malformed data),
+        // found by fuzzing run directories (tests/fuzz/fuzz_run_dirs.rs).
+        let lower = text.to_ascii_lowercase();
+        text.contains("Failed to read file")
+            || lower.contains("corrupt")
+            || text.contains("Invalid Error")
+            || (text.contains("Invalid Input Error") && lower.contains("parquet"))
+    }
+}
+
 pub type Result<T> = std::result::Result<T, AnalyzeError>;
+
+/// An error reading `files` named as bad input in them when the engine
+/// could not read one (its own message may name none: "Parquet file is
+/// likely corrupted").
+pub(crate) fn unreadable_in(files: &[PathBuf]) -> impl Fn(AnalyzeError) -> AnalyzeError + '_ {
+    move |e| {
+        if !e.is_unreadable_file() {
+            return e;
+        }
+        AnalyzeError::Input {
+            path: files
+                .iter()
+                .map(|f| f.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", "),
+            what: format!("a file does not read whole: {e}"),
+        }
+    }
+}
 
 /// The memory DuckDB may use before it spills to disk, unless
 /// `XLAP_MEMORY_LIMIT` says otherwise (DuckDB's syntax: `512MB`, `8GB`).

@@ -77,6 +77,8 @@ impl Run {
             ));
         }
         stamps_whole(dir).map_err(err)?;
+        xlap_records::schema::check_stamps_parquet(&stamps)
+            .map_err(|why| err(format!("stamps.parquet: {why}")))?;
         Ok(Run {
             dir: dir.to_path_buf(),
             meta,

@@ -11,7 +11,8 @@
 //! packets file (its size and a hash of its footer, which holds every
 //! column chunk's offsets and statistics) and the statements (a hash of
 //! the code of the `views.sql` statements that make them, comments left
-//! out, and this crate's version). Anything else (a file of an
+//! out, and this crate's version), and its own rows (their count and the
+//! sum of their hashes, checked as it is read). Anything else (a file of an
 //! older release, packets rewritten by a later `correlate`, a file that
 //! does not read) is ignored, said when progress is shown, and the table
 //! computed from the packets as before. Only the default view of the
@@ -30,6 +31,11 @@ pub const TABLES: &[&str] = &["stage_counts", "stage_moments", "send_schedule"];
 /// Metadata keys of a stored table.
 const PACKETS_KEY: &str = "xlap.packets";
 const STATEMENTS_KEY: &str = "xlap.statements";
+/// The table's own rows: their count and the sum of their hashes. The
+/// other two keys name where the rows came from, not what they are: a
+/// table edited by hand with its keys kept was trusted (counts 1 740 000
+/// for 1 740).
+const CONTENT_KEY: &str = "xlap.content";
 
 /// The bytes of a packets file's end hashed: its Parquet footer (the
 /// metadata of every row group and column chunk) lies there.
@@ -67,7 +73,7 @@ fn packets_id(packets: &Path) -> std::io::Result<String> {
 /// What the tables hold beyond `views.sql`'s text: the `packets` view and
 /// `stage_columns` that `dataset` makes. Raise it when those change, so that
 /// tables stored before are computed again.
-const FORMAT: u32 = 1;
+const FORMAT: u32 = 2;
 
 /// Names the statements that make the tables: those of `views.sql` up to
 /// the last stored table, not the whole file.
@@ -123,17 +129,63 @@ fn write(conn: &Connection, packets: &Path) -> Result<()> {
     for name in TABLES {
         let out = path(packets, name);
         let tmp = out.with_extension("parquet.tmp");
+        // The rows' digest is of the rows as Parquet gives them back (its
+        // types, not the engine's), so the table goes through a file once
+        // before the file that carries the digest.
+        let rows = out.with_extension("parquet.rows");
         conn.execute_batch(&format!(
-            "COPY {name} TO {} (FORMAT PARQUET, COMPRESSION ZSTD, KV_METADATA {{{}: {}, {}: {}}});",
-            sql::path(&tmp),
-            sql::literal(PACKETS_KEY),
-            sql::literal(&id),
-            sql::literal(STATEMENTS_KEY),
-            sql::literal(&statements_id()),
+            "COPY {name} TO {} (FORMAT PARQUET, COMPRESSION ZSTD);",
+            sql::path(&rows)
         ))?;
+        let content = content_id(conn, &rows);
+        let copied = content.map_err(AnalyzeError::Other).and_then(|content| {
+            conn.execute_batch(&format!(
+                "COPY (FROM read_parquet({})) TO {} (FORMAT PARQUET, COMPRESSION ZSTD, KV_METADATA {{{}: {}, {}: {}, {}: {}}});",
+                sql::path(&rows),
+                sql::path(&tmp),
+                sql::literal(PACKETS_KEY),
+                sql::literal(&id),
+                sql::literal(STATEMENTS_KEY),
+                sql::literal(&statements_id()),
+                sql::literal(CONTENT_KEY),
+                sql::literal(&content),
+            ))
+            .map_err(AnalyzeError::from)
+        });
+        let _ = std::fs::remove_file(&rows);
+        copied?;
         std::fs::rename(&tmp, &out).map_err(|e| io_error(&out, e))?;
     }
     Ok(())
+}
+
+/// A table file's rows: their count and the sum of their hashes (order
+/// free: the engine writes them in any order), the file's own columns only
+/// (a dataset's path says `run_id=…`, which the engine would add).
+fn content_id(conn: &Connection, file: &Path) -> std::result::Result<String, String> {
+    conn.query_row(
+        &format!(
+            "SELECT count(*)::VARCHAR || ':' || coalesce(sum(hash(t)::HUGEINT), 0)::VARCHAR
+             FROM read_parquet({}, hive_partitioning = false) t",
+            sql::path(file)
+        ),
+        [],
+        |r| r.get(0),
+    )
+    .map_err(|e| e.to_string())
+}
+
+/// Whether `file`'s rows are those its content key names.
+fn rows_match(
+    conn: &Connection,
+    file: &Path,
+    key: Option<&str>,
+) -> std::result::Result<(), String> {
+    if key == Some(content_id(conn, file)?.as_str()) {
+        Ok(())
+    } else {
+        Err("its rows are not those its key names: edited after it was written".into())
+    }
 }
 
 fn io_error(path: &Path, e: std::io::Error) -> AnalyzeError {
@@ -183,6 +235,7 @@ fn check(conn: &Connection, file: &Path, id: &str) -> std::result::Result<String
         meta(STATEMENTS_KEY)?.as_deref(),
         id,
     )?;
+    rows_match(conn, file, meta(CONTENT_KEY)?.as_deref())?;
     Ok(format!("FROM read_parquet({})", sql::path(file)))
 }
 
@@ -246,9 +299,10 @@ fn matching(
     let mut stmt = conn
         .prepare(&format!(
             "SELECT file_name, decode(key), decode(value) FROM parquet_kv_metadata([{list}])
-             WHERE decode(key) IN ({}, {})",
+             WHERE decode(key) IN ({}, {}, {})",
             sql::literal(PACKETS_KEY),
-            sql::literal(STATEMENTS_KEY)
+            sql::literal(STATEMENTS_KEY),
+            sql::literal(CONTENT_KEY)
         ))
         .map_err(|e| e.to_string())?;
     let mut meta = std::collections::HashMap::new();
@@ -274,6 +328,7 @@ fn matching(
                 .map(String::as_str)
         };
         verdict(get(PACKETS_KEY), get(STATEMENTS_KEY), &id)
+            .and_then(|()| rows_match(conn, file, get(CONTENT_KEY)))
             .map_err(|why| format!("{}: {why}", file.display()))?;
     }
     Ok(list)

@@ -335,7 +335,9 @@ impl Summary {
             path: path.display().to_string(),
             what,
         };
-        let s: Summary = serde_json::from_str(&text).map_err(|e| {
+        let s: Summary = xlap_records::strict_json::parse(&text)
+            .and_then(serde_json::from_value)
+            .map_err(|e| {
             bad(format!(
                 "is not an xlap-trace summary ({e}); give a run directory or the summary.json `xlap-trace summary` wrote"
             ))

@@ -8,7 +8,7 @@
 //! | 3 | missing privileges: a capability `record` needs (each one named; README: Privileges and privacy) |
 //! | 4 | the kernel lacks something needed (BTF, a tracepoint) |
 //! | 5 | a target process does not exist |
-//! | 6 | a bad input file or run directory (not a run or packets table, wrong schema version, no packets, one end only, a run still being recorded, a live stream that cannot be recovered); for `estimate`, not an RTT file of `probe rtt`, a pair without samples, or pairs that do not determine every host (the message names the pairs to add) |
+//! | 6 | a bad input file or run directory (not a run or packets table, wrong schema version, no packets, one end only, a run still being recorded, a live stream that cannot be recovered, a file of a run that is a link, a FIFO, corrupt or beyond the limits of docs/usage.md); for `estimate`, not an RTT file of `probe rtt`, a pair without samples, or pairs that do not determine every host (the message names the pairs to add) |
 //! | 7 | nothing to key: the targets held only TCP sockets (or none) and never opened a UDP socket during the run (its files are still written) |
 //! | 8 | out of memory: the command reached its memory ceiling (`XLAP_MAX_MEMORY`) or the engine's limit (`XLAP_MEMORY_LIMIT`); the message names the step ([`memory`]) |
 //!

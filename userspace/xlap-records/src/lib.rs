@@ -11,6 +11,7 @@ pub mod sample;
 pub mod schema;
 pub mod stages;
 pub mod stamp;
+pub mod strict_json;
 pub mod tracer_cost;
 pub mod writer;
 

@@ -578,13 +578,19 @@ pub struct MarkerRing {
 /// Why a run.json cannot be read.
 #[derive(Debug, thiserror::Error)]
 pub enum RunMetaError {
-    #[error("run.json is not valid JSON: {0}")]
+    #[error("run.json is not JSON as xlap-trace writes it: {0}")]
     Json(serde_json::Error),
     #[error("run.json has schema version {found}; this xlap-trace reads versions {} (use a matching xlap-trace)", READS_RUN_VERSIONS.join(", "))]
     Version { found: String },
     #[error("run.json lacks what the analyses need ({0}): it was not written by xlap-trace, or was edited")]
     Incomplete(serde_json::Error),
+    #[error("run.json holds {0}: it was not written by xlap-trace, or was edited")]
+    Invalid(String),
 }
+
+/// The longest run id, host, boot id or kernel name: each is copied into
+/// rows and reports (a 50 MB run id became 50 MB of Markdown).
+pub const MAX_NAME_BYTES: usize = 1024;
 
 impl RunMeta {
     /// A run.json's text, refused unless it is JSON of a version this
@@ -592,14 +598,28 @@ impl RunMeta {
     /// checked first: a newer run.json is refused as newer, not as
     /// malformed).
     pub fn from_json(text: &str) -> Result<RunMeta, RunMetaError> {
-        let value: serde_json::Value = serde_json::from_str(text).map_err(RunMetaError::Json)?;
+        let value = crate::strict_json::parse(text).map_err(RunMetaError::Json)?;
         let version = value["schema_version"].as_str().unwrap_or("?");
         if !READS_RUN_VERSIONS.contains(&version) {
             return Err(RunMetaError::Version {
-                found: version.to_string(),
+                found: crate::escape::terminal(&version.chars().take(40).collect::<String>()),
             });
         }
-        serde_json::from_value(value).map_err(RunMetaError::Incomplete)
+        let meta: RunMeta = serde_json::from_value(value).map_err(RunMetaError::Incomplete)?;
+        for (what, name) in [
+            ("run id", &meta.run_id),
+            ("host", &meta.host),
+            ("boot id", &meta.boot_id),
+            ("kernel", &meta.kernel),
+        ] {
+            if name.len() > MAX_NAME_BYTES {
+                return Err(RunMetaError::Invalid(format!(
+                    "a {what} of {} bytes (at most {MAX_NAME_BYTES})",
+                    name.len()
+                )));
+            }
+        }
+        Ok(meta)
     }
 
     /// Writes run.json whole or not at all (a temporary file renamed), so

@@ -182,6 +182,45 @@ pub fn to_json(schema: &Schema) -> String {
     s
 }
 
+/// The columns every stamps file has had since the first release; the
+/// others of [`stamps`] came later, and a run without them is read without.
+const STAMPS_SINCE_FIRST: &[&str] = &[
+    "run_id", "host", "point", "side", "ts_ns", "seq", "kind", "flow", "pid", "ifindex",
+];
+
+/// Refuses a stamps Parquet file whose columns are not those of
+/// [`stamps`]: one of the first release's missing, or one of a type other
+/// than declared (a run directory from elsewhere with `run_id` as a
+/// number failed in the middle of a correlation, exit 1). Reads only the
+/// footer.
+pub fn check_stamps_parquet(path: &std::path::Path) -> Result<(), String> {
+    let file = crate::run_file::open(path).map_err(|e| e.to_string())?;
+    let builder = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(file)
+        .map_err(|e| format!("not a readable Parquet file ({e})"))?;
+    let found = builder.schema();
+    let expected = stamps();
+    for name in STAMPS_SINCE_FIRST {
+        if found.field_with_name(name).is_err() {
+            return Err(format!(
+                "it has no column {name:?}: not a stamps file of xlap-trace"
+            ));
+        }
+    }
+    for want in expected.fields() {
+        if let Ok(have) = found.field_with_name(want.name()) {
+            if have.data_type() != want.data_type() {
+                return Err(format!(
+                    "its column {:?} is {}, where stamps have {}: not a stamps file of xlap-trace, or edited",
+                    want.name(),
+                    have.data_type(),
+                    want.data_type()
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -67,6 +67,7 @@ fn exit_code(e: &anyhow::Error) -> u8 {
     let analysis = e.chain().find_map(|c| c.downcast_ref::<AnalyzeError>());
     match analysis {
         Some(AnalyzeError::Input { .. } | AnalyzeError::NoPackets(_)) => Code::BadInput as u8,
+        Some(e) if e.is_unreadable_file() => Code::BadInput as u8,
         Some(AnalyzeError::Usage(_)) => Code::Usage as u8,
         _ => Code::Runtime as u8,
     }

@@ -182,7 +182,8 @@ impl SegmentIndex {
         let path = dir.join(INDEX_FILE);
         let text = xlap_records::run_file::read_json_text(&path)
             .with_context(|| format!("cannot read {}", path.display()))?;
-        serde_json::from_str(&text)
+        xlap_records::strict_json::parse(&text)
+            .and_then(serde_json::from_value)
             .with_context(|| format!("{} is not a segment index", path.display()))
     }
 
