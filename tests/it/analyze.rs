@@ -519,6 +519,14 @@ fn stored_aggregates_give_the_analyses_of_the_packets_themselves() {
     for t in tables {
         assert!(said.contains(&format!("read {t} in")), "{said}");
     }
+    // Progress is for long steps: the twenty short ones once said
+    // "prepared … in 0.00 s" each (issue 51).
+    assert!(
+        !said
+            .lines()
+            .any(|l| l.ends_with(" in 0.00 s") && !l.contains(": read ")),
+        "{said}"
+    );
     let (inliers_with, _) = all_queries(&run, &["--inliers"]);
     // The same run without them: computed from the packets.
     let aside = scratch.path("aside");

@@ -452,7 +452,9 @@ fn open_files(conn: &Connection, arg: &Path, how: Opening) -> Result<Dataset> {
                 format!("queries/views.sql failed on this packets table: {e}"),
             )
         })?;
-        if progress {
+        // A step read from a stored table is said (the run's aggregates
+        // were used); one prepared is said only when it was long.
+        if progress && (from.is_some() || t0.elapsed() >= crate::LONG_STEP) {
             eprintln!(
                 "xlap-trace: {} {} in {:.2} s",
                 if from.is_some() { "read" } else { "prepared" },

@@ -106,6 +106,11 @@ pub(crate) fn unreadable_in(files: &[PathBuf]) -> impl Fn(AnalyzeError) -> Analy
     }
 }
 
+/// A step that takes this long is said on stderr as it ends (progress);
+/// shorter ones are not: twenty lines of "prepared … in 0.00 s" hid what
+/// mattered (issue 51).
+pub const LONG_STEP: std::time::Duration = std::time::Duration::from_millis(500);
+
 /// The memory DuckDB may use before it spills to disk, unless
 /// `XLAP_MEMORY_LIMIT` says otherwise (DuckDB's syntax: `512MB`, `8GB`).
 pub const DEFAULT_MEMORY_LIMIT: &str = "4GB";

@@ -135,7 +135,7 @@ pub fn run_queries(
     for q in queries {
         let t0 = Instant::now();
         let table = queries::run_taking(conn, q, params)?;
-        if progress {
+        if progress && t0.elapsed() >= crate::LONG_STEP {
             eprintln!(
                 "xlap-trace: {} ({} rows) in {:.2} s",
                 q.name,

@@ -135,7 +135,11 @@ impl Hist {
 /// Per kind: the end-to-end and every stage seen.
 #[derive(Clone, Default)]
 struct KindStats {
+    /// Packets stamped at both ends.
     e2e: Option<Hist>,
+    /// Packets stamped at one end only (a receiver traced alone): their
+    /// span, which is not an end-to-end latency and is not called one.
+    one_end: Option<Hist>,
     stages: FastMap<StageKey, Hist>,
     /// Per stage, the sum of its start's offset into the packet (ns): the
     /// mean puts the stages in path order.
@@ -171,9 +175,25 @@ impl KindStats {
         self.e2e.get_or_insert_with(Hist::new)
     }
 
+    fn one_end(&mut self) -> &mut Hist {
+        self.one_end.get_or_insert_with(Hist::new)
+    }
+
+    /// The packets' whole latency: end to end, or else one end's span.
+    fn whole(&self) -> Option<(&'static str, &Hist)> {
+        match (&self.e2e, &self.one_end) {
+            (Some(h), _) => Some(("e2e", h)),
+            (None, Some(h)) => Some(("one-end span", h)),
+            (None, None) => None,
+        }
+    }
+
     fn merge(&mut self, other: &KindStats) {
         if let Some(h) = &other.e2e {
             self.e2e().merge(h);
+        }
+        if let Some(h) = &other.one_end {
+            self.one_end().merge(h);
         }
         for (s, h) in &other.stages {
             self.stages.entry(*s).or_insert_with(Hist::new).merge(h);
@@ -457,7 +477,8 @@ impl LiveView {
         let all = || c.sides.iter().flatten().map(|(_, t)| *t);
         let first = all().min().unwrap_or(0);
         let [tx, rx] = &c.sides;
-        let e2e = if !tx.is_empty() && !rx.is_empty() {
+        let both_ends = !tx.is_empty() && !rx.is_empty();
+        let e2e = if both_ends {
             rx.iter().map(|(_, t)| *t).max().unwrap_or(0)
                 - tx.iter().map(|(_, t)| *t).min().unwrap_or(0)
         } else {
@@ -506,11 +527,14 @@ impl LiveView {
         }
         // Causes against the window's fences before this packet joins it.
         let window = self.current.entry(kind).or_default();
-        let outlier = window
-            .e2e
-            .as_ref()
-            .and_then(|h| h.fence())
-            .is_some_and(|f| e2e as f64 > f);
+        let outlier = if both_ends {
+            &window.e2e
+        } else {
+            &window.one_end
+        }
+        .as_ref()
+        .and_then(|h| h.fence())
+        .is_some_and(|f| e2e as f64 > f);
         let mut causes = Vec::new();
         if outlier {
             // Only stages on the path cause: one after the sender's wire runs
@@ -528,7 +552,11 @@ impl LiveView {
         }
         for stats in [&mut self.total, &mut self.current] {
             let k = stats.entry(kind).or_default();
-            k.e2e().add(e2e);
+            if both_ends {
+                k.e2e().add(e2e);
+            } else {
+                k.one_end().add(e2e);
+            }
             for (s, ns, offset, _) in &stages {
                 k.stages.entry(*s).or_insert_with(Hist::new).add(*ns);
                 *k.offsets.entry(*s).or_default() += *offset as f64;
@@ -625,7 +653,9 @@ impl LiveView {
                 .map_or("-".to_string(), |ns| format!("{:.1}", ns / 1e3))
         };
         for (kind, k) in stats {
-            let Some(e2e) = &k.e2e else { continue };
+            let Some((whole, e2e)) = k.whole() else {
+                continue;
+            };
             let top = k
                 .causes
                 .iter()
@@ -633,7 +663,7 @@ impl LiveView {
                 .map(|(s, n)| (self.stage_name(*s), n));
             let _ = writeln!(
                 s,
-                "{}: {} packets (last 10-20 s), e2e p50 {} µs  p99 {} µs  outliers {}{}",
+                "{}: {} packets (last 10-20 s), {whole} p50 {} µs  p99 {} µs  outliers {}{}",
                 xlap_analyze::kind_label(*kind, None),
                 e2e.n,
                 us(e2e, 0.5),
@@ -692,12 +722,17 @@ fn openmetrics(
     for (reason, n) in losses {
         let _ = writeln!(s, "xlap_lost_stamps_total{{reason=\"{reason}\"}} {n}");
     }
-    let _ = writeln!(s, "# TYPE xlap_latency_seconds histogram\n# HELP xlap_latency_seconds End-to-end (stage e2e) and stage latency per packet kind.\n# UNIT xlap_latency_seconds seconds");
+    let _ = writeln!(s, "# TYPE xlap_latency_seconds histogram\n# HELP xlap_latency_seconds End-to-end (stage e2e), one end's span where only one end was recorded (stage span), and stage latency per packet kind.\n# UNIT xlap_latency_seconds seconds");
     for (kind, k) in stats {
         let mut stages: Vec<(String, &Hist)> =
             k.stages.iter().map(|(key, h)| (name(*key), h)).collect();
         stages.sort_by(|a, b| a.0.cmp(&b.0));
-        let hists = k.e2e.iter().map(|h| ("e2e".to_string(), h)).chain(stages);
+        let hists = k
+            .e2e
+            .iter()
+            .map(|h| ("e2e".to_string(), h))
+            .chain(k.one_end.iter().map(|h| ("span".to_string(), h)))
+            .chain(stages);
         for (stage, h) in hists {
             let labels = format!("kind=\"{}\",stage=\"{stage}\"", kind_value(*kind));
             for b in BOUNDS_S {
@@ -1111,8 +1146,14 @@ mod tests {
         v.finish(&[]);
         let k = &v.total[&1];
         assert_eq!(v.packets, 100);
-        let e2e = k.e2e.as_ref().unwrap();
-        assert!((e2e.quantile(0.5).unwrap() / 30_000.0 - 1.0).abs() < 0.05);
+        // Both markers on one side: a span of one end, not an end-to-end
+        // latency (the analyses have no e2e for such packets either).
+        assert!(k.e2e.is_none());
+        let span = k.one_end.as_ref().unwrap();
+        assert!((span.quantile(0.5).unwrap() / 30_000.0 - 1.0).abs() < 0.05);
+        let view = v.view(&v.total, 0.0, 1.0, &[]);
+        assert!(view.contains("one-end span p50 "), "{view}");
+        assert!(!view.contains("e2e"), "{view}");
         let key = (StageSide::Tx, app, app + 1);
         assert_eq!(k.stages[&key].n, 100);
         assert_eq!(v.stage_name(key), "app_send__app_deliver");
@@ -1125,7 +1166,8 @@ mod tests {
             &|k| v.stage_name(k),
         );
         assert!(
-            text.contains("xlap_latency_seconds_count{kind=\"1\",stage=\"e2e\"} 100"),
+            text.contains("xlap_latency_seconds_count{kind=\"1\",stage=\"span\"} 100")
+                && !text.contains("stage=\"e2e\""),
             "{text}"
         );
         assert!(text.contains("\nxlap_sample_one_in 16\n"), "{text}");
