@@ -216,8 +216,9 @@ fn correlate_stamps(
 }
 
 /// The most distinct point names the stamps of one correlation may carry:
-/// the kernel's points with every variant of their column, and some two
-/// hundred markers. A column each, and the path order weighs every pair.
+/// the kernel's twenty and a hundred markers. A column each (a kernel
+/// point up to four: upper device, either end), and the path order weighs
+/// every pair.
 pub const MAX_POINTS: i64 = 128;
 /// The most distinct packet kinds: a one-byte type field's range. Each
 /// kind has its own path, stages and summary grids.
