@@ -272,7 +272,7 @@ fn a_run_json_with_a_key_twice_or_a_name_of_megabytes_is_refused() {
     let _guard = xlap_tests::unprivileged();
     let scratch = Scratch::new("foreign-meta");
     type TextEdit = Box<dyn Fn(&str) -> String>;
-    let cases: [(&str, TextEdit, &str); 3] = [
+    let cases: [(&str, TextEdit, &str); 4] = [
         (
             "a key twice",
             Box::new(|t: &str| t.replacen("{", "{\"run_id\": \"forged\", ", 1)),
@@ -295,6 +295,17 @@ fn a_run_json_with_a_key_twice_or_a_name_of_megabytes_is_refused() {
                 v.to_string()
             }),
             "a run id of 2048 bytes",
+        ),
+        // Once summed by the engine: Overflow in addition of UINT64, exit 1.
+        (
+            "counts of 2^64-1",
+            Box::new(|t: &str| {
+                let mut v: serde_json::Value = serde_json::from_str(t).unwrap();
+                v["stamps"] = u64::MAX.into();
+                v["lost"] = u64::MAX.into();
+                v.to_string()
+            }),
+            "a count of 18446744073709551615",
         ),
     ];
     for (i, (what, edit, why)) in cases.iter().enumerate() {

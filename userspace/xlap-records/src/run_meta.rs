@@ -592,6 +592,11 @@ pub enum RunMetaError {
 /// rows and reports (a 50 MB run id became 50 MB of Markdown).
 pub const MAX_NAME_BYTES: usize = 1024;
 
+/// The largest count (packets, stamps, losses) a run.json may hold: what
+/// a double holds exactly, as in summary.json. Counts of 2^64 - 1 summed
+/// overflowed in the engine (`Overflow in addition of UINT64`, exit 1).
+pub const MAX_COUNT: u64 = 1 << 53;
+
 impl RunMeta {
     /// A run.json's text, refused unless it is JSON of a version this
     /// xlap-trace reads and holds what the analyses need (the version is
@@ -606,6 +611,19 @@ impl RunMeta {
             });
         }
         let meta: RunMeta = serde_json::from_value(value).map_err(RunMetaError::Incomplete)?;
+        let points = meta
+            .points
+            .values()
+            .flat_map(|p| std::iter::once(p.stamps).chain(p.lost.values().copied()));
+        if let Some(n) = [meta.packets, meta.stamps, meta.lost]
+            .into_iter()
+            .chain(points)
+            .find(|n| *n > MAX_COUNT)
+        {
+            return Err(RunMetaError::Invalid(format!(
+                "a count of {n} (at most {MAX_COUNT})"
+            )));
+        }
         for (what, name) in [
             ("run id", &meta.run_id),
             ("host", &meta.host),
