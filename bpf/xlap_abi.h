@@ -96,6 +96,16 @@ struct xlap_stamp {
                    * htb/prio qdisc reads from SO_PRIORITY), else 0 */
 };
 
+/* The instants (CLOCK_MONOTONIC ns) a run's stamps lie between, written by
+ * the recorder while the programs run: a stamp taken before `from_ns` or
+ * after `until_ns` is not made, whichever point takes it and whenever it
+ * is emitted. The run's end is then one instant for every point, not the
+ * order in which the hooks happen to be detached. */
+struct xlap_stamp_window {
+  __u64 from_ns;
+  __u64 until_ns;
+};
+
 /* xlap_stamp.flow: the source address folded to 16 bits (bits 63..48),
  * the destination address folded (47..32), the source port (31..16) and
  * the destination port (15..0), ports in host order. An address folds as

@@ -1,11 +1,11 @@
 -- name: loss
--- description: Losses of the protocol per packet kind (sent, lost, untraced: sent on a flow no traced socket received, so not known to be lost, recovered without crossing the wire, duplicates, reordering, retransmissions, gaps of consecutive lost packets) and of the tracer itself (stamps it could not record, per run, point and reason).
+-- description: Losses of the protocol per packet kind (sent, lost, untraced: sent on a flow no traced socket received, so not known to be lost, partial: in flight when the recording of some of its points began or ended, so neither lost nor whole, recovered without crossing the wire, duplicates, reordering, retransmissions, gaps of consecutive lost packets) and of the tracer itself (stamps it could not record, per run, point and reason).
 -- reads: packets, tracer_points
 -- params: kind = packet kind to keep (default: every kind)
 -- p is read more than once: inlined, each reader scans the columns it
 -- needs; materialised, it held a copy of them (10 M packets: up to 1.9 GB)
 WITH p AS NOT MATERIALIZED (
-    SELECT run_id, flow, kind, seq, lost, untraced, recovered, duplicate, reordered, retransmitted
+    SELECT run_id, flow, kind, seq, lost, untraced, partial, recovered, duplicate, reordered, retransmitted
     FROM packets WHERE getvariable('kind') IS NULL OR kind = getvariable('kind')
 ), runs_of_loss AS (
     -- islands of consecutive lost seqs (gaps-and-islands), in each run
@@ -18,6 +18,7 @@ WITH p AS NOT MATERIALIZED (
            count(*) AS sent,
            count(*) FILTER (WHERE lost) AS lost,
            count(*) FILTER (WHERE untraced) AS untraced,
+           count(*) FILTER (WHERE partial) AS partial,
            count(*) FILTER (WHERE recovered) AS recovered,
            count(*) FILTER (WHERE duplicate) AS duplicated,
            count(*) FILTER (WHERE reordered) AS reordered,
@@ -31,7 +32,7 @@ SELECT 'protocol' AS scope, CASE WHEN kind = 4294967296 THEN 'all' ELSE kind::VA
 FROM (
     UNPIVOT (SELECT k.*, coalesce(g.gaps, 0) AS gaps, coalesce(g.longest_gap, 0) AS longest_gap
              FROM per_kind k LEFT JOIN gaps g USING (kind))
-    ON lost, untraced, recovered, duplicated, reordered, retransmitted, gaps, longest_gap INTO NAME measure VALUE value
+    ON lost, untraced, partial, recovered, duplicated, reordered, retransmitted, gaps, longest_gap INTO NAME measure VALUE value
 )
 UNION ALL
 -- (in a dataset of runs, each run's tracer: its run id first)

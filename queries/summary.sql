@@ -9,6 +9,7 @@ WITH k AS (
 ), head AS (
     SELECT count(*) AS packets, count(*) FILTER (WHERE lost) AS lost,
            count(*) FILTER (WHERE untraced) AS untraced,
+           count(*) FILTER (WHERE partial) AS partial,
            (max(sent_ns) - min(sent_ns)) / 1e9 AS seconds
     FROM p
 ), l AS (
@@ -31,9 +32,10 @@ SELECT * EXCLUDE (position) FROM (
            kind_label((SELECT kind FROM k)) AS name,
            packets::BIGINT AS packets,
            NULL::DOUBLE AS p50_us, NULL::DOUBLE AS p99_us, NULL::DOUBLE AS max_us,
-           format('lost {} ({:.2f} %), {}{:.0f} packets/s over {:.1f} s, {} end-to-end outliers',
-                  lost, 100.0 * lost / nullif(packets - untraced, 0),
+           format('lost {} ({:.2f} %), {}{}{:.0f} packets/s over {:.1f} s, {} end-to-end outliers',
+                  lost, 100.0 * lost / nullif(packets - untraced - partial, 0),
                   CASE WHEN untraced > 0 THEN format('{} untraced (no traced socket received their flow), ', untraced) ELSE '' END,
+                  CASE WHEN partial > 0 THEN format('{} partial (in flight at the run''s start or end), ', partial) ELSE '' END,
                   packets / nullif(seconds, 0), seconds, (SELECT count(*) FROM l)) AS note,
            -1 AS position
     FROM head

@@ -26,7 +26,10 @@ struct xl_tx {
                      first device point could not read it (unread_loss) */
   __u16 beyond;     /* datagrams over XLAP_MAX_SEGS (or unread): counted per
                        point */
-  __u8 depth;       /* devices it is queued on and not yet sent by */
+  __u8 depth : 4;   /* devices it is queued on and not yet sent by */
+  __u8 started : 4; /* of those, the ones in their driver (start_xmit seen,
+                       xmit not yet): one fewer than depth, or the same
+                       while the lowest is in its driver */
   __u8 unread_loss; /* why an skb of nseg 0 was not read (xlap_loss) */
   __u8 unsampled;   /* one datagram, outside the run's sample (--sample):
                        its later points look it up and return */
@@ -84,6 +87,37 @@ struct {
 /* GSO entries alive (an upper bound): consume_skb, which fires for every
  * freed skb of the machine, only looks further while it is non-zero. */
 __u64 GSO_PENDING = 0;
+
+/* The skb each CPU's driver entry last took (0 once it returned): a
+ * stacked device queues its skb on the lower device from inside its own
+ * driver, on the same CPU, with nothing transmitted in between. An entry
+ * found at a queue point is that skb's only if this is it; otherwise it
+ * is an earlier skb's at the same address, whose last points missed it
+ * (detached at a run's end, or freed on a path without a tracepoint). */
+struct {
+  __uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+  __uint(max_entries, 1);
+  __type(key, __u32);
+  __type(value, __u64);
+} TX_IN_DRIVER SEC(".maps");
+
+static __always_inline void tx_note_driver(__u64 key) {
+  __u32 zero = 0;
+  __u64 *k = bpf_map_lookup_elem(&TX_IN_DRIVER, &zero);
+  if (k)
+    *k = key;
+}
+
+/* Whether skb `key`, found with entry `e` at a queue point, is being
+ * queued on a lower device from inside the upper one's driver. */
+static __always_inline int tx_requeued_below(__u64 key, struct sk_buff *skb,
+                                             const struct xl_tx *e) {
+  if (!e->depth || e->sk != (__u64)skb->sk || e->started != e->depth)
+    return 0;
+  __u32 zero = 0;
+  __u64 *k = bpf_map_lookup_elem(&TX_IN_DRIVER, &zero);
+  return k && *k == key;
+}
 
 static __always_inline struct xl_tx_slot *tx_slot(__u64 key) {
   __u32 i = skb_slot_index(key);
@@ -429,7 +463,7 @@ int BPF_PROG(on_net_dev_queue, struct sk_buff *skb) {
   RETURN_IF_EMPTY(0);
   __u64 key = (__u64)skb;
   struct xl_tx *e = tx_find(key);
-  if (e && e->depth && e->sk == (__u64)skb->sk) {
+  if (e && tx_requeued_below(key, skb, e)) {
     /* Queued again while an upper device has not finished with it: the
      * lower device of a stacked or tunnel device. */
     if (e->depth < TX_DEPTH_MAX)
@@ -440,7 +474,7 @@ int BPF_PROG(on_net_dev_queue, struct sk_buff *skb) {
     return 0;
   }
   if (e)
-    tx_forget(key, e); /* a freed skb's address, reused */
+    tx_forget(key, e); /* an earlier skb's identity at this address */
   struct xl_send_ctx *sc;
   __u64 cookie = 0;
   __u32 tgid = tx_owner(skb, &sc, &cookie);
@@ -461,15 +495,23 @@ int BPF_PROG(on_net_dev_start_xmit, struct sk_buff *skb,
   RETURN_IF_EMPTY(0);
   __u64 key = (__u64)skb;
   struct xl_tx *e = tx_find(key);
-  if (e) {
+  if (e && e->started < e->depth) {
+    e->started++;
+    tx_note_driver(key);
     if (iface_allowed(dev))
       stamp_tx(XLAP_POINT_DEV_START_XMIT, key, e, dev->ifindex,
                skb->queue_mapping, skb->priority);
     return 0;
   }
-  /* An skb the stack made after the queue point: a segment of a GSO skb
-   * the device cannot send whole (segmented in software on the way from
-   * the qdisc to the driver). Its own headers say which datagram it is. */
+  /* Every device that queued this entry's skb is already in its driver:
+   * it is an earlier skb's at this address (its transmit point missed
+   * it), never to be stamped under this one's seq. */
+  if (e)
+    tx_forget(key, e);
+  /* An skb the stack made after the queue point (a segment of a GSO skb
+   * the device cannot send whole, segmented in software on the way from
+   * the qdisc to the driver), or one whose queue point missed it: its own
+   * headers say which datagram it is. */
   if (!skb->sk)
     return 0;
   struct xl_send_ctx *sc;
@@ -490,6 +532,9 @@ int BPF_PROG(on_net_dev_xmit, struct sk_buff *skb, int rc,
   struct xl_tx *e = tx_find(key);
   if (!e)
     return 0;
+  if (e->started)
+    e->started--;
+  tx_note_driver(0);
   if (rc == NETDEV_TX_BUSY_)
     return 0; /* requeued: it comes back through the qdisc */
   /* rc 0: sent. Otherwise dropped or congested on a lower device (an

@@ -15,6 +15,12 @@
 /* Set by userspace before load. */
 const volatile struct xlap_config CFG = {};
 
+/* Set by userspace while the programs run (its own section: a map of its
+ * own, written whole without touching the other globals). Until the
+ * recorder opens it, every instant is inside. */
+struct xlap_stamp_window STAMP_WINDOW SEC(".data.window") = {.from_ns = 0,
+                                                             .until_ns = ~0ULL};
+
 #define AF_INET_ 2
 #define AF_INET6_ 10
 #define IPPROTO_UDP_ 17
@@ -335,6 +341,10 @@ __attribute__((noinline)) int xl_emit(const struct xl_at *at,
   if (!sample_keeps(id))
     return 0;
   __u64 ts = at->ts;
+  /* Outside the run's window: a point still attached after the end (or
+   * stamping a call begun before the start) makes no stamp. */
+  if (ts < STAMP_WINDOW.from_ns || ts > STAMP_WINDOW.until_ns)
+    return 0;
   if (!CFG.per_stamp) {
     __u32 zero = 0;
     struct xlap_batch *b = bpf_map_lookup_elem(&BATCH, &zero);

@@ -558,7 +558,19 @@ fn check(sc: &Scenario, case: &str) -> Result<(), TestCaseError> {
         })
         .collect();
     let copies_point = RX_WIRE.iter().find(|p| all_cols.contains(**p));
-    let lost = |t: &Truth| t.rx_cols.is_empty();
+    let partial = in_flight_at_a_cut(&g.packets, &cols_of);
+    let is_partial = |key: &Key| partial.contains(key);
+    // A flow nothing received is `untraced` (its receiver not recorded),
+    // not lost.
+    let received_flows: BTreeSet<u64> = g
+        .packets
+        .iter()
+        .filter(|(_, t)| !t.rx_cols.is_empty())
+        .map(|(k, _)| k.0)
+        .collect();
+    let lost_key = |key: &Key, t: &Truth| {
+        t.rx_cols.is_empty() && received_flows.contains(&key.0) && !is_partial(key)
+    };
     let recovered =
         |t: &Truth| !t.rx_cols.is_empty() && t.rx_cols.iter().all(|c| !c.ends_with("_ns"));
     let duplicate =
@@ -566,7 +578,11 @@ fn check(sc: &Scenario, case: &str) -> Result<(), TestCaseError> {
     let count = |f: &dyn Fn(&Truth) -> bool| g.packets.values().filter(|t| f(t)).count() as u64;
     prop_assert_eq!(c.unplaced_stamps, 0, "every stamp placed");
     prop_assert_eq!(c.packets, g.packets.len() as u64, "one row per packet");
-    prop_assert_eq!(c.lost, count(&lost));
+    prop_assert_eq!(
+        c.lost,
+        g.packets.iter().filter(|(k, t)| lost_key(k, t)).count() as u64
+    );
+    prop_assert_eq!(c.partial, partial.len() as u64);
     prop_assert_eq!(c.recovered, count(&recovered));
     prop_assert_eq!(c.duplicates, count(&duplicate));
     let table_cols: BTreeSet<String> = c.points.iter().cloned().collect();
@@ -580,7 +596,7 @@ fn check(sc: &Scenario, case: &str) -> Result<(), TestCaseError> {
         .collect::<Vec<_>>()
         .join(" || ");
     let sql = format!(
-        "SELECT flow, kind, seq::UBIGINT, run_id, tx_host, rx_host, tx_pid, rx_pid, lost, recovered, duplicate, retransmitted,
+        "SELECT flow, kind, seq::UBIGINT, run_id, tx_host, rx_host, tx_pid, rx_pid, lost, partial, recovered, duplicate, retransmitted,
                 sent_ns IS NOT NULL, e2e_ns IS NOT NULL, channel_ns IS NOT NULL, {filled}
          FROM packets"
     );
@@ -593,7 +609,7 @@ fn check(sc: &Scenario, case: &str) -> Result<(), TestCaseError> {
         Option<String>,
         Option<u32>,
         Option<u32>,
-        [bool; 7],
+        [bool; 8],
         String,
     );
     let mut stmt = conn.prepare(&sql).unwrap();
@@ -616,8 +632,9 @@ fn check(sc: &Scenario, case: &str) -> Result<(), TestCaseError> {
                     r.get(12)?,
                     r.get(13)?,
                     r.get(14)?,
+                    r.get(15)?,
                 ],
-                r.get(15)?,
+                r.get(16)?,
             ))
         })
         .unwrap()
@@ -670,23 +687,77 @@ fn check(sc: &Scenario, case: &str) -> Result<(), TestCaseError> {
         );
         let crossed =
             TX_WIRE.iter().any(|p| tx.contains(*p)) && RX_WIRE.iter().any(|p| rx.contains(*p));
+        let key = (flow, kind, seq);
         let want_flags = [
-            lost(t),
+            lost_key(&key, t),
+            is_partial(&key),
             recovered(t),
             duplicate(t),
             t.sends > 1,
             !tx.is_empty(),
-            !tx.is_empty() && !rx.is_empty(),
+            !tx.is_empty() && !rx.is_empty() && !is_partial(&key),
             crossed,
         ];
         prop_assert_eq!(
             flags,
             want_flags,
-            "[lost, recovered, duplicate, retransmitted, sent, e2e, channel] of {}",
+            "[lost, partial, recovered, duplicate, retransmitted, sent, e2e, channel] of {}",
             what
         );
     }
     Ok(())
+}
+
+/// A packet's point columns: (sender's, receiver's).
+type SidesOf<'a> = dyn Fn(&Truth) -> (BTreeSet<String>, BTreeSet<String>) + 'a;
+/// A stream (flow, kind) and one of its columns with its side (0 sender).
+type StreamColumn = (u64, Option<u32>, String, usize);
+
+/// The packets in flight when a point's recording began or ended (the
+/// packets table's `partial`), from the generated truth: a point column
+/// that nine in ten of the kind's packets stamped on that side have, which
+/// the packet lacks while no later packet of its stream (flow and kind)
+/// has it, or no earlier one.
+fn in_flight_at_a_cut(packets: &BTreeMap<Key, Truth>, cols_of: &SidesOf<'_>) -> BTreeSet<Key> {
+    // Per kind: packets stamped on each side, and per (column, side) the
+    // packets having it.
+    type Reach = ([u64; 2], BTreeMap<(String, usize), u64>);
+    let mut reach: BTreeMap<Option<u32>, Reach> = BTreeMap::new();
+    // Per stream and (column, side): the first and last seq having it.
+    let mut spans: BTreeMap<StreamColumn, (u64, u64)> = BTreeMap::new();
+    for (&(flow, kind, seq), t) in packets {
+        let sides = cols_of(t);
+        let r = reach.entry(kind).or_default();
+        for (side, cols) in [&sides.0, &sides.1].into_iter().enumerate() {
+            r.0[side] += u64::from(!cols.is_empty());
+            for c in cols {
+                *r.1.entry((c.clone(), side)).or_default() += 1;
+                let span = spans
+                    .entry((flow, kind, c.clone(), side))
+                    .or_insert((seq, seq));
+                span.0 = span.0.min(seq);
+                span.1 = span.1.max(seq);
+            }
+        }
+    }
+    let mut partial = BTreeSet::new();
+    for (&(flow, kind, seq), t) in packets {
+        let sides = cols_of(t);
+        let (on_side, per_col) = &reach[&kind];
+        let cut = per_col.iter().any(|((c, side), n)| {
+            let expected = on_side[*side] > 0 && n * 10 >= on_side[*side] * 9;
+            let has = if *side == 0 { &sides.0 } else { &sides.1 }.contains(c);
+            expected
+                && !has
+                && spans
+                    .get(&(flow, kind, c.clone(), *side))
+                    .is_some_and(|(first, last)| seq < *first || seq > *last)
+        });
+        if cut {
+            partial.insert((flow, kind, seq));
+        }
+    }
+    partial
 }
 
 proptest! {

@@ -454,3 +454,112 @@ fn a_point_name_that_cannot_be_a_column_is_named_with_its_file() {
     assert!(e.contains("control character U+0001"), "{e}");
     assert!(!dir.join("packets.parquet").exists());
 }
+
+/// Packets in flight at a cut (the run's start, its end) are `partial`,
+/// not lost, with the points they lack counted; a point missing between
+/// packets that have it is no cut: a packet not received mid-run stays
+/// lost, one missing a single point mid-run is neither.
+#[test]
+fn packets_in_flight_at_a_cut_are_partial_not_lost() {
+    use xlap_point::*;
+    let _guard = xlap_tests::unprivileged();
+    let tx = [
+        XLAP_POINT_SOCK_SEND_ENTER,
+        XLAP_POINT_DEV_QUEUE,
+        XLAP_POINT_DEV_START_XMIT,
+    ];
+    let rx = [
+        XLAP_POINT_DEV_NETIF_RX,
+        XLAP_POINT_SOCK_QUEUE,
+        XLAP_POINT_SOCK_RECV_EXIT,
+    ];
+    // Per seq, the points it lacks: 0 and 1 were sent before the start,
+    // 97 to 99 were under way at the end.
+    let lacks = |seq: u64| -> Vec<u32> {
+        match seq {
+            0 => vec![tx[0], tx[1]],
+            1 => vec![tx[0]],
+            40 => rx.to_vec(),
+            41 => vec![rx[1]],
+            97 => vec![rx[2]],
+            98 => rx.to_vec(),
+            99 => vec![tx[2], rx[0], rx[1], rx[2]],
+            _ => vec![],
+        }
+    };
+    let mut stamps = Vec::new();
+    for seq in 0..100u64 {
+        let t = 1_000_000_000 + seq * 10_000;
+        for (i, point) in tx.iter().chain(&rx).enumerate() {
+            if lacks(seq).contains(point) {
+                continue;
+            }
+            let (flow, pid) = if i < 3 {
+                (FLOW, SENDER)
+            } else if *point == XLAP_POINT_SOCK_RECV_EXIT {
+                (0, RECEIVER)
+            } else {
+                (FLOW, RECEIVER)
+            };
+            stamps.push(stamp(*point as u16, t + i as u64 * 1_000, seq, flow, pid));
+        }
+    }
+    let scratch = Scratch::new("synthetic-cuts");
+    let dir = scratch.path("run");
+    write_run(&dir, &stamps);
+    let conn = duckdb::Connection::open_in_memory().unwrap();
+    let c = correlate(
+        &conn,
+        &[Run::open(&dir).unwrap()],
+        &CorrelateOptions::default(),
+        None,
+    )
+    .unwrap();
+    let seqs = |flag: &str| -> Vec<i64> {
+        let mut stmt = conn
+            .prepare(&format!(
+                "SELECT seq::BIGINT FROM packets WHERE {flag} ORDER BY seq"
+            ))
+            .unwrap();
+        let rows = stmt.query_map([], |r| r.get(0)).unwrap();
+        rows.collect::<Result<Vec<_>, _>>().unwrap()
+    };
+    assert_eq!(seqs("partial"), vec![0, 1, 97, 98, 99]);
+    assert_eq!(seqs("lost"), vec![40]);
+    assert_eq!(
+        seqs("NOT partial AND NOT lost AND e2e_ns IS NULL"),
+        Vec::<i64>::new()
+    );
+    assert_eq!((c.partial, c.lost), (5, 1));
+    let lacking: Vec<(&str, u64)> = c
+        .partial_lacking
+        .iter()
+        .map(|(p, n)| (p.as_str(), *n))
+        .collect();
+    assert_eq!(
+        lacking,
+        vec![
+            ("dev_netif_rx_ns", 2),
+            ("dev_queue_ns", 1),
+            ("dev_start_xmit_ns", 1),
+            ("sock_queue_ns", 2),
+            ("sock_recv_exit_ns", 3),
+            ("sock_send_enter_ns", 2),
+        ]
+    );
+    // No end-to-end latency for a partial packet, nor the total of the
+    // side it lacks a point of; the other side's total stays.
+    let totals = |seq: u64| -> (Option<i64>, Option<i64>, Option<i64>) {
+        conn.query_row(
+            &format!(
+                "SELECT sender_total_ns, receiver_total_ns, e2e_ns FROM packets WHERE seq = {seq}"
+            ),
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+        )
+        .unwrap()
+    };
+    assert_eq!(totals(1), (None, Some(2_000), None));
+    assert_eq!(totals(97), (Some(2_000), None, None));
+    assert_eq!(totals(50), (Some(2_000), Some(2_000), Some(5_000)));
+}

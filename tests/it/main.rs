@@ -46,6 +46,7 @@ mod redundancy;
 mod rotation;
 mod rtp;
 mod run_command;
+mod run_end;
 mod sampling;
 mod seams;
 mod stage;

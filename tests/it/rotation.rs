@@ -12,25 +12,13 @@ use xlap_records::run_meta::RunState;
 use xlap_stage::Stage;
 use xlap_tests::example::{ExampleOptions, ProtocolRun};
 use xlap_tests::multiset::{assert_same, logged, logged_where, stamped, Multiset};
-use xlap_tests::trace::{read_stamps, run_meta, Recorder, Row};
+use xlap_tests::trace::{read_stamps, run_meta, segment_dirs, Recorder, Row};
 use xlap_tests::{bin, bytes_under, monotonic_ns, privileged, Scratch};
 
 /// `segments.json`.
 fn index(dir: &Path) -> serde_json::Value {
     let text = std::fs::read_to_string(dir.join("segments.json")).expect("segments.json");
     serde_json::from_str(&text).expect("JSON")
-}
-
-/// The segment directories on disk, oldest first.
-fn segment_dirs(dir: &Path) -> Vec<std::path::PathBuf> {
-    let mut dirs: Vec<_> = std::fs::read_dir(dir)
-        .unwrap()
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| p.is_dir())
-        .collect();
-    dirs.sort();
-    dirs
 }
 
 /// The example protocol on the stage, gated, `count` data datagrams one

@@ -11,6 +11,7 @@ pub mod example;
 pub mod go_programs;
 pub mod multiset;
 pub mod packets_file;
+pub mod pcap;
 pub mod run_files;
 pub mod run_limited;
 pub mod trace;

@@ -80,9 +80,22 @@ impl Recorder {
     /// [`Recorder::start`] with another `xlap-trace` binary (the benchmark's
     /// baseline build).
     pub fn start_binary(binary: &Path, pids: &[u32], dir: &Path, extra: &[&str]) -> Recorder {
+        Recorder::start_env(binary, pids, dir, extra, &[])
+    }
+
+    /// [`Recorder::start_binary`] with variables set in the recorder's
+    /// environment.
+    pub fn start_env(
+        binary: &Path,
+        pids: &[u32],
+        dir: &Path,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Recorder {
         let ready = dir.with_extension("ready");
         let _ = std::fs::remove_file(&ready);
         let mut cmd = Command::new(binary);
+        cmd.envs(env.iter().copied());
         cmd.arg("record")
             .arg("-o")
             .arg(dir)
@@ -153,6 +166,18 @@ pub fn run_meta(dir: &Path) -> RunMeta {
     let path = dir.join("run.json");
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     RunMeta::from_json(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// The segment directories of a rotated recording on disk, oldest first.
+pub fn segment_dirs(dir: &Path) -> Vec<PathBuf> {
+    let mut dirs: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.is_dir())
+        .collect();
+    dirs.sort();
+    dirs
 }
 
 /// A `--marker-path` value (`ring`, `uprobe`) as run.json records it.

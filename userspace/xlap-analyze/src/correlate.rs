@@ -24,9 +24,11 @@
 //!    `channel_ns`), flags:
 //!    `lost` (sent, nothing received on a flow a traced socket received),
 //!    `untraced` (sent on a flow no traced socket received: the receiver
-//!    was not recorded, an SO_REUSEPORT sibling took it), `partial` (the
-//!    receiver stopped, its recording or its reading, before the packet
-//!    reached its final point: no end-to-end latency), `recovered` (delivered by the receiver
+//!    was not recorded, an SO_REUSEPORT sibling took it), `partial` (in
+//!    flight when a point's recording began or ended: the run's start or
+//!    end, a rotation's cut, a receiver that stopped reading; stamped by
+//!    some of its points and not others, with no end-to-end latency),
+//!    `recovered` (delivered by the receiver
 //!    without crossing the wire), `duplicate` (received more than once, with
 //!    the skew of the copies), `reordered` (a later seq arrived before it),
 //!    `retransmitted` (sent more than once), `deadline_missed`, and
@@ -46,7 +48,7 @@ use crate::sql;
 use crate::{AnalyzeError, Result};
 use duckdb::Connection;
 use serde::Serialize;
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 
 #[derive(Clone, Debug, Default)]
@@ -62,6 +64,14 @@ pub struct Correlation {
     pub lost: u64,
     /// Sent on flows no traced socket received (the receiver not recorded).
     pub untraced: u64,
+    /// In flight when a point's recording began or ended (the run's start
+    /// or end, a rotation's cut, a receiver that stopped reading): stamped
+    /// by some of their points, not all.
+    #[serde(default)]
+    pub partial: u64,
+    /// Per point column, the partial packets lacking it.
+    #[serde(default)]
+    pub partial_lacking: BTreeMap<String, u64>,
     pub recovered: u64,
     pub duplicates: u64,
     pub reordered: u64,
@@ -195,15 +205,17 @@ fn correlate_stamps(
     let unplaced = place_stamps(conn)?;
     let cols = point_columns(conn)?;
     check_point_columns(conn, runs, &cols, &[])?;
-    let (cols, conflicts) = build_packets(conn, runs, opts, &columns, cols)?;
+    let (cols, conflicts, partial_lacking) = build_packets(conn, runs, opts, &columns, cols)?;
     if let Some(out) = out {
         packets_table::write(conn, "packets", out, &cols)?;
     }
-    let (packets, lost, untraced, recovered, duplicates, reordered) = count_packets(conn)?;
+    let (packets, lost, untraced, recovered, duplicates, reordered, partial) = count_packets(conn)?;
     Ok(Correlation {
         packets: packets as u64,
         lost: lost as u64,
         untraced: untraced as u64,
+        partial: partial as u64,
+        partial_lacking,
         recovered: recovered as u64,
         duplicates: duplicates as u64,
         reordered: reordered as u64,
@@ -482,14 +494,15 @@ fn point_columns(conn: &Connection) -> Result<SidedColumns> {
 }
 
 /// 5b. The `packets` table: one row per packet, its point columns in path
-/// order, stages and flags; returns the columns and the order conflicts.
+/// order, stages and flags; returns the columns, the order conflicts and
+/// the points the partial packets lack.
 fn build_packets(
     conn: &Connection,
     runs: &[Run],
     opts: &CorrelateOptions,
     columns: &StampColumns,
     cols: SidedColumns,
-) -> Result<(SidedColumns, Vec<String>)> {
+) -> Result<(SidedColumns, Vec<String>, BTreeMap<String, u64>)> {
     pivot(conn, &cols)?;
     let paths = path_orders(conn, &cols)?;
     let cols = paths.layout;
@@ -512,8 +525,8 @@ fn build_packets(
     let weight = sample_weight(runs)?;
     write_packets(conn, opts, columns, &cols, &stage_cols, &weight)?;
     mark_untraced(conn, &cols)?;
-    mark_partial(conn, &cols)?;
-    Ok((cols, paths.conflicts))
+    let lacking = mark_partial(conn, &cols)?;
+    Ok((cols, paths.conflicts, lacking))
 }
 
 /// `sample_weight`'s expression: the runs must share their sample, or the
@@ -623,18 +636,11 @@ fn write_packets(
     // The flows some traced socket received: a packet of another flow that
     // nothing received is `untraced` (its receiver was not recorded), not
     // lost.
-    let rx_seen = {
-        let rx: Vec<String> = cols
-            .iter()
+    let rx_seen = any_of(
+        cols.iter()
             .filter(|(_, side)| side == "rx")
-            .map(|(c, _)| format!("p.{} IS NOT NULL", sql::ident(c)))
-            .collect();
-        if rx.is_empty() {
-            "false".to_string()
-        } else {
-            rx.join(" OR ")
-        }
-    };
+            .map(|(c, _)| format!("p.{} IS NOT NULL", sql::ident(c))),
+    );
     let columns = PointColumns {
         cols,
         alias: "p",
@@ -677,12 +683,15 @@ fn write_packets(
     Ok(())
 }
 
-/// Packets, lost, untraced, recovered, duplicates, reordered.
-fn count_packets(conn: &Connection) -> Result<(i64, i64, i64, i64, i64, i64)> {
+/// Packets, lost, untraced, recovered, duplicates, reordered, partial.
+type Counts = (i64, i64, i64, i64, i64, i64, i64);
+
+fn count_packets(conn: &Connection) -> Result<Counts> {
     Ok(conn.query_row(
         "SELECT count(*), count(*) FILTER (WHERE lost), count(*) FILTER (WHERE untraced),
                 count(*) FILTER (WHERE recovered),
-                count(*) FILTER (WHERE duplicate), count(*) FILTER (WHERE reordered) FROM packets",
+                count(*) FILTER (WHERE duplicate), count(*) FILTER (WHERE reordered),
+                count(*) FILTER (WHERE partial) FROM packets",
         [],
         |r| {
             Ok((
@@ -692,6 +701,7 @@ fn count_packets(conn: &Connection) -> Result<(i64, i64, i64, i64, i64, i64)> {
                 r.get(3)?,
                 r.get(4)?,
                 r.get(5)?,
+                r.get(6)?,
             ))
         },
     )?)
@@ -725,72 +735,147 @@ fn mark_untraced(conn: &Connection, cols: &[(String, String)]) -> Result<()> {
     Ok(())
 }
 
-/// Packets received in part: a kind's final receiving point (the latest
-/// one nine in ten of its delivered packets reach) missing, and no later
-/// packet of the flow reached it either, so the receiver stopped before
-/// it (the recording ended, or the program stopped reading). They are
-/// `partial`, with no end-to-end or receiver total: one cut off after the
-/// device points by a `kill -9` was counted delivered with a 0.8 µs
-/// end-to-end latency.
-fn mark_partial(conn: &Connection, cols: &[(String, String)]) -> Result<()> {
-    let rx: Vec<&String> = cols
-        .iter()
-        .filter(|(c, side)| side == "rx" && !c.starts_with("app_"))
-        .map(|(c, _)| c)
-        .collect();
-    if rx.is_empty() {
-        return Ok(());
+/// `a OR b OR ...`, or `false` for no term.
+fn any_of(terms: impl Iterator<Item = String>) -> String {
+    let terms: Vec<String> = terms.collect();
+    if terms.is_empty() {
+        "false".to_string()
+    } else {
+        terms.join(" OR ")
     }
-    // Per kind: each receiving column's reach and mean time after sending.
-    let stats: Vec<String> = rx
+}
+
+/// Packets in flight when a point's recording began or ended: a point
+/// the packets of its kind pass (nine in ten of those stamped on that
+/// side) is missing, and no later packet of the flow has it either (the
+/// point had stopped: the run's end, a rotation's cut, a receiver that
+/// stopped reading), or no earlier one (it had not begun: the run's
+/// start, a socket traced later). They are `partial`, not `lost` (a packet
+/// sent an instant before the end was not lost), with no end-to-end
+/// latency, nor the total of a side they lack a point of. Returns, per
+/// point, the partial packets lacking it. A point missing between
+/// packets that have it is a loss of that point, counted in the tracer's
+/// losses, not a cut.
+fn mark_partial(conn: &Connection, cols: &[(String, String)]) -> Result<BTreeMap<String, u64>> {
+    if cols.is_empty() {
+        return Ok(BTreeMap::new());
+    }
+    // Per kind and side: the packets stamped on that side, and how many
+    // of them each point of the side has.
+    let side_any = |side: &str| {
+        any_of(
+            cols.iter()
+                .filter(|(_, s)| s == side)
+                .map(|(c, _)| format!("{} IS NOT NULL", sql::ident(c))),
+        )
+    };
+    let reach: Vec<String> = cols
         .iter()
-        .map(|c| format!("count({c}), avg({c} - sent_ns)", c = sql::ident(c)))
+        .map(|(c, _)| format!("count({})", sql::ident(c)))
         .collect();
     let mut stmt = conn.prepare(&format!(
-        "SELECT coalesce(kind::BIGINT, -1), count(*), {} FROM packets WHERE e2e_ns IS NOT NULL GROUP BY ALL",
-        stats.join(", ")
+        "SELECT coalesce(kind::BIGINT, -1), count(*) FILTER (WHERE {}), count(*) FILTER (WHERE {}), {}
+         FROM packets WHERE NOT untraced GROUP BY ALL",
+        side_any("tx"),
+        side_any("rx"),
+        reach.join(", ")
     ))?;
-    let finals: Vec<(i64, String)> = stmt
-        .query_map([], |r| {
-            let kind: i64 = r.get(0)?;
-            let n: i64 = r.get(1)?;
-            let mut best: Option<(f64, &String)> = None;
-            for (i, c) in rx.iter().enumerate() {
-                let reached: i64 = r.get(2 + 2 * i)?;
-                let mean: Option<f64> = r.get(3 + 2 * i)?;
-                if let Some(m) = mean.filter(|_| reached * 10 >= n * 9) {
-                    if best.is_none_or(|(b, _)| m > b) {
-                        best = Some((m, c));
-                    }
+    // Per point column: the kinds whose packets pass it.
+    let mut expected: Vec<Vec<i64>> = vec![Vec::new(); cols.len()];
+    let mut rows = stmt.query([])?;
+    while let Some(r) = rows.next()? {
+        let kind: i64 = r.get(0)?;
+        let on_side = [r.get::<_, i64>(1)?, r.get::<_, i64>(2)?];
+        for (i, (_, side)) in cols.iter().enumerate() {
+            let n = on_side[usize::from(side == "rx")];
+            let reached: i64 = r.get(3 + i)?;
+            if n > 0 && reached * 10 >= n * 9 {
+                expected[i].push(kind);
+            }
+        }
+    }
+    let lacks: Vec<(usize, String)> = expected
+        .iter()
+        .enumerate()
+        .filter(|(_, kinds)| !kinds.is_empty())
+        .map(|(i, kinds)| {
+            let c = sql::ident(&cols[i].0);
+            let kinds = kinds
+                .iter()
+                .map(i64::to_string)
+                .collect::<Vec<_>>()
+                .join(", ");
+            (
+                i,
+                format!(
+                    "(p.{c} IS NULL AND coalesce(p.kind::BIGINT, -1) IN ({kinds})
+                      AND (p.seq > r.last_{i} OR p.seq < r.first_{i})) AS lacks_{i}"
+                ),
+            )
+        })
+        .collect();
+    if lacks.is_empty() {
+        return Ok(BTreeMap::new());
+    }
+    let spans: Vec<String> = lacks
+        .iter()
+        .map(|(i, _)| {
+            let c = sql::ident(&cols[*i].0);
+            format!("min(seq) FILTER (WHERE {c} IS NOT NULL) AS first_{i}, max(seq) FILTER (WHERE {c} IS NOT NULL) AS last_{i}")
+        })
+        .collect();
+    let lack_of = |side: &str| {
+        any_of(
+            lacks
+                .iter()
+                .filter(|(i, _)| cols[*i].1 == side)
+                .map(|(i, _)| format!("lacks_{i}")),
+        )
+    };
+    conn.execute_batch(&format!(
+        "CREATE OR REPLACE TEMP TABLE cut_packets AS
+         SELECT * FROM (
+             SELECT p.flow, p.kind, p.seq, {lacks}
+             FROM packets p
+             JOIN (SELECT flow, kind, {spans} FROM packets GROUP BY flow, kind) r
+               ON r.flow = p.flow AND r.kind IS NOT DISTINCT FROM p.kind
+             WHERE NOT p.untraced)
+         WHERE {any};
+         UPDATE packets p SET partial = true, lost = false, e2e_ns = NULL, xlap_e2e_ns = NULL,
+                sender_total_ns = CASE WHEN {tx} THEN NULL ELSE p.sender_total_ns END,
+                receiver_total_ns = CASE WHEN {rx} THEN NULL ELSE p.receiver_total_ns END
+         FROM cut_packets c
+         WHERE c.flow = p.flow AND c.kind IS NOT DISTINCT FROM p.kind AND c.seq = p.seq;",
+        lacks = lacks
+            .iter()
+            .map(|(_, l)| l.as_str())
+            .collect::<Vec<_>>()
+            .join(",\n                    "),
+        spans = spans.join(", "),
+        any = any_of(lacks.iter().map(|(i, _)| format!("lacks_{i}"))),
+        tx = lack_of("tx"),
+        rx = lack_of("rx"),
+    ))?;
+    let counts: Vec<String> = lacks
+        .iter()
+        .map(|(i, _)| format!("count(*) FILTER (WHERE lacks_{i})"))
+        .collect();
+    let lacking = conn.query_row(
+        &format!("SELECT {} FROM cut_packets", counts.join(", ")),
+        [],
+        |r| {
+            let mut by_point = BTreeMap::new();
+            for (j, (i, _)) in lacks.iter().enumerate() {
+                let n: i64 = r.get(j)?;
+                if n > 0 {
+                    by_point.insert(cols[*i].0.clone(), n as u64);
                 }
             }
-            Ok(best.map(|(_, c)| (kind, c.clone())))
-        })?
-        .filter_map(|r| r.transpose())
-        .collect::<duckdb::Result<_>>()?;
-    let any_rx = rx
-        .iter()
-        .map(|c| format!("p.{}", sql::ident(c)))
-        .collect::<Vec<_>>()
-        .join(", ");
-    let latest_rx = if rx.len() == 1 {
-        any_rx.clone()
-    } else {
-        format!("greatest({any_rx})")
-    };
-    for (kind, last) in finals {
-        let last = sql::ident(&last);
-        conn.execute(
-            &format!(
-                "UPDATE packets p SET partial = true, e2e_ns = NULL, receiver_total_ns = NULL, xlap_e2e_ns = NULL
-                 WHERE coalesce(p.kind::BIGINT, -1) = ? AND p.e2e_ns IS NOT NULL AND p.{last} IS NULL
-                   AND {latest_rx} > coalesce((SELECT max(q.{last}) FROM packets q
-                                               WHERE q.flow = p.flow AND q.kind IS NOT DISTINCT FROM p.kind), -1)"
-            ),
-            [kind],
-        )?;
-    }
-    Ok(())
+            Ok(by_point)
+        },
+    )?;
+    conn.execute_batch("DROP TABLE cut_packets;")?;
+    Ok(lacking)
 }
 
 /// The path as the packets show it ([`xlap_records::stages`]).

@@ -160,6 +160,18 @@ pub fn print_correlation(c: &Correlation, out: &Path) {
             c.untraced
         );
     }
+    if c.partial > 0 {
+        let lacking = c
+            .partial_lacking
+            .iter()
+            .map(|(point, n)| format!("{} {n}", point.trim_end_matches("_ns")))
+            .collect::<Vec<_>>()
+            .join(", ");
+        println!(
+            "partial: {} packets were in flight when a point's recording began or ended (the run's start or end, a rotation, a receiver that stopped reading): stamped by some points, not all, and not counted lost; lacking {lacking}",
+            c.partial
+        );
+    }
     for m in &c.clocks {
         let u = m
             .uncertainty_ns

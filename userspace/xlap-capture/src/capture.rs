@@ -78,6 +78,14 @@ pub struct Batch(pub xlap_abi::xlap_batch);
 // bit pattern is valid.
 unsafe impl aya::Pod for Batch {}
 
+/// The run's stamp window as the BPF side holds it (`STAMP_WINDOW`).
+#[derive(Clone, Copy)]
+#[repr(transparent)]
+struct StampWindow(xlap_abi::xlap_stamp_window);
+
+// SAFETY: a plain C struct of two integers generated from the ABI header.
+unsafe impl aya::Pod for StampWindow {}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Kind {
     TpBtf,
@@ -442,6 +450,40 @@ impl Capture {
             }
         }
         Ok(failed)
+    }
+
+    /// Sets the instants (CLOCK_MONOTONIC ns) every program stamps between:
+    /// written while they run, read by each stamp (`xl_emit`), so that a
+    /// run begins and ends at one instant for all points.
+    pub fn set_stamp_window(&mut self, from_ns: u64, until_ns: u64) -> Result<()> {
+        let map = self
+            .bpf
+            .map_mut(".data.window")
+            .context("the capture object has no stamp window (.data.window)")?;
+        let mut window: Array<&mut MapData, StampWindow> = Array::try_from(map)?;
+        window
+            .set(
+                0,
+                StampWindow(xlap_abi::xlap_stamp_window { from_ns, until_ns }),
+                0,
+            )
+            .context("cannot set the stamp window")?;
+        Ok(())
+    }
+
+    /// Detaches the tracepoint programs one at a time, `pause` apart; the
+    /// others go when the capture is dropped. Only for tests of a run's
+    /// end (`XLAP_TEST_DETACH_PAUSE_MS`): they widen on purpose the time in
+    /// which some hooks are gone and others still fire.
+    pub fn detach_one_by_one(&mut self, pause: std::time::Duration) {
+        let names: Vec<String> = self.bpf.programs().map(|(n, _)| n.to_string()).collect();
+        for name in names {
+            if let Some(aya::programs::Program::BtfTracePoint(p)) = self.bpf.program_mut(&name) {
+                // A program that will not go now goes with the capture.
+                let _ = p.unload();
+                std::thread::sleep(pause);
+            }
+        }
     }
 
     /// The devices (network namespace inode, ifindex) device and qdisc

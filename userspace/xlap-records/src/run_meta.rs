@@ -438,6 +438,11 @@ pub struct RunMeta {
     /// the port), left out of stamps.parquet.
     #[serde(default)]
     pub foreign_stamps_dropped: u64,
+    /// The instants every point of the run stamped between (absent in runs
+    /// recorded before it was kept): the run's start and end, or a
+    /// rotation's cut, are one instant for all points.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub window: Option<StampWindow>,
     /// The flow table behind stamps' `src_addr`/`dst_addr`/`socket_cookie`.
     #[serde(default)]
     pub flows: FlowCounts,
@@ -508,6 +513,23 @@ pub struct RunMeta {
     /// Set by `xlap-trace recover`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub recovery: Option<RecoveryNote>,
+}
+
+/// The instants (CLOCK_MONOTONIC ns of the run's host) between which every
+/// point of the run stamped (`struct xlap_stamp_window` on the BPF side):
+/// none stamps before `from_ns` or after `until_ns`, whichever order the
+/// hooks are attached and detached in. A packet in flight at either is
+/// flagged `partial` in the packets table.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct StampWindow {
+    pub from_ns: u64,
+    /// Absent while the run or the segment goes on.
+    #[serde(default)]
+    pub until_ns: Option<u64>,
+    /// Stamps that reached the recorder from outside the window (taken by
+    /// a program still running after the cut): left out.
+    #[serde(default)]
+    pub stamps_outside: u64,
 }
 
 /// Sockets held before tracing started that are not traced, per reason:
@@ -615,7 +637,8 @@ impl RunMeta {
             .points
             .values()
             .flat_map(|p| std::iter::once(p.stamps).chain(p.lost.values().copied()));
-        if let Some(n) = [meta.packets, meta.stamps, meta.lost]
+        let outside = meta.window.map_or(0, |w| w.stamps_outside);
+        if let Some(n) = [meta.packets, meta.stamps, meta.lost, outside]
             .into_iter()
             .chain(points)
             .find(|n| *n > MAX_COUNT)

@@ -78,6 +78,7 @@ impl Detached {
         note_clock_step(&mut meta, clock_end, args.quiet);
         meta.clock_end = Some(clock_end);
         meta.foreign_stamps_dropped = dropped.values().sum();
+        meta.window = Some(sink.window.meta());
         meta.flows = runmeta::FlowCounts {
             known: flows.table.len() as u64,
             collided: flows.collided,

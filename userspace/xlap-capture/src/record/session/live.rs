@@ -18,6 +18,10 @@ pub struct Live {
     pub(super) files: RunDir,
     pub(super) segments: Option<Segments>,
     pub(super) segment_started: Instant,
+    /// A rotation under way: its cut (CLOCK_MONOTONIC ns) and when it was
+    /// taken. The segment closes once the stamps taken before the cut
+    /// have come in (`ROTATION_SETTLE`); those taken after wait.
+    pub(super) pending_cut: Option<(u64, Instant)>,
     /// The loss counters when the segment began (empty: zeros).
     pub(super) segment_losses: Vec<[u64; xlap_loss::XLAP_LOSS_COUNT as usize]>,
     pub(super) info: RunInfo,
@@ -158,8 +162,23 @@ impl Live {
                 }
                 break "max-size";
             }
-            if self.rotation_due() {
-                self.rotate(plan)?;
+            match self.pending_cut {
+                Some((cut, at)) if at.elapsed() >= ROTATION_SETTLE => {
+                    self.attached.capture.export_batches(&self.batches);
+                    self.drain_now();
+                    self.pending_cut = None;
+                    self.rotate(plan, cut)?;
+                }
+                None if self.rotation_due() => {
+                    // The cut is an instant of the stamps' clock, not of
+                    // their arrival: a CPU's batch can come in up to the
+                    // export interval late.
+                    let cut = runmeta::sample_clocks().monotonic_ns;
+                    self.sink.held = Some((cut, Vec::new()));
+                    self.attached.capture.export_batches(&self.batches);
+                    self.pending_cut = Some((cut, Instant::now()));
+                }
+                _ => {}
             }
             if last_follow.elapsed() >= FOLLOW_EVERY {
                 last_follow = Instant::now();
@@ -174,7 +193,21 @@ impl Live {
         if progress {
             eprintln!();
         }
+        // A rotation the end overtook: its segment takes the held stamps.
+        self.pending_cut = None;
+        self.sink.release_held();
         Ok(reason.to_string())
+    }
+
+    /// Takes what the ring buffer and the markers' rings hold now.
+    fn drain_now(&mut self) {
+        while let Some(item) = self.ring.next() {
+            for raw in xlap_stamp::all_from_bytes(&item) {
+                self.sink.take(&raw);
+            }
+        }
+        let sink = &mut self.sink;
+        self.markers.drain(|raw| sink.take(raw));
     }
 
     /// Rewrites run.json with the counts so far and what the live stream
@@ -201,6 +234,7 @@ impl Live {
             stream_bytes: self.sink.stream_bytes,
         });
         meta.reader_cpu_s = Some(thread_cpu_s() - self.info.cpu_start);
+        meta.window = Some(self.sink.window.meta());
         meta.stop_reason = "(still running)".into();
         Ok(meta.write(&self.files.meta())?)
     }
@@ -216,7 +250,7 @@ impl Live {
     /// Closes the segment being recorded (its stream finished, its
     /// run.json counts of its own, handed to the finisher) and records on
     /// into the next one.
-    fn rotate(&mut self, plan: &Plan) -> Result<()> {
+    fn rotate(&mut self, plan: &Plan, cut: u64) -> Result<()> {
         let Some(segments) = self.segments.as_ref() else {
             return Ok(());
         };
@@ -258,6 +292,9 @@ impl Live {
         closed.checkpoint = None;
         closed.clock_end = Some(clock);
         closed.stop_reason = "rotated".into();
+        let mut window = self.sink.window;
+        window.until_ns = cut;
+        closed.window = Some(window.meta());
         closed.reader_cpu_s = Some(thread_cpu_s() - self.info.cpu_start);
         closed.flows = runmeta::FlowCounts {
             known: flows.table.len() as u64,
@@ -279,6 +316,8 @@ impl Live {
         );
         self.sink.streamed = 0;
         self.sink.stream_bytes = 0;
+        self.sink.window = Window::from(cut.saturating_add(1));
+        self.sink.release_held();
         self.segment_started = Instant::now();
         self.info.cpu_start = thread_cpu_s();
         let deleted = segments.close(segments::Finish {
@@ -309,12 +348,31 @@ impl Live {
             files,
             segments,
             segment_started: _,
+            pending_cut: _,
             segment_losses,
             info,
         } = self;
+        // The run ends here, at one instant for every point: no program
+        // stamps after it, whichever is detached first (they used to stop
+        // one after the other, leaving packets stamped by some points and
+        // not others, and transmit points reading identities their queue
+        // point no longer left).
+        let mut attached = attached;
+        let cut = runmeta::sample_clocks().monotonic_ns;
+        sink.window.until_ns = cut;
+        if let Err(e) = attached.capture.set_stamp_window(sink.window.from_ns, cut) {
+            // The reader still leaves out what came after the cut.
+            eprintln!("xlap-trace: warning: {e:#}");
+        }
+        // Calls in progress at the cut finish and emit the stamps they
+        // took before it (a send's start leaves with its device point).
+        std::thread::sleep(SETTLE_AFTER_CUT);
         // The statistics stop growing here: read them once they are off.
         sink.stats.finish();
         let program_stats = attached.capture.program_stats();
+        if let Some(pause) = test_detach_pause() {
+            attached.capture.detach_one_by_one(pause);
+        }
         drop(attached);
         // Detaching does not wait for a program already running on another
         // CPU; let it finish (it may still flush a batch) before the last
@@ -353,6 +411,27 @@ impl Live {
             marker_rings,
         })
     }
+}
+
+/// How long the programs stay attached after the cut: a send or receive
+/// call in progress then ends within microseconds and emits the stamps it
+/// took before the cut.
+const SETTLE_AFTER_CUT: Duration = Duration::from_millis(10);
+
+/// How long a rotation waits after its cut for the stamps taken before it:
+/// past two batch exports, every CPU's batch of them has come in.
+const ROTATION_SETTLE: Duration =
+    Duration::from_millis(2 * xlap_abi::XLAP_FLUSH_INTERVAL_MS as u64 + 50);
+
+/// Tests of a run's end only (`XLAP_TEST_DETACH_PAUSE_MS`): a pause between
+/// detaching each tracepoint program, so that the time in which some
+/// hooks are gone and others still fire is wide enough to see.
+fn test_detach_pause() -> Option<Duration> {
+    std::env::var("XLAP_TEST_DETACH_PAUSE_MS")
+        .ok()?
+        .parse()
+        .ok()
+        .map(Duration::from_millis)
 }
 
 /// Says, within the first second of datagrams, that the layout keys none

@@ -178,9 +178,59 @@ struct Sink {
     /// `--sample`: markers read from a process's ring are filtered here
     /// (the BPF side filters the rest).
     sample: Option<xlap_records::sample::Sample>,
+    /// The run's window: stamps taken outside it are left out here too (a
+    /// program that read the window before it closed, the markers' rings,
+    /// which no BPF program reads).
+    window: Window,
+    /// During a rotation: its cut, and the stamps taken after it that
+    /// came in before the closing segment had all of its own.
+    held: Option<(u64, Vec<xlap_stamp>)>,
+}
+
+/// The instants (CLOCK_MONOTONIC ns) the run's stamps lie between, and
+/// the stamps that came from outside them.
+#[derive(Clone, Copy, Debug)]
+struct Window {
+    from_ns: u64,
+    until_ns: u64,
+    outside: u64,
+}
+
+impl Window {
+    /// Open from `from_ns` on.
+    fn from(from_ns: u64) -> Window {
+        Window {
+            from_ns,
+            until_ns: u64::MAX,
+            outside: 0,
+        }
+    }
+
+    fn holds(&self, ts_ns: u64) -> bool {
+        (self.from_ns..=self.until_ns).contains(&ts_ns)
+    }
+
+    /// As run.json says it.
+    fn meta(&self) -> runmeta::StampWindow {
+        runmeta::StampWindow {
+            from_ns: self.from_ns,
+            until_ns: (self.until_ns != u64::MAX).then_some(self.until_ns),
+            stamps_outside: self.outside,
+        }
+    }
 }
 
 impl Sink {
+    /// Takes the stamps a rotation held back, into the segment now
+    /// recorded.
+    fn release_held(&mut self) {
+        if let Some((_, held)) = self.held.take() {
+            for raw in &held {
+                self.take(raw);
+            }
+        }
+    }
+
     /// Writes the batch collected so far to the live stream.
     fn write_batch(&mut self) -> Result<()> {
         let batch = self.batcher.finish();
@@ -191,6 +241,16 @@ impl Sink {
     }
 
     fn take(&mut self, raw: &xlap_stamp) {
+        if !self.window.holds(raw.ts_ns) {
+            self.window.outside += 1;
+            return;
+        }
+        if let Some((cut, held)) = self.held.as_mut() {
+            if raw.ts_ns > *cut {
+                held.push(*raw);
+                return;
+            }
+        }
         if let Some(sample) = &self.sample {
             if raw.point >= xlap_point::XLAP_POINT_APP_BASE as u16
                 && raw.flags & xlap_abi::XLAP_FLAG_SEQ_VALID as u8 != 0

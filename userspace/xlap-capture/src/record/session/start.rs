@@ -112,6 +112,11 @@ impl Session {
             std::process::id()
         );
         let clock_start = runmeta::sample_clocks();
+        // The run begins here for every point at once: the targets and
+        // their sockets are known, every hook attached. A packet in flight
+        // now has only its later stamps (it is partial).
+        self.capture
+            .set_stamp_window(clock_start.monotonic_ns, u64::MAX)?;
         let (segments, files, segment) = open_output(args, &run_id, clock_start.monotonic_ns)?;
         let run_id = segment.as_ref().map_or(run_id, SegmentOf::run_id);
         let host = args.host.clone().unwrap_or_else(runmeta::hostname);
@@ -163,10 +168,13 @@ impl Session {
                 stats: StatsSampler::start(args.stats_mode),
                 view,
                 sample: args.sample.clone(),
+                window: Window::from(clock_start.monotonic_ns),
+                held: None,
             },
             files,
             segments,
             segment_started: Instant::now(),
+            pending_cut: None,
             segment_losses: Vec::new(),
             info: RunInfo {
                 started: Instant::now(),
@@ -262,6 +270,10 @@ fn initial_meta(
         targets: Vec::new(),
         followed: Vec::new(),
         foreign_stamps_dropped: 0,
+        window: Some(runmeta::StampWindow {
+            from_ns: clock_start.monotonic_ns,
+            ..Default::default()
+        }),
         flows: runmeta::FlowCounts::default(),
         ports_not_traced: Vec::new(),
         sockets_not_traced: Default::default(),
