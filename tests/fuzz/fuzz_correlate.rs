@@ -558,7 +558,7 @@ fn check(sc: &Scenario, case: &str) -> Result<(), TestCaseError> {
         })
         .collect();
     let copies_point = RX_WIRE.iter().find(|p| all_cols.contains(**p));
-    let partial = in_flight_at_a_cut(&g.packets, &cols_of);
+    let partial = in_flight_at_a_cut(&g.packets, &cols_of, &c.points);
     let is_partial = |key: &Key| partial.contains(key);
     // A flow nothing received is `untraced` (its receiver not recorded),
     // not lost.
@@ -716,16 +716,31 @@ type StreamColumn = (u64, Option<u32>, String, usize);
 /// The packets in flight when a point's recording began or ended (the
 /// packets table's `partial`), from the generated truth: a point column
 /// that nine in ten of the kind's packets stamped on that side have, which
-/// the packet lacks while no later packet of its stream (flow and kind)
-/// has it, or no earlier one.
-fn in_flight_at_a_cut(packets: &BTreeMap<Key, Truth>, cols_of: &SidesOf<'_>) -> BTreeSet<Key> {
+/// the last of its side along the path, which the packet lacks while no
+/// later packet of its stream (flow and kind) has it, and another point
+/// of that side stamped.
+fn in_flight_at_a_cut(
+    packets: &BTreeMap<Key, Truth>,
+    cols_of: &SidesOf<'_>,
+    path_order: &[String],
+) -> BTreeSet<Key> {
     // Per kind: packets stamped on each side, and per (column, side) the
     // packets having it.
     type Reach = ([u64; 2], BTreeMap<(String, usize), u64>);
     let mut reach: BTreeMap<Option<u32>, Reach> = BTreeMap::new();
     // Per stream and (column, side): the first and last seq having it.
     let mut spans: BTreeMap<StreamColumn, (u64, u64)> = BTreeMap::new();
-    for (&(flow, kind, seq), t) in packets {
+    // Flows nothing received are `untraced`: no cut is looked for there.
+    let received: BTreeSet<u64> = packets
+        .iter()
+        .filter(|(_, t)| !t.rx_cols.is_empty())
+        .map(|(k, _)| k.0)
+        .collect();
+    let packets: BTreeMap<&Key, &Truth> = packets
+        .iter()
+        .filter(|(k, _)| received.contains(&k.0))
+        .collect();
+    for (&&(flow, kind, seq), t) in &packets {
         let sides = cols_of(t);
         let r = reach.entry(kind).or_default();
         for (side, cols) in [&sides.0, &sides.1].into_iter().enumerate() {
@@ -740,18 +755,36 @@ fn in_flight_at_a_cut(packets: &BTreeMap<Key, Truth>, cols_of: &SidesOf<'_>) -> 
             }
         }
     }
+    let expected = |kind: &Option<u32>, c: &(String, usize)| {
+        let (on_side, per_col) = &reach[kind];
+        per_col
+            .get(c)
+            .is_some_and(|n| on_side[c.1] > 0 && n * 10 >= on_side[c.1] * 9)
+    };
+    // Per kind and side, its last expected column along the path.
+    let last_of = |kind: &Option<u32>, side: usize| {
+        path_order
+            .iter()
+            .rev()
+            .find(|c| expected(kind, &((*c).clone(), side)))
+            .cloned()
+    };
     let mut partial = BTreeSet::new();
-    for (&(flow, kind, seq), t) in packets {
+    for (&&(flow, kind, seq), t) in &packets {
         let sides = cols_of(t);
-        let (on_side, per_col) = &reach[&kind];
-        let cut = per_col.iter().any(|((c, side), n)| {
-            let expected = on_side[*side] > 0 && n * 10 >= on_side[*side] * 9;
-            let has = if *side == 0 { &sides.0 } else { &sides.1 }.contains(c);
-            expected
-                && !has
+        let (_, per_col) = &reach[&kind];
+        // The generated runs have no window: no cut to be under way at,
+        // so only a side's last point, after the stream's last packet
+        // having it, on a packet stamped on that side.
+        let cut = per_col.keys().any(|(c, side)| {
+            let stamped = if *side == 0 { &sides.0 } else { &sides.1 };
+            expected(&kind, &(c.clone(), *side))
+                && !stamped.contains(c)
+                && !stamped.is_empty()
+                && last_of(&kind, *side).as_ref() == Some(c)
                 && spans
                     .get(&(flow, kind, c.clone(), *side))
-                    .is_some_and(|(first, last)| seq < *first || seq > *last)
+                    .is_some_and(|(_, last)| seq > *last)
         });
         if cut {
             partial.insert((flow, kind, seq));

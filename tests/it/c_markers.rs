@@ -38,7 +38,8 @@ fn traced(
         &[SEQ_U64_LE, &["--quiet", "--marker-path", marker_path]].concat(),
     );
     std::fs::write(&gate, "go").unwrap();
-    assert!(child.wait().unwrap().success(), "udp_loop failed");
+    let status = child.wait().unwrap();
+    assert!(status.success(), "udp_loop failed: {status}");
     let meta = rec.meta_after_wait();
     assert_eq!(meta.lost, 0, "{marker_path}");
     let sites = &meta.options.usdt_sites;

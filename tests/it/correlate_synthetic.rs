@@ -458,7 +458,9 @@ fn a_point_name_that_cannot_be_a_column_is_named_with_its_file() {
 /// Packets in flight at a cut (the run's start, its end) are `partial`,
 /// not lost, with the points they lack counted; a point missing between
 /// packets that have it is no cut: a packet not received mid-run stays
-/// lost, one missing a single point mid-run is neither.
+/// lost, one missing a single point mid-run is neither; so does one sent
+/// longer before the end than a whole packet takes, and a flow's last
+/// datagrams that never arrived, long before the run's end.
 #[test]
 fn packets_in_flight_at_a_cut_are_partial_not_lost() {
     use xlap_point::*;
@@ -473,40 +475,60 @@ fn packets_in_flight_at_a_cut_are_partial_not_lost() {
         XLAP_POINT_SOCK_QUEUE,
         XLAP_POINT_SOCK_RECV_EXIT,
     ];
-    // Per seq, the points it lacks: 0 and 1 were sent before the start,
-    // 97 to 99 were under way at the end.
-    let lacks = |seq: u64| -> Vec<u32> {
+    // A packet every 10 µs, its points 3 µs apart (15 µs end to end); the
+    // run from between seq 1's send and its queue to between seq 99's
+    // queue and its transmit: no stamp outside (the recorder makes none).
+    let at = |seq: u64, point: usize| 1_000_000_000 + seq * 10_000 + point as u64 * 3_000;
+    let (from, until) = (at(1, 0) + 500, at(99, 1) + 500);
+    // Lost mid-run: 40 entirely, 41 at the socket queue; 96 never arrived
+    // though it was sent long enough before the end.
+    let lost_at = |seq: u64| -> Vec<u32> {
         match seq {
-            0 => vec![tx[0], tx[1]],
-            1 => vec![tx[0]],
-            40 => rx.to_vec(),
+            40 | 96 => rx.to_vec(),
             41 => vec![rx[1]],
-            97 => vec![rx[2]],
-            98 => rx.to_vec(),
-            99 => vec![tx[2], rx[0], rx[1], rx[2]],
             _ => vec![],
         }
     };
     let mut stamps = Vec::new();
     for seq in 0..100u64 {
-        let t = 1_000_000_000 + seq * 10_000;
         for (i, point) in tx.iter().chain(&rx).enumerate() {
-            if lacks(seq).contains(point) {
+            let t = at(seq, i);
+            if lost_at(seq).contains(point) || t < from || t > until {
                 continue;
             }
-            let (flow, pid) = if i < 3 {
-                (FLOW, SENDER)
-            } else if *point == XLAP_POINT_SOCK_RECV_EXIT {
-                (0, RECEIVER)
-            } else {
-                (FLOW, RECEIVER)
+            let (flow, pid) = match (i < 3, *point == XLAP_POINT_SOCK_RECV_EXIT) {
+                (true, _) => (FLOW, SENDER),
+                (false, true) => (0, RECEIVER),
+                (false, false) => (FLOW, RECEIVER),
             };
-            stamps.push(stamp(*point as u16, t + i as u64 * 1_000, seq, flow, pid));
+            stamps.push(stamp(*point as u16, t, seq, flow, pid));
+        }
+    }
+    // A second flow, early in the run, to another receiver: its last
+    // three datagrams never arrived, long before the run ended.
+    let flow2 = FLOW + 2; // to port 9002
+    for seq in 0..20u64 {
+        for (i, point) in tx.iter().chain(&rx).enumerate() {
+            if i >= 3 && seq >= 17 {
+                break;
+            }
+            let (flow, pid) = match (i < 3, *point == XLAP_POINT_SOCK_RECV_EXIT) {
+                (true, _) => (flow2, SENDER),
+                (false, true) => (0, RECEIVER + 1),
+                (false, false) => (flow2, RECEIVER + 1),
+            };
+            stamps.push(stamp(*point as u16, at(seq + 10, i) + 500, seq, flow, pid));
         }
     }
     let scratch = Scratch::new("synthetic-cuts");
     let dir = scratch.path("run");
     write_run(&dir, &stamps);
+    // The run's window, as the recorder writes it.
+    let meta_path = dir.join("run.json");
+    let mut meta: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&meta_path).unwrap()).unwrap();
+    meta["window"] = serde_json::json!({"from_ns": from, "until_ns": until});
+    std::fs::write(&meta_path, meta.to_string()).unwrap();
     let conn = duckdb::Connection::open_in_memory().unwrap();
     let c = correlate(
         &conn,
@@ -515,22 +537,26 @@ fn packets_in_flight_at_a_cut_are_partial_not_lost() {
         None,
     )
     .unwrap();
-    let seqs = |flag: &str| -> Vec<i64> {
+    let seqs = |flow: u64, flag: &str| -> Vec<i64> {
         let mut stmt = conn
             .prepare(&format!(
-                "SELECT seq::BIGINT FROM packets WHERE {flag} ORDER BY seq"
+                "SELECT seq::BIGINT FROM packets WHERE flow = {flow} AND {flag} ORDER BY seq"
             ))
             .unwrap();
         let rows = stmt.query_map([], |r| r.get(0)).unwrap();
         rows.collect::<Result<Vec<_>, _>>().unwrap()
     };
-    assert_eq!(seqs("partial"), vec![0, 1, 97, 98, 99]);
-    assert_eq!(seqs("lost"), vec![40]);
-    assert_eq!(
-        seqs("NOT partial AND NOT lost AND e2e_ns IS NULL"),
-        Vec::<i64>::new()
-    );
-    assert_eq!((c.partial, c.lost), (5, 1));
+    assert_eq!(seqs(FLOW, "partial"), vec![0, 1, 98, 99]);
+    assert_eq!(seqs(FLOW, "lost"), vec![40, 96]);
+    assert_eq!(seqs(flow2, "partial"), Vec::<i64>::new());
+    assert_eq!(seqs(flow2, "lost"), vec![17, 18, 19]);
+    for flow in [FLOW, flow2] {
+        assert_eq!(
+            seqs(flow, "NOT partial AND NOT lost AND e2e_ns IS NULL"),
+            Vec::<i64>::new()
+        );
+    }
+    assert_eq!((c.partial, c.lost), (4, 5));
     let lacking: Vec<(&str, u64)> = c
         .partial_lacking
         .iter()
@@ -541,9 +567,9 @@ fn packets_in_flight_at_a_cut_are_partial_not_lost() {
         vec![
             ("dev_netif_rx_ns", 2),
             ("dev_queue_ns", 1),
-            ("dev_start_xmit_ns", 1),
-            ("sock_queue_ns", 2),
-            ("sock_recv_exit_ns", 3),
+            ("dev_start_xmit_ns", 2),
+            ("sock_queue_ns", 1),
+            ("sock_recv_exit_ns", 2),
             ("sock_send_enter_ns", 2),
         ]
     );
@@ -552,14 +578,14 @@ fn packets_in_flight_at_a_cut_are_partial_not_lost() {
     let totals = |seq: u64| -> (Option<i64>, Option<i64>, Option<i64>) {
         conn.query_row(
             &format!(
-                "SELECT sender_total_ns, receiver_total_ns, e2e_ns FROM packets WHERE seq = {seq}"
+                "SELECT sender_total_ns, receiver_total_ns, e2e_ns FROM packets WHERE flow = {FLOW} AND seq = {seq}"
             ),
             [],
             |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
         )
         .unwrap()
     };
-    assert_eq!(totals(1), (None, Some(2_000), None));
-    assert_eq!(totals(97), (Some(2_000), None, None));
-    assert_eq!(totals(50), (Some(2_000), Some(2_000), Some(5_000)));
+    assert_eq!(totals(1), (None, Some(6_000), None));
+    assert_eq!(totals(98), (Some(6_000), None, None));
+    assert_eq!(totals(50), (Some(6_000), Some(6_000), Some(15_000)));
 }

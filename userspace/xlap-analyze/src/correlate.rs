@@ -48,7 +48,7 @@ use crate::sql;
 use crate::{AnalyzeError, Result};
 use duckdb::Connection;
 use serde::Serialize;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::Path;
 
 #[derive(Clone, Debug, Default)]
@@ -525,7 +525,7 @@ fn build_packets(
     let weight = sample_weight(runs)?;
     write_packets(conn, opts, columns, &cols, &stage_cols, &weight)?;
     mark_untraced(conn, &cols)?;
-    let lacking = mark_partial(conn, &cols)?;
+    let lacking = mark_partial(conn, runs, &cols)?;
     Ok((cols, paths.conflicts, lacking))
 }
 
@@ -747,19 +747,27 @@ fn any_of(terms: impl Iterator<Item = String>) -> String {
 
 /// Packets in flight when a point's recording began or ended: a point
 /// the packets of its kind pass (nine in ten of those stamped on that
-/// side) is missing, and no later packet of the flow has it either (the
-/// point had stopped: the run's end, a rotation's cut, a receiver that
-/// stopped reading), or no earlier one (it had not begun: the run's
-/// start, a socket traced later). They are `partial`, not `lost` (a packet
-/// sent an instant before the end was not lost), with no end-to-end
-/// latency, nor the total of a side they lack a point of. Returns, per
-/// point, the partial packets lacking it. A point missing between
-/// packets that have it is a loss of that point, counted in the tracer's
-/// losses, not a cut.
-fn mark_partial(conn: &Connection, cols: &[(String, String)]) -> Result<BTreeMap<String, u64>> {
+/// side) is missing, no later packet of the flow has it (the point had
+/// stopped), or at a start no earlier one (it had not begun), and the
+/// packet was under way then: a cut (a run's or a segment's start or end,
+/// run.json `window`) lies within the longest a whole packet of its kind
+/// took from its first stamp to its last, or, at an end, the point is its
+/// side's last and the packet was stamped on that side (the receiver
+/// stopped reading). They are `partial`, not `lost` (a packet sent an
+/// instant before the end was not lost; a flow's last ones that never
+/// arrived long before it were), with no end-to-end latency, nor the total
+/// of a side they lack a point of. Returns, per point, the partial packets
+/// lacking it. A point missing between packets that have it is a loss of
+/// that point, not a cut.
+fn mark_partial(
+    conn: &Connection,
+    runs: &[Run],
+    cols: &[(String, String)],
+) -> Result<BTreeMap<String, u64>> {
     if cols.is_empty() {
         return Ok(BTreeMap::new());
     }
+    load_cuts(conn, runs)?;
     // Per kind and side: the packets stamped on that side, and how many
     // of them each point of the side has.
     let side_any = |side: &str| {
@@ -794,22 +802,63 @@ fn mark_partial(conn: &Connection, cols: &[(String, String)]) -> Result<BTreeMap
             }
         }
     }
+    // Under way on a side: stamped there by some point. Under way at a
+    // cut: a cut lies within the kind's longest whole packet of its
+    // stamps.
+    let on_side = |side: &str| {
+        any_of(
+            cols.iter()
+                .filter(|(_, s)| s == side)
+                .map(|(c, _)| format!("p.{} IS NOT NULL", sql::ident(c))),
+        )
+    };
+    // Per point column: the kinds for which it is the last point of its
+    // side that their packets pass (the columns are in path order).
+    let mut finals: Vec<Vec<i64>> = vec![Vec::new(); cols.len()];
+    let kinds: BTreeSet<i64> = expected.iter().flatten().copied().collect();
+    for kind in kinds {
+        for side in ["tx", "rx"] {
+            let last = (0..cols.len())
+                .rev()
+                .find(|&i| cols[i].1 == side && expected[i].contains(&kind));
+            if let Some(i) = last {
+                finals[i].push(kind);
+            }
+        }
+    }
+    let list = |kinds: &[i64]| {
+        if kinds.is_empty() {
+            "NULL".to_string()
+        } else {
+            kinds
+                .iter()
+                .map(i64::to_string)
+                .collect::<Vec<_>>()
+                .join(", ")
+        }
+    };
+    // The end of a point's recording cut a packet that lacks it when the
+    // packet was under way at a run's or segment's end, or when it is its
+    // side's last point and the packet was under way on that side (the
+    // receiver stopped reading); its start, when the packet was under way
+    // at a run's start (a flow's first packets lacking a point, long after
+    // the start, lost it).
     let lacks: Vec<(usize, String)> = expected
         .iter()
         .enumerate()
         .filter(|(_, kinds)| !kinds.is_empty())
         .map(|(i, kinds)| {
             let c = sql::ident(&cols[i].0);
-            let kinds = kinds
-                .iter()
-                .map(i64::to_string)
-                .collect::<Vec<_>>()
-                .join(", ");
+            let kind = "coalesce(p.kind::BIGINT, -1)";
             (
                 i,
                 format!(
-                    "(p.{c} IS NULL AND coalesce(p.kind::BIGINT, -1) IN ({kinds})
-                      AND (p.seq > r.last_{i} OR p.seq < r.first_{i})) AS lacks_{i}"
+                    "(p.{c} IS NULL AND {kind} IN ({kinds})
+                      AND (p.seq > r.last_{i} AND (p.at_cut OR {kind} IN ({finals}) AND ({under_way}))
+                           OR p.seq < r.first_{i} AND p.at_cut)) AS lacks_{i}",
+                    kinds = list(kinds),
+                    finals = list(&finals[i]),
+                    under_way = on_side(&cols[i].1),
                 ),
             )
         })
@@ -824,6 +873,14 @@ fn mark_partial(conn: &Connection, cols: &[(String, String)]) -> Result<BTreeMap
             format!("min(seq) FILTER (WHERE {c} IS NOT NULL) AS first_{i}, max(seq) FILTER (WHERE {c} IS NOT NULL) AS last_{i}")
         })
         .collect();
+    let stamped: Vec<String> = cols
+        .iter()
+        .map(|(c, _)| format!("p.{}", sql::ident(c)))
+        .collect();
+    let (first, last) = (
+        format!("list_min([{}])", stamped.join(", ")),
+        format!("list_max([{}])", stamped.join(", ")),
+    );
     let lack_of = |side: &str| {
         any_of(
             lacks
@@ -836,7 +893,13 @@ fn mark_partial(conn: &Connection, cols: &[(String, String)]) -> Result<BTreeMap
         "CREATE OR REPLACE TEMP TABLE cut_packets AS
          SELECT * FROM (
              SELECT p.flow, p.kind, p.seq, {lacks}
-             FROM packets p
+             FROM (SELECT p.*, EXISTS (SELECT 1 FROM cuts c
+                                       WHERE c.t BETWEEN {first} - h.ns AND {last} + h.ns) AS at_cut
+                   FROM packets p
+                   LEFT JOIN (SELECT coalesce(kind::BIGINT, -1) AS k,
+                                     coalesce(max({last} - {first}), 0) AS ns
+                              FROM packets p WHERE e2e_ns IS NOT NULL GROUP BY ALL) h
+                     ON h.k = coalesce(p.kind::BIGINT, -1)) p
              JOIN (SELECT flow, kind, {spans} FROM packets GROUP BY flow, kind) r
                ON r.flow = p.flow AND r.kind IS NOT DISTINCT FROM p.kind
              WHERE NOT p.untraced)
@@ -876,6 +939,29 @@ fn mark_partial(conn: &Connection, cols: &[(String, String)]) -> Result<BTreeMap
     )?;
     conn.execute_batch("DROP TABLE cut_packets;")?;
     Ok(lacking)
+}
+
+/// `cuts`: the instants the runs' recordings began and ended (run.json
+/// `window`; runs recorded before it was kept have none), on the
+/// reference clock.
+fn load_cuts(conn: &Connection, runs: &[Run]) -> Result<()> {
+    conn.execute_batch("CREATE OR REPLACE TEMP TABLE cuts (domain VARCHAR, ts_ns BIGINT);")?;
+    let mut stmt = conn.prepare("INSERT INTO cuts VALUES (?, ?)")?;
+    for r in runs {
+        let Some(w) = r.meta.window else { continue };
+        for ts in std::iter::once(w.from_ns).chain(w.until_ns) {
+            // Within the engine's BIGINT (run.json holds any u64).
+            if let Ok(ts) = i64::try_from(ts) {
+                stmt.execute(duckdb::params![r.boot_id(), ts])?;
+            }
+        }
+    }
+    conn.execute_batch(
+        "CREATE OR REPLACE TEMP TABLE cuts AS
+         SELECT (ts_ns - c.offset_ns - c.drift_ppm * 1e-6 * (ts_ns - c.offset_ns - c.t0_ns))::BIGINT AS t
+         FROM cuts JOIN clocks c USING (domain);",
+    )?;
+    Ok(())
 }
 
 /// The path as the packets show it ([`xlap_records::stages`]).
