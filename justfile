@@ -75,6 +75,7 @@ stage *ARGS: build
 bench *ARGS: build
     {{target}}/debug/xlap-bench {{ARGS}}
     {{target}}/debug/xlap-bench-perturb {{ARGS}}
+    {{target}}/debug/xlap-bench-jobs {{ARGS}}
 
 # A long capture at a high rate, cut into segments within a disk budget:
 # recorder RSS, CPU, disk, losses, bytes per stamp (--minutes N, default

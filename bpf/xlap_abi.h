@@ -329,4 +329,34 @@ struct xlap_hold {
   __u32 _pad;
 };
 
+/* Code the recorder has read and found without a traced marker (the
+ * KNOWN_CODE map): a process whose new code is all such files is not held.
+ * The identity is the kernel's (the superblock's dev_t, MAJOR << 20 |
+ * MINOR, as /proc/PID/maps prints it, and the inode number); the version is
+ * the inode's ctime, which a file's owner cannot set back: a file written
+ * since it was read is not known. */
+struct xlap_code_key {
+  __u32 dev;
+  __u32 _pad;
+  __u64 ino;
+};
+
+struct xlap_code_version {
+  __s64 ctime_sec;
+  __u32 ctime_nsec;
+  __u32 _pad;
+};
+
+/* Entries of the per-CPU HOLD_SKIPS counters: events of traced processes
+ * not held, as everything they mapped was known code. */
+enum xlap_hold_skip {
+  XLAP_SKIP_EXEC = 0,
+  XLAP_SKIP_LOADER = 1,
+  XLAP_SKIP_COUNT = 2,
+};
+
+/* Objects the loader hook walks in the loader's list (glibc's r_debug
+ * link_map) before it holds the process without looking further. */
+#define XLAP_LOADER_MAX_OBJECTS 512
+
 #endif

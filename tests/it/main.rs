@@ -47,6 +47,7 @@ mod rotation;
 mod rtp;
 mod run_command;
 mod run_end;
+mod run_jobs;
 mod sampling;
 mod seams;
 mod stage;

@@ -22,6 +22,7 @@ fn main() {
         .constified_enum_module("xlap_loss")
         .constified_enum_module("xlap_arg_kind")
         .constified_enum_module("xlap_hold_why")
+        .constified_enum_module("xlap_hold_skip")
         .derive_default(true)
         .derive_eq(true)
         .layout_tests(true)

@@ -5,7 +5,9 @@ use anyhow::{Context, Result};
 use aya::maps::SkStorage;
 use aya::maps::{Array, HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf};
 use aya::programs::links::CgroupAttachMode;
-use aya::programs::uprobe::{UProbeAttachLocation, UProbeAttachPoint, UProbeScope};
+use aya::programs::uprobe::{
+    UProbeAttachLocation, UProbeAttachPoint, UProbeLink, UProbeLinkId, UProbeScope,
+};
 use aya::programs::{
     BtfTracePoint, CgroupSkb, CgroupSkbAttachType, CgroupSock, CgroupSockAddr, UProbe,
 };
@@ -86,6 +88,23 @@ struct StampWindow(xlap_abi::xlap_stamp_window);
 // SAFETY: a plain C struct of two integers generated from the ABI header.
 unsafe impl aya::Pod for StampWindow {}
 
+/// A file's kernel identity in KNOWN_CODE.
+#[derive(Clone, Copy)]
+#[repr(transparent)]
+struct CodeKey(xlap_abi::xlap_code_key);
+
+// SAFETY: a plain C struct of integers generated from the ABI header, its
+// padding zeroed by the caller (Default).
+unsafe impl aya::Pod for CodeKey {}
+
+/// A file's version in KNOWN_CODE.
+#[derive(Clone, Copy)]
+#[repr(transparent)]
+struct CodeVersion(xlap_abi::xlap_code_version);
+
+// SAFETY: as CodeKey.
+unsafe impl aya::Pod for CodeVersion {}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Kind {
     TpBtf,
@@ -104,6 +123,11 @@ pub struct Capture {
     pub dynptr: Result<(), String>,
     /// The timer export of per-CPU batches (else why not).
     pub batch_export: Result<crate::batch_export::BatchExport, String>,
+    /// The uprobes attached per process (its markers' sites), detached
+    /// when it exits or the run ends (`take_uprobes`).
+    uprobes_by_pid: std::collections::HashMap<u32, Vec<UProbeLinkId>>,
+    /// The loader hooks, one per loader file, for every process.
+    loader_links: Vec<UProbeLinkId>,
 }
 
 /// An optional program this kernel refused.
@@ -387,6 +411,8 @@ impl Capture {
             points: settings.points.clone(),
             dynptr,
             batch_export,
+            uprobes_by_pid: std::collections::HashMap::new(),
+            loader_links: Vec::new(),
         })
     }
 
@@ -514,9 +540,10 @@ impl Capture {
             }
         }
         let program = self.loaded_uprobe("on_usdt")?;
+        let mut attached = Vec::with_capacity(sites.len());
         for site in sites {
             let pid = std::num::NonZeroU32::new(site.pid).context("pid 0")?;
-            program
+            let link = program
                 .attach(
                     UProbeAttachPoint {
                         location: UProbeAttachLocation::AbsoluteOffset(site.probe.file_offset),
@@ -536,9 +563,51 @@ impl Capture {
                             site.path.display()
                         ),
                     )
-                })?;
+                });
+            match link {
+                Ok(link) => attached.push((site.pid, link)),
+                Err(e) => {
+                    self.note_uprobes(attached);
+                    return Err(e);
+                }
+            }
         }
+        self.note_uprobes(attached);
         Ok(())
+    }
+
+    fn note_uprobes(&mut self, links: Vec<(u32, UProbeLinkId)>) {
+        for (pid, link) in links {
+            self.uprobes_by_pid.entry(pid).or_default().push(link);
+        }
+    }
+
+    /// Takes the uprobes of `pid` (it exited), or of every process and the
+    /// loader hooks (`None`: the run ends), for the caller to close: each
+    /// close waits for an RCU grace period of its own, so they are closed
+    /// together, off the run's path (`record/uprobe_closer.rs`).
+    pub fn take_uprobes(&mut self, pid: Option<u32>) -> Vec<UProbeLink> {
+        let (usdt, loader): (Vec<UProbeLinkId>, Vec<UProbeLinkId>) = match pid {
+            Some(pid) => (
+                self.uprobes_by_pid.remove(&pid).unwrap_or_default(),
+                Vec::new(),
+            ),
+            None => (
+                self.uprobes_by_pid.drain().flat_map(|(_, l)| l).collect(),
+                std::mem::take(&mut self.loader_links),
+            ),
+        };
+        let mut taken = Vec::with_capacity(usdt.len() + loader.len());
+        for (name, ids) in [("on_usdt", usdt), ("on_loader_hook", loader)] {
+            if ids.is_empty() {
+                continue;
+            }
+            let Some(Ok(program)) = self.bpf.program_mut(name).map(<&mut UProbe>::try_from) else {
+                continue;
+            };
+            taken.extend(ids.into_iter().filter_map(|id| program.take_link(id).ok()));
+        }
+        taken
     }
 
     /// The uprobe program `name`, loaded on first use: its sites come in
@@ -555,26 +624,76 @@ impl Capture {
         Ok(program)
     }
 
-    /// Holds `pid` each time its dynamic loader has mapped objects (at
-    /// `offset` in `loader`, its `_dl_debug_state`), so that the markers of
-    /// libraries it loads are attached before they run.
-    pub fn hold_at_loader(
+    /// Hooks a dynamic loader, for every traced process that maps it: the
+    /// process is held each time the loader has mapped objects (at
+    /// `offset` in `loader`, its `_dl_debug_state`) that are not known
+    /// code, so that the markers of libraries it loads are attached before
+    /// they run. `to_r_debug`: from `_dl_debug_state` to the loader's list
+    /// of objects (`r_debug`), 0 if not found (every such event holds).
+    pub fn hook_loader(
         &mut self,
-        pid: u32,
         loader: &std::os::fd::OwnedFd,
         offset: u64,
+        to_r_debug: i64,
     ) -> Result<()> {
         let program = self.loaded_uprobe("on_loader_hook")?;
-        let pid = std::num::NonZeroU32::new(pid).context("pid 0")?;
-        program.attach(
+        let link = program.attach(
             UProbeAttachPoint {
                 location: UProbeAttachLocation::AbsoluteOffset(offset),
-                cookie: None,
+                cookie: Some(to_r_debug as u64),
             },
             crate::usdt::fd_path(loader),
-            UProbeScope::OneProcess(pid),
+            UProbeScope::AllProcesses,
         )?;
+        self.loader_links.push(link);
         Ok(())
+    }
+
+    /// Tells the BPF side that these files (kernel identity, version) have
+    /// no traced marker: a process whose new code is only such files is
+    /// not held. Returns how many did not fit in the map (those stay
+    /// unknown: their processes are held, as before).
+    pub fn know_code(
+        &mut self,
+        files: &[(xlap_abi::xlap_code_key, xlap_abi::xlap_code_version)],
+    ) -> Result<usize> {
+        let mut map: BpfHashMap<&mut MapData, CodeKey, CodeVersion> =
+            BpfHashMap::try_from(self.bpf.map_mut("KNOWN_CODE").context("KNOWN_CODE map")?)?;
+        let mut refused = 0;
+        for (key, version) in files {
+            if map.insert(CodeKey(*key), CodeVersion(*version), 0).is_err() {
+                refused += 1;
+            }
+        }
+        Ok(refused)
+    }
+
+    /// Whether `pid` is held at each exec whatever it execs: the recorder
+    /// attached markers to its image, which a new image needs again.
+    pub fn set_marked(&mut self, pid: u32, marked: bool) -> Result<()> {
+        let mut map: BpfHashMap<&mut MapData, u32, u8> =
+            BpfHashMap::try_from(self.bpf.map_mut("MARKED_PIDS").context("MARKED_PIDS map")?)?;
+        if marked {
+            map.insert(pid, 1, 0)
+                .context("cannot note a process with markers (MARKED_PIDS is full)")?;
+        } else {
+            let _ = map.remove(&pid);
+        }
+        Ok(())
+    }
+
+    /// Events of traced processes not held, all their new code known:
+    /// (at exec, at the loader).
+    pub fn hold_skips(&self) -> (u64, u64) {
+        let sum = |i: u32| -> Option<u64> {
+            let map: PerCpuArray<&MapData, u64> =
+                PerCpuArray::try_from(self.bpf.map("HOLD_SKIPS")?).ok()?;
+            Some(map.get(&i, 0).ok()?.iter().sum())
+        };
+        (
+            sum(xlap_abi::xlap_hold_skip::XLAP_SKIP_EXEC).unwrap_or(0),
+            sum(xlap_abi::xlap_hold_skip::XLAP_SKIP_LOADER).unwrap_or(0),
+        )
     }
 
     /// The ring buffer of held processes (bpf/hooks/holds.h).

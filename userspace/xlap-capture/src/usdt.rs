@@ -129,10 +129,39 @@ pub struct Plan {
     /// Markers not attached because their name cannot be a point name
     /// (pid, binary, the name as the note has it, escaped).
     pub refused_names: Vec<(u32, String, String)>,
+    /// Files read since the last `take_scanned` that have no traced
+    /// marker (loaders apart: `loaders`), by kernel identity and version.
+    free: Vec<KnownCode>,
+    /// Dynamic loaders first seen since the last `take_scanned`.
+    loaders: Vec<Loader>,
+    /// Loader files seen in the run (each hooked once).
+    loaders_seen: std::collections::HashSet<FileId>,
+    /// Files handed out as known code (each once).
+    announced: std::collections::HashSet<(u32, u64, i64, u32)>,
     /// Run-time address of the in-process ring switch (the `xlap_ring:control`
     /// note the marker crate and header write) per process and binary: each
     /// binary (executable or shared object) has its own switch.
     pub ring_controls: BTreeMap<(u32, PathBuf), u64>,
+}
+
+/// A file as the BPF side knows it (KNOWN_CODE): its identity and version.
+pub type KnownCode = (xlap_abi::xlap_code_key, xlap_abi::xlap_code_version);
+
+/// A dynamic loader a traced process maps (glibc's `ld-linux*.so*`, musl's
+/// `ld-musl-*.so*`), to hook once for every process that maps it.
+#[derive(Debug)]
+pub struct Loader {
+    pub file: Arc<OwnedFd>,
+    /// As run.json and messages name it.
+    pub path: PathBuf,
+    /// File offset of its debugger hook `_dl_debug_state`, which it calls
+    /// once objects are mapped and before any of their code runs.
+    pub offset: u64,
+    /// From `_dl_debug_state` to its list of objects (`_r_debug`), in
+    /// memory; 0 when it has none (then each event holds).
+    pub to_r_debug: i64,
+    /// Its identity, known code once hooked.
+    pub code: KnownCode,
 }
 
 /// The provider and name of the note that holds the ring switch's address
@@ -359,15 +388,65 @@ impl Plan {
         read
     }
 
+    /// What was read since the last call: the files without a traced
+    /// marker, and the loaders first seen.
+    pub fn take_scanned(&mut self) -> (Vec<KnownCode>, Vec<Loader>) {
+        (
+            std::mem::take(&mut self.free),
+            std::mem::take(&mut self.loaders),
+        )
+    }
+
+    /// Reads one mapped file's markers into sites; a file that gave none
+    /// (nor a ring switch) is noted as known code, a loader as one to hook.
     fn add_file(&mut self, pid: u32, mapping: &Mapping, selections: &[Selection]) -> Result<()> {
-        let file = mapping.path.clone();
-        let path = PathBuf::from(format!("/proc/{pid}/root{file}"));
+        let sites_before = self.sites.len();
+        let controls_before = self.ring_controls.len();
         // Files that are not ELF, vanished or were replaced since they
-        // were mapped simply have no probes.
+        // were mapped simply have no probes (and are not known: a process
+        // mapping them is held again).
         let Some(opened) = open_mapped(pid, mapping).map(Arc::new) else {
             return Ok(());
         };
-        let Some((probes, first_vaddr)) = self.probes_of(&opened) else {
+        let Some(code) = known_code(mapping, &opened) else {
+            return Ok(());
+        };
+        self.add_probes(pid, mapping, &opened, selections)?;
+        let name = mapping.path.rsplit('/').next().unwrap_or("");
+        if name.starts_with("ld-") && name.contains(".so") {
+            // A loader without a debugger hook is never known code: each
+            // process mapping it is held at its exec.
+            let first = self.loaders_seen.insert((mapping.dev, mapping.inode));
+            if let (true, Some((offset, to_r_debug))) = (first, loader_symbols(&opened)) {
+                self.loaders.push(Loader {
+                    file: opened,
+                    path: PathBuf::from(format!("/proc/{pid}/root{}", mapping.path)),
+                    offset,
+                    to_r_debug,
+                    code,
+                });
+            }
+        } else if self.sites.len() == sites_before
+            && self.ring_controls.len() == controls_before
+            && self
+                .announced
+                .insert((code.0.dev, code.0.ino, code.1.ctime_sec, code.1.ctime_nsec))
+        {
+            self.free.push(code);
+        }
+        Ok(())
+    }
+
+    fn add_probes(
+        &mut self,
+        pid: u32,
+        mapping: &Mapping,
+        opened: &Arc<OwnedFd>,
+        selections: &[Selection],
+    ) -> Result<()> {
+        let file = mapping.path.clone();
+        let path = PathBuf::from(format!("/proc/{pid}/root{file}"));
+        let Some((probes, first_vaddr)) = self.probes_of(opened) else {
             return Ok(());
         };
         let bias = load_bias(pid, &file, first_vaddr);
@@ -462,34 +541,51 @@ impl Plan {
     }
 }
 
-/// The dynamic loader `pid` maps (glibc's `ld-linux*.so*`, musl's
-/// `ld-musl-*.so*`) and the file offset of its debugger hook
-/// `_dl_debug_state`, which it calls once objects are mapped and before
-/// any of their code runs; `None` for a static program.
-pub fn loader_hook(pid: u32) -> Option<(Arc<OwnedFd>, u64, PathBuf)> {
+/// A mapped file's identity as the kernel has it (the superblock's dev_t,
+/// MAJOR << 20 | MINOR, as /proc/PID/maps prints it), with its ctime.
+fn known_code(mapping: &Mapping, opened: &OwnedFd) -> Option<KnownCode> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::File::from(opened.try_clone().ok()?)
+        .metadata()
+        .ok()?;
+    let (major, minor) = mapping.dev;
+    Some((
+        xlap_abi::xlap_code_key {
+            dev: (major << 20) | (minor & 0xf_ffff),
+            ino: mapping.inode,
+            ..Default::default()
+        },
+        xlap_abi::xlap_code_version {
+            ctime_sec: meta.ctime(),
+            ctime_nsec: meta.ctime_nsec() as u32,
+            ..Default::default()
+        },
+    ))
+}
+
+/// A dynamic loader's `_dl_debug_state` (file offset), and the distance in
+/// memory from it to the loader's `_r_debug` (0 if it has none); `None`
+/// when the file has no `_dl_debug_state`.
+fn loader_symbols(opened: &OwnedFd) -> Option<(u64, i64)> {
     use object::{Object, ObjectSegment, ObjectSymbol};
-    let mapping = exec_mappings(pid).into_iter().find(|m| {
-        let name = m.path.rsplit('/').next().unwrap_or("");
-        name.starts_with("ld-") && name.contains(".so")
-    })?;
-    let opened = Arc::new(open_mapped(pid, &mapping)?);
-    let data = std::fs::read(fd_path(&opened)).ok()?;
+    let data = std::fs::read(fd_path(opened)).ok()?;
     let elf = object::File::parse(&*data).ok()?;
-    let symbol = elf
-        .dynamic_symbols()
-        .chain(elf.symbols())
-        .find(|s| s.name() == Ok("_dl_debug_state") && s.address() != 0)?;
-    let address = symbol.address();
+    let symbol = |name: &str| {
+        elf.dynamic_symbols()
+            .chain(elf.symbols())
+            .find(|s| s.name() == Ok(name) && s.address() != 0)
+            .map(|s| s.address())
+    };
+    let hook = symbol("_dl_debug_state")?;
     let offset = elf.segments().find_map(|seg| {
         let (file_start, file_len) = seg.file_range();
-        (address >= seg.address() && address < seg.address() + file_len)
-            .then(|| address - seg.address() + file_start)
+        (hook >= seg.address() && hook < seg.address() + file_len)
+            .then(|| hook - seg.address() + file_start)
     })?;
-    Some((
-        opened,
-        offset,
-        PathBuf::from(format!("/proc/{pid}/root{}", mapping.path)),
-    ))
+    let to_r_debug = symbol("_r_debug")
+        .map(|r| r.wrapping_sub(hook) as i64)
+        .unwrap_or(0);
+    Some((offset, to_r_debug))
 }
 
 /// Opens a live process's memory (`/proc/PID/mem`): the handle stays

@@ -571,6 +571,21 @@ pub struct Holds {
     /// Time held, from the stop to the resume, summed and the longest.
     pub held_us_total: f64,
     pub held_us_max: f64,
+    /// Execs of traced processes not held: the program and its loader
+    /// were known code (read before, no traced marker).
+    #[serde(default)]
+    pub skipped_at_exec: u64,
+    /// Loader events not held: every object it lists was known code.
+    #[serde(default)]
+    pub skipped_at_loader: u64,
+    /// Files read and found without a traced marker (and loaders hooked),
+    /// handed to the kernel side as known code.
+    #[serde(default)]
+    pub files_known: u64,
+    /// Of those, the ones its table had no room for (their processes are
+    /// held each time).
+    #[serde(default)]
+    pub files_not_known: u64,
 }
 
 /// One marker ring of a run (a process and the binary whose markers wrote

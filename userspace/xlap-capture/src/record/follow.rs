@@ -24,6 +24,8 @@ pub struct Following {
     pub children: BTreeMap<u32, Child>,
     /// Processes that exited, with when (seconds into the run).
     pub exited: Vec<(u32, f64)>,
+    /// Those not yet taken by `take_exited`.
+    exited_since: Vec<u32>,
     /// Socket inodes marked as traced.
     marked: HashSet<u64>,
     /// Processes that held a UDP socket at some point.
@@ -48,6 +50,7 @@ impl Following {
             targets: targets.to_vec(),
             children: BTreeMap::new(),
             exited: Vec::new(),
+            exited_since: Vec::new(),
             marked: HashSet::new(),
             udp_pids: HashSet::new(),
             owners: PortOwners::new(),
@@ -81,6 +84,11 @@ impl Following {
             .collect()
     }
 
+    /// The processes seen to exit since the last call.
+    pub fn take_exited(&mut self) -> Vec<u32> {
+        std::mem::take(&mut self.exited_since)
+    }
+
     /// One round of following; returns whether every traced process (the
     /// targets and the children they forked) has exited.
     pub fn refresh(&mut self, capture: &mut Capture, elapsed_s: f64) -> Result<bool> {
@@ -100,6 +108,7 @@ impl Following {
                 capture.forget_process(pid)?;
             }
             self.exited.push((pid, elapsed_s));
+            self.exited_since.push(pid);
         }
         if self.live().is_empty() {
             return Ok(true);

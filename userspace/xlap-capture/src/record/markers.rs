@@ -7,8 +7,15 @@
 //! it runs any of that code (bpf/hooks/holds.h); here the new files'
 //! markers get their in-process ring or their uprobes, then the process is
 //! resumed. How long each was held is counted in run.json (`holds`).
+//!
+//! Only code not read yet holds a process: each file read and found
+//! without a traced marker goes to the BPF side's KNOWN_CODE, and a
+//! loader, hooked once for every process that maps it, joins them once
+//! its hook is attached. A process with markers is noted (MARKED_PIDS): its
+//! every exec is held, its uprobes closed when it exits.
 
 use super::app_ring::{AppRings, RingLosses};
+use super::uprobe_closer::UprobeCloser;
 use crate::capture::Capture;
 use crate::usdt::{self, FileId, Selection, Site};
 use anyhow::Result;
@@ -39,8 +46,10 @@ pub struct Markers {
     /// its process through an exec, so a new image of the same file needs
     /// none again.
     uprobes: HashSet<(u32, FileId, u64)>,
-    /// Processes whose loader is hooked.
-    hooked: HashSet<u32>,
+    /// Processes with markers attached (held at each exec).
+    marked: HashSet<u32>,
+    /// Closes the uprobes of processes that exited, and at the end.
+    closer: UprobeCloser,
     /// Whether app names were added since the last `take_new_names`.
     new_names: bool,
     quiet: bool,
@@ -118,18 +127,77 @@ impl Markers {
             ring_path,
             holds: holds.map(HoldRing),
             uprobes: HashSet::new(),
-            hooked: HashSet::new(),
+            marked: HashSet::new(),
+            closer: UprobeCloser::default(),
             new_names: false,
             quiet,
         };
         let all = markers.sites.usdt.sites.clone();
         markers.attach(capture, &all, note)?;
-        if markers.holds.is_some() {
-            for &pid in pids {
-                markers.hook_loader(capture, pid, note);
+        for site in &all {
+            markers.mark(capture, site.pid);
+        }
+        markers.learn(capture, note);
+        Ok(markers)
+    }
+
+    /// Tells the BPF side what the last scans read: hooks the loaders first
+    /// seen, then notes as known code the files without a traced marker
+    /// and the loaders now hooked.
+    fn learn(&mut self, capture: &mut Capture, note: &impl Fn(String)) {
+        let (mut known, loaders) = self.sites.usdt.take_scanned();
+        if self.holds.is_none() {
+            return;
+        }
+        for loader in loaders {
+            match capture.hook_loader(&loader.file, loader.offset, loader.to_r_debug) {
+                Ok(()) => known.push(loader.code),
+                Err(e) => note(format!(
+                    "markers of libraries loaded through {} are not traced (cannot hook it: {e:#})",
+                    loader.path.display()
+                )),
             }
         }
-        Ok(markers)
+        match capture.know_code(&known) {
+            Ok(0) => {}
+            Ok(n) => self.sites.holds.files_not_known += n as u64,
+            Err(e) => note(format!("every exec and library load is held: {e:#}")),
+        }
+        self.sites.holds.files_known += known.len() as u64;
+    }
+
+    /// Notes that `pid` has markers attached: each of its execs is held.
+    fn mark(&mut self, capture: &mut Capture, pid: u32) {
+        if self.holds.is_some() && self.marked.insert(pid) {
+            if let Err(e) = capture.set_marked(pid, true) {
+                // Its exec into a known program then goes unheld: the new
+                // image's markers are found at its next library load only.
+                eprintln!("xlap-trace: warning: pid {pid}: {e:#}");
+            }
+        }
+    }
+
+    /// A traced process exited: its uprobes are closed (off the run's
+    /// path), what was planned for it forgotten (its pid may come back).
+    pub fn release(&mut self, capture: &mut Capture, pid: u32) {
+        self.closer.close(capture.take_uprobes(Some(pid)));
+        self.uprobes.retain(|(p, _, _)| *p != pid);
+        self.sites.usdt.forget_files(pid);
+        self.semaphores.release(pid);
+        if self.marked.remove(&pid) {
+            let _ = capture.set_marked(pid, false);
+        }
+    }
+
+    /// The run ends: every uprobe left is queued to be closed; what is not
+    /// closed once the run directory is written is handed over
+    /// (`UprobeCloser::hand_over`).
+    pub fn close_uprobes(&mut self, capture: &mut Capture) -> UprobeCloser {
+        let (at_exec, at_loader) = capture.hold_skips();
+        self.sites.holds.skipped_at_exec = at_exec;
+        self.sites.holds.skipped_at_loader = at_loader;
+        self.closer.close(capture.take_uprobes(None));
+        std::mem::take(&mut self.closer)
     }
 
     /// Rings for the sites that can have one, uprobes for the others.
@@ -152,23 +220,6 @@ impl Markers {
         self.semaphores.raise(&fresh)?;
         self.sites.ring_sites = self.rings.sites();
         Ok(())
-    }
-
-    /// Hooks `pid`'s dynamic loader (a static program has none: then its
-    /// exec was its only change of code).
-    fn hook_loader(&mut self, capture: &mut Capture, pid: u32, note: &impl Fn(String)) {
-        if !self.hooked.insert(pid) {
-            return;
-        }
-        let Some((loader, offset, path)) = usdt::loader_hook(pid) else {
-            return;
-        };
-        if let Err(e) = capture.hold_at_loader(pid, &loader, offset) {
-            note(format!(
-                "pid {pid}: markers of libraries it loads later are not traced (cannot hook its loader {}: {e:#})",
-                path.display()
-            ));
-        }
     }
 
     /// The descriptor to poll for held processes.
@@ -195,7 +246,9 @@ impl Markers {
         if exec {
             // A new image: its files are new to it, its old rings gone.
             self.sites.usdt.forget_files(pid);
-            self.hooked.remove(&pid);
+            if self.marked.remove(&pid) {
+                let _ = capture.set_marked(pid, false);
+            }
         }
         let names_before = self.sites.usdt.app_names.len();
         let result = self
@@ -207,7 +260,7 @@ impl Markers {
                 self.attach(capture, &added, note)?;
                 Ok(added)
             });
-        match result {
+        match &result {
             Ok(added) if !added.is_empty() && !self.quiet => {
                 let mut files: Vec<String> =
                     added.iter().map(|s| s.path.display().to_string()).collect();
@@ -222,11 +275,14 @@ impl Markers {
             Ok(_) => {}
             Err(e) => note(format!("pid {pid}: its markers are not traced: {e:#}")),
         }
+        if let Ok(added) = &result {
+            if !added.is_empty() {
+                self.mark(capture, pid);
+            }
+        }
+        self.learn(capture, note);
         if self.sites.usdt.app_names.len() > names_before {
             self.new_names = true;
-        }
-        if exec {
-            self.hook_loader(capture, pid, note);
         }
         let counts = &mut self.sites.holds;
         if exec {
@@ -320,7 +376,7 @@ fn monotonic_ns() -> u64 {
 /// Raised USDT semaphores, lowered again on drop, through the memory
 /// opened when raised (bound to that image: a process that exec'd since,
 /// or a reused pid, is not written to).
-struct Semaphores(Vec<(std::fs::File, u64)>);
+struct Semaphores(Vec<(u32, std::fs::File, u64)>);
 
 impl Semaphores {
     fn raise(&mut self, sites: &[Site]) -> Result<()> {
@@ -328,16 +384,21 @@ impl Semaphores {
             if let Some(addr) = site.semaphore_addr {
                 let mem = usdt::open_memory(site.pid)?;
                 usdt::adjust_semaphore(&mem, addr, 1)?;
-                self.0.push((mem, addr));
+                self.0.push((site.pid, mem, addr));
             }
         }
         Ok(())
+    }
+
+    /// Closes the memory of `pid`, which exited (nothing to lower).
+    fn release(&mut self, pid: u32) {
+        self.0.retain(|(p, _, _)| *p != pid);
     }
 }
 
 impl Drop for Semaphores {
     fn drop(&mut self) {
-        for (mem, addr) in &self.0 {
+        for (_, mem, addr) in &self.0 {
             let _ = usdt::adjust_semaphore(mem, *addr, -1);
         }
     }

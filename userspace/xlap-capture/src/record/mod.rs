@@ -16,6 +16,7 @@ mod session;
 pub(crate) mod shm_file;
 mod shm_guard;
 mod tally;
+pub(crate) mod uprobe_closer;
 
 pub use bpf_stats::StatsMode;
 

@@ -14,6 +14,8 @@ pub struct Detached {
     pub(super) flows: capture::Flows,
     pub(super) program_stats: Vec<(String, ProgramStats)>,
     pub(super) marker_rings: Vec<xlap_records::run_meta::MarkerRing>,
+    /// Closing the run's uprobes; joined once the run directory is written.
+    pub(super) uprobe_closer: crate::record::uprobe_closer::UprobeCloser,
 }
 
 impl Detached {
@@ -31,6 +33,7 @@ impl Detached {
             flows,
             program_stats,
             marker_rings,
+            uprobe_closer,
         } = self;
         let args = plan.args;
         if !sink.batcher.is_empty() {
@@ -133,6 +136,14 @@ impl Detached {
                     segments::INDEX_FILE
                 );
             }
+        }
+        // The run directory is whole: what uprobes are left are closed by
+        // a child once we have exited (each close waits ~60 ms).
+        let mut uprobe_closer = uprobe_closer;
+        if let (Some((count, pid)), false) = (uprobe_closer.hand_over(), args.quiet) {
+            eprintln!(
+                "xlap-trace: {count} uprobes are closed in the background by pid {pid} (xlap-closer), each close taking the kernel tens of milliseconds"
+            );
         }
         if meta.lost > 0 && !args.quiet {
             eprintln!(

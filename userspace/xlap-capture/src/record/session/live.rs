@@ -182,10 +182,13 @@ impl Live {
             }
             if last_follow.elapsed() >= FOLLOW_EVERY {
                 last_follow = Instant::now();
-                if self
+                let all_exited = self
                     .following
-                    .refresh(&mut self.attached.capture, elapsed)?
-                {
+                    .refresh(&mut self.attached.capture, elapsed)?;
+                for pid in self.following.take_exited() {
+                    self.markers.release(&mut self.attached.capture, pid);
+                }
+                if all_exited {
                     break "targets exited";
                 }
             }
@@ -340,7 +343,7 @@ impl Live {
             attached,
             following,
             mut ring,
-            markers,
+            mut markers,
             batches,
             losses,
             flow_maps,
@@ -373,6 +376,9 @@ impl Live {
         if let Some(pause) = test_detach_pause() {
             attached.capture.detach_one_by_one(pause);
         }
+        // The uprobes go on threads of their own (each close waits for a
+        // grace period); the rest detaches at once.
+        let uprobe_closer = markers.close_uprobes(&mut attached.capture);
         drop(attached);
         // Detaching does not wait for a program already running on another
         // CPU; let it finish (it may still flush a batch) before the last
@@ -409,6 +415,7 @@ impl Live {
             flows,
             program_stats,
             marker_rings,
+            uprobe_closer,
         })
     }
 }
