@@ -187,6 +187,17 @@ struct xlap_config {
   /* --sample-kinds: bit k set = datagrams of kind k are sampled, the
    * others all stamped; 0 = every kind is sampled. */
   __u64 sample_kinds;
+  /* 1: --boundary auto, at the socket calls: a send's sock.send_enter is
+   * the start cgroup sendmsg4/6 noted (a send naming its destination),
+   * else the entry of its send syscall, noted by on_send_syscall once the
+   * recorder attached it (a traced UDP socket is connected); a send with
+   * neither is counted lost (unmatched). */
+  __u8 send_syscalls;
+  /* 1: a traced process that connects a UDP socket while on_send_syscall
+   * is not attached is held (SIGSTOP) until the recorder attached it and
+   * resumed it; 0: the recorder attached it from the start. */
+  __u8 hold_connect;
+  __u8 _pad_end[6];
 };
 
 /* The sample a datagram belongs to, from its seq alone (Fibonacci hashing:
@@ -317,8 +328,10 @@ struct xlap_usdt_spec {
  * from the HOLDS ring buffer, attaches the markers the new mappings have,
  * then resumes it (SIGCONT). */
 enum xlap_hold_why {
-  XLAP_HOLD_EXEC = 1,   /* sched_process_exec */
-  XLAP_HOLD_LOADER = 2, /* the loader's debugger hook (_dl_debug_state) */
+  XLAP_HOLD_EXEC = 1,    /* sched_process_exec */
+  XLAP_HOLD_LOADER = 2,  /* the loader's debugger hook (_dl_debug_state) */
+  XLAP_HOLD_CONNECT = 3, /* a traced UDP socket's connect (--boundary auto:
+                            the CONNECTS ring, bpf/hooks/calls.h) */
 };
 
 struct xlap_hold {

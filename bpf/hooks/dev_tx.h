@@ -262,24 +262,42 @@ static __always_inline struct xl_send_start *send_start_record(__u32 *tid) {
  * send keeps no call state: its first device point takes the start that
  * cgroup sendmsg4/6 noted for this thread and socket on this CPU, and
  * stamps sock.send_enter itself (the moment is the same; a send without
- * a destination has none, as at the socket calls). Returns the start, or
- * 0 (none; or an io_uring request issued inline, which uring.h stamps). */
-static __always_inline __u64 send_start_take(__u64 cookie) {
+ * a destination has none, as at the socket calls, but under --boundary
+ * auto the entry of its send syscall). Returns the start, or 0 (none; or
+ * an io_uring request issued inline, which uring.h stamps). `unknown`:
+ * the datagrams to count lost (unmatched) when --boundary auto finds no
+ * start for them (0: counted elsewhere). */
+static __always_inline __u64 send_start_take(__u64 cookie, __u32 unknown) {
   __u32 tid;
   struct xl_send_start *st = send_start_record(&tid);
-  if (!st || st->tid != tid || st->cookie != cookie)
+  if (!st)
     return 0;
-  st->tid = 0;
-  if (URING_SENDS_SEEN) {
+  int noted = st->tid == tid && st->cookie == cookie;
+  if (!noted && !CFG.send_syscalls)
+    return 0;
+  __u64 ts = 0;
+  if (noted) {
+    ts = st->ts;
+    st->tid = 0;
+  }
+  if (!URING_SENDS_SEEN && !CFG.send_syscalls)
+    return ts;
+  struct task_struct *task = bpf_get_current_task_btf();
+  struct xl_task *t = task_ctx(task);
+  if (URING_SENDS_SEEN && t && t->in_uring) {
     /* Cleared when taken: a request punted to a worker leaves it set, and
      * costs at most the thread's next send_enter. */
-    struct xl_task *t = task_ctx(bpf_get_current_task_btf());
-    if (t && t->in_uring) {
+    if (noted)
       t->in_uring = 0;
-      return 0;
-    }
+    return 0;
   }
-  return st->ts;
+  /* A start noted before the syscall's entry is not this call's. */
+  __u64 sys_enter = send_syscall_entry(task, t);
+  if (sys_enter > ts)
+    ts = sys_enter;
+  if (!ts && unknown && point_on(XLAP_POINT_SOCK_SEND_ENTER))
+    count_losses(XLAP_POINT_SOCK_SEND_ENTER, XLAP_LOSS_UNMATCHED, unknown);
+  return ts;
 }
 
 /* The first fragment of a send without call state (its identity `e`),
@@ -345,7 +363,7 @@ tx_first_queue_at(struct xl_rd *r, struct sk_buff *skb, __u64 key, __u32 tgid,
     __u32 reason = ret == XL_UNREADABLE ? XLAP_LOSS_FRAG : XLAP_LOSS_PARSE;
     count_loss(point, reason);
     send_unread(sc, reason, 1);
-    if (!sc && send_start_take(cookie))
+    if (!sc && send_start_take(cookie, 0))
       count_loss(XLAP_POINT_SOCK_SEND_ENTER, reason);
     tx_put_unread(skb, key, reason, 1);
     return;
@@ -360,7 +378,7 @@ tx_first_queue_at(struct xl_rd *r, struct sk_buff *skb, __u64 key, __u32 tgid,
   if (!got) {
     count_losses(point, loss, 1 + beyond);
     send_unread(sc, loss, 1 + beyond);
-    if (!sc && send_start_take(cookie))
+    if (!sc && send_start_take(cookie, 0))
       count_losses(XLAP_POINT_SOCK_SEND_ENTER, loss, 1 + beyond);
     tx_put_unread(skb, key, loss, 1 + beyond);
     return;
@@ -384,7 +402,7 @@ tx_first_queue_at(struct xl_rd *r, struct sk_buff *skb, __u64 key, __u32 tgid,
   __u64 enter = 0;
   if (sc)
     send_append(sc, &id, segs, e.nseg, e.beyond);
-  else if ((enter = send_start_take(cookie)) && e.beyond)
+  else if ((enter = send_start_take(cookie, e.nseg + e.beyond)) && e.beyond)
     count_losses(XLAP_POINT_SOCK_SEND_ENTER, XLAP_LOSS_GSO, e.beyond);
   /* One stamp place for send_enter and this point: the frame is near the
    * stack limit. */

@@ -9,30 +9,9 @@
 #include "calls.h"
 #include "lib/common.h"
 #include "lib/packet.h"
+#include "lib/syscall_nr.h"
 #include "lib/task.h"
 
-/* Syscall numbers (x86-64). */
-#define NR_READ 0
-#define NR_WRITE 1
-#define NR_WRITEV 20
-#define NR_SENDFILE 40
-#define NR_SENDTO 44
-#define NR_RECVFROM 45
-#define NR_SENDMSG 46
-#define NR_RECVMSG 47
-#define NR_RECVMMSG 299
-#define NR_SENDMMSG 307
-/* Calls that wait for a file descriptor to become ready (event loops):
- * poll, select, ppoll, pselect6, epoll_wait, epoll_pwait, epoll_pwait2,
- * io_uring_enter (waiting for completions). */
-#define NR_POLL 7
-#define NR_SELECT 23
-#define NR_EPOLL_WAIT 232
-#define NR_PSELECT6 270
-#define NR_PPOLL 271
-#define NR_EPOLL_PWAIT 281
-#define NR_IO_URING_ENTER 426
-#define NR_EPOLL_PWAIT2 441
 #define SOL_UDP_ 17
 #define UDP_GRO_ 104
 /* Control messages looked at for UDP_GRO in one recvmsg. */
@@ -176,22 +155,6 @@ static __always_inline __u32 udp_gro_size(const struct user_msghdr *msg) {
     at += (c.cmsg_len + 7) & ~7ULL;
   }
   return 0;
-}
-
-static __always_inline int is_send(__u32 nr) {
-  return nr == NR_SENDTO || nr == NR_SENDMSG || nr == NR_SENDMMSG ||
-         nr == NR_WRITE || nr == NR_WRITEV || nr == NR_SENDFILE;
-}
-
-static __always_inline int is_recv(__u32 nr) {
-  return nr == NR_RECVFROM || nr == NR_RECVMSG || nr == NR_RECVMMSG ||
-         nr == NR_READ;
-}
-
-static __always_inline int is_wait(__u32 nr) {
-  return nr == NR_POLL || nr == NR_SELECT || nr == NR_EPOLL_WAIT ||
-         nr == NR_PSELECT6 || nr == NR_PPOLL || nr == NR_EPOLL_PWAIT ||
-         nr == NR_IO_URING_ENTER || nr == NR_EPOLL_PWAIT2;
 }
 
 /* tp_btf (not raw_tp) on the syscall tracepoints: the syscall number and

@@ -47,6 +47,11 @@ struct xl_task {
   __u8 read_valid;
   __u32 read_kind;
   __u64 read_seq;
+  /* --boundary auto: when this thread entered its latest send syscall, and
+   * which (hooks/calls.h on_send_syscall); valid while the thread is still
+   * in a syscall of that number. */
+  __u64 sys_send_ts;
+  __u32 sys_send_nr;
 };
 
 struct {
@@ -62,6 +67,20 @@ static __always_inline struct xl_task *task_ctx(struct task_struct *task) {
 }
 
 #define PF_IO_WORKER_ 0x10
+
+/* The entry of the send syscall the current thread is in, 0 if none (or
+ * not --boundary auto). A note is taken only inside a syscall of its
+ * number: a write to a file leaves a note no later socket call outside
+ * such a syscall can take, and the next send syscall replaces it. */
+static __always_inline __u64 send_syscall_entry(struct task_struct *task,
+                                                struct xl_task *t) {
+  if (!CFG.send_syscalls || !t || !t->sys_send_ts)
+    return 0;
+  struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(task);
+  if (!regs || regs->orig_ax != t->sys_send_nr)
+    return 0;
+  return t->sys_send_ts;
+}
 
 /* Without syscall hooks (hooks/calls.h), a send call's state begins at its
  * first datagram on a device (dev_tx.h), which the stack queues in the

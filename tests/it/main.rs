@@ -11,6 +11,7 @@
 
 mod analyze;
 mod attribution;
+mod boundary_auto;
 mod bpf_stats;
 mod c_markers;
 mod capture;

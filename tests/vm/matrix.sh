@@ -49,7 +49,9 @@ for suite in "${suites[@]}"; do
 	t1=$(date +%s.%N)
 	kernel=$(sed -n 's/^kernel //p' "$out/times" 2>/dev/null || echo "?")
 	# Seconds between two marks of the guest's uptime (boot: up to `start`).
-	mark() { awk -v k="$1" '$1 == k {print $2}' "$out/times" 2>/dev/null; }
+	# A guest that stopped before writing its times has none: say "-", do
+	# not end the matrix (set -e) before its row and its logs are shown.
+	mark() { awk -v k="$1" '$1 == k {print $2}' "$out/times" 2>/dev/null || true; }
 	span() { awk -v a="$(mark "$1")" -v b="$(mark "$2")" 'BEGIN { if (a != "" && b != "") printf "%.0f", b - a; else printf "-" }'; }
 	boot=$(mark start)
 	row="| $kernel | $(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.0f", b - a }') | ${boot%.*}"

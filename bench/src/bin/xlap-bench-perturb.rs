@@ -55,6 +55,9 @@ enum Tracer {
     },
     /// `--points SET` (statistics sampled).
     Points(&'static str),
+    /// `--boundary auto --bpf-stats off`, every point: the socket calls,
+    /// and the send syscalls' entry once a traced socket is connected.
+    Auto,
     /// `--boundary socket-calls --points SET` (statistics sampled).
     SocketCalls(&'static str),
     /// `--boundary socket-calls --sample RATE`, every point (statistics
@@ -79,6 +82,7 @@ impl Tracer {
             Tracer::Xlap { stats: "full" } => "xlap-trace, every kernel point, --bpf-stats full",
             Tracer::Xlap { stats: "off" } => "xlap-trace, every kernel point, --bpf-stats off",
             Tracer::Xlap { .. } => "xlap-trace, every kernel point (statistics sampled)",
+            Tracer::Auto => "xlap-trace --boundary auto, every kernel point, --bpf-stats off",
             Tracer::Points("standard") => "xlap-trace --points standard",
             Tracer::Points(_) => "xlap-trace --points minimal",
             Tracer::SocketCalls("all") => "xlap-trace --boundary socket-calls, every kernel point",
@@ -143,6 +147,7 @@ fn main() -> Result<()> {
         Tracer::Xlap { stats: "sampled" },
         Tracer::Xlap { stats: "full" },
         Tracer::Xlap { stats: "off" },
+        Tracer::Auto,
         Tracer::Points("standard"),
         Tracer::Points("minimal"),
         Tracer::SocketCalls("all"),
@@ -319,6 +324,7 @@ fn start_tracer(
         Tracer::Bpftrace => return Ok((Some(start_bpftrace(scratch)?), None)),
         Tracer::Xlap { stats } => args.extend(["--bpf-stats", stats]),
         Tracer::Points(set) => args.extend(["--points", set]),
+        Tracer::Auto => args.extend(["--boundary", "auto", "--bpf-stats", "off"]),
         Tracer::SocketCalls(set) => args.extend(["--boundary", "socket-calls", "--points", set]),
         Tracer::Sampled(rate) => args.extend(["--boundary", "socket-calls", "--sample", rate]),
         Tracer::Empty { boundary, points } => args.extend([
@@ -367,6 +373,7 @@ fn machine_syscalls(
                 Tracer::None
                     | Tracer::Bpftrace
                     | Tracer::Xlap { stats: "off" }
+                    | Tracer::Auto
                     | Tracer::SocketCalls("all")
                     | Tracer::Baseline
             )

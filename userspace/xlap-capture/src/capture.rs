@@ -128,6 +128,25 @@ pub struct Capture {
     uprobes_by_pid: std::collections::HashMap<u32, Vec<UProbeLinkId>>,
     /// The loader hooks, one per loader file, for every process.
     loader_links: Vec<UProbeLinkId>,
+    /// `--boundary auto`: the send syscalls' hook, attached once a traced
+    /// UDP socket is connected.
+    send_syscalls: SendSyscalls,
+}
+
+/// The send syscalls' hook of `--boundary auto` (`on_send_syscall`): it
+/// costs every syscall of the machine the kernel's slow path, so it is
+/// attached only once a traced UDP socket is connected (whose sends only
+/// their syscall's entry shows begin).
+#[derive(Clone, Debug, PartialEq)]
+pub enum SendSyscalls {
+    /// Not this run's (`--boundary syscalls` or `socket-calls`).
+    Off,
+    /// Loaded, not attached: no traced UDP socket was connected yet.
+    Waiting,
+    /// Attached: when (CLOCK_MONOTONIC ns), and why.
+    Attached { at_ns: u64, why: String },
+    /// This kernel refused it: connected sockets' sends lack send_enter.
+    Refused(String),
 }
 
 /// An optional program this kernel refused.
@@ -180,42 +199,72 @@ impl Capture {
             .collect();
         let mut lacking = self.points.lacking(&unattached);
         let send_enter = xlap_point::XLAP_POINT_SOCK_SEND_ENTER;
-        if self.boundary == BoundaryChoice::SocketCalls
-            && self.points.contains(send_enter)
-            && !lacking.missing.contains_key("sock.send_enter")
-        {
-            lacking.degraded.insert(
-                "sock.send_enter".into(),
-                "sends that do not name their destination (a connected socket's send, write) have no send_enter at the socket calls: only the syscall hooks see them begin (--boundary syscalls, which slows every syscall of the machine)".into(),
-            );
+        let without_syscalls = match (&self.boundary, &self.send_syscalls) {
+            (BoundaryChoice::SocketCalls, _) => Some(
+                "sends that do not name their destination (a connected socket's send, write) have no send_enter at the socket calls: only the syscall hooks see them begin (--boundary auto or syscalls, which slow every syscall of the machine while attached)".to_string(),
+            ),
+            (BoundaryChoice::Auto, SendSyscalls::Refused(why)) => Some(format!(
+                "sends that do not name their destination (a connected socket's send, write) have no send_enter: the send syscalls' hook was refused ({why}); --boundary syscalls stamps them"
+            )),
+            _ => None,
+        };
+        if let Some(what) = without_syscalls {
+            if self.points.contains(send_enter) && !lacking.missing.contains_key("sock.send_enter")
+            {
+                lacking.degraded.insert("sock.send_enter".into(), what);
+            }
         }
         lacking
     }
 }
 
+/// The boundary a run asks for (`--boundary`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum BoundaryRequest {
+    /// The socket calls, and the send syscalls' entry once a traced UDP
+    /// socket is connected: the machine pays only while a traced socket
+    /// needs it.
+    Auto,
+    /// The socket calls alone: connected sockets' sends lack send_enter.
+    SocketCalls,
+    /// The send and receive syscalls (the default): every point, at the
+    /// machine's cost.
+    #[default]
+    Syscalls,
+}
+
 /// Where this run stamps the application/socket boundary, and why.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum BoundaryChoice {
+    /// At the socket calls, and a connected socket's sends at their
+    /// syscall's entry once one is connected (`--boundary auto`).
+    Auto,
     /// At the socket calls (`--boundary socket-calls`): nothing else on the
     /// machine pays.
     SocketCalls,
-    /// At the syscalls: the default, or (said here) what the kernel lacks
-    /// for the socket calls that were asked for.
+    /// At the syscalls: asked for, or (said here) what the kernel lacks
+    /// for the socket calls.
     Syscalls(Option<String>),
 }
 
 impl BoundaryChoice {
     pub fn hooks(&self) -> crate::hooks::Boundary {
         match self {
-            BoundaryChoice::SocketCalls => crate::hooks::Boundary::SocketCalls,
+            BoundaryChoice::Auto | BoundaryChoice::SocketCalls => {
+                crate::hooks::Boundary::SocketCalls
+            }
             BoundaryChoice::Syscalls(_) => crate::hooks::Boundary::Syscalls,
         }
     }
 
-    /// run.json's `boundary`: "socket-calls", "syscalls", or "syscalls
-    /// (why not the socket calls)".
+    /// run.json's `boundary` at the start: "auto", "socket-calls",
+    /// "syscalls", or "syscalls (why not the socket calls)"; for `auto`,
+    /// [`Capture::describe_boundary`] says what happened since.
     pub fn describe(&self) -> String {
         match self {
+            BoundaryChoice::Auto => {
+                "auto (socket calls; no traced UDP socket connected yet)".into()
+            }
             BoundaryChoice::SocketCalls => "socket-calls".into(),
             BoundaryChoice::Syscalls(None) => "syscalls".into(),
             BoundaryChoice::Syscalls(Some(why)) => format!("syscalls ({why})"),
@@ -226,8 +275,12 @@ impl BoundaryChoice {
 /// The socket-call boundary needs the socket calls' tracepoints (Linux
 /// 6.3) and the socket-queue point, which reads datagrams through skb
 /// dynptrs (6.12): without either, the syscalls.
-fn choose_boundary(socket_calls: bool, dynptr: &Result<u32, String>, btf: &Btf) -> BoundaryChoice {
-    if !socket_calls {
+fn choose_boundary(
+    request: BoundaryRequest,
+    dynptr: &Result<u32, String>,
+    btf: &Btf,
+) -> BoundaryChoice {
+    if request == BoundaryRequest::Syscalls {
         return BoundaryChoice::Syscalls(None);
     }
     if let Err(why) = dynptr {
@@ -249,7 +302,11 @@ fn choose_boundary(socket_calls: bool, dynptr: &Result<u32, String>, btf: &Btf) 
             )));
         }
     }
-    BoundaryChoice::SocketCalls
+    if request == BoundaryRequest::Auto {
+        BoundaryChoice::Auto
+    } else {
+        BoundaryChoice::SocketCalls
+    }
 }
 
 pub struct Settings {
@@ -270,9 +327,12 @@ pub struct Settings {
     /// Hold a traced process at its exec until its markers are attached
     /// (bpf/hooks/holds.h): markers are traced.
     pub hold_at_exec: bool,
-    /// Stamp the send/receive boundary at the socket calls
-    /// (`--boundary socket-calls`) rather than at the syscalls.
-    pub socket_calls: bool,
+    /// Where the send/receive boundary is stamped (`--boundary`).
+    pub boundary: BoundaryRequest,
+    /// `--boundary auto`: a traced process connecting a UDP socket may be
+    /// held until the send syscalls' hook is attached (the recorder can
+    /// resume it); otherwise the hook is attached from the start.
+    pub hold_connect: bool,
     /// Stamp only the datagrams of this sample (`--sample`).
     pub sample: Option<xlap_records::sample::Sample>,
     /// Some device of the targets can timestamp received packets in
@@ -321,8 +381,10 @@ impl Capture {
             .map_err(|e| failure(Code::Kernel, format!("cannot read the kernel BTF: {e}")))?;
         let (object, dynptr) = crate::kfunc::resolve_dynptr(CAPTURE_OBJECT, &btf);
         config.have_dynptr = dynptr.is_ok() as u8;
-        let boundary = choose_boundary(settings.socket_calls, &dynptr, &btf);
+        let boundary = choose_boundary(settings.boundary, &dynptr, &btf);
         config.syscall_hooks = matches!(boundary, BoundaryChoice::Syscalls(_)) as u8;
+        config.send_syscalls = (boundary == BoundaryChoice::Auto) as u8;
+        config.hold_connect = (boundary == BoundaryChoice::Auto && settings.hold_connect) as u8;
         config.send_calls = settings.points.needs_program("on_sock_send_length") as u8;
         // Without sock_recv_length (Linux < 6.3), a receive syscall finds
         // its socket from its file descriptor (bpf/hooks/syscall.h).
@@ -398,6 +460,11 @@ impl Capture {
         }
         let dynptr = dynptr.map(|_| ());
         attach_socket_hooks(&mut bpf, &dynptr, boundary.hooks(), &mut unattached)?;
+        let (send_syscalls, connects_held) = if boundary == BoundaryChoice::Auto {
+            load_send_syscalls(&mut bpf, &btf, settings.hold_connect)
+        } else {
+            (SendSyscalls::Off, Ok(()))
+        };
         // Per-stamp records never wait in a batch.
         let batch_export = if settings.per_stamp {
             Err("one record per stamp (--per-stamp-records)".to_string())
@@ -413,7 +480,78 @@ impl Capture {
             batch_export,
             uprobes_by_pid: std::collections::HashMap::new(),
             loader_links: Vec::new(),
+            send_syscalls,
         })
+        .and_then(|mut capture| {
+            // Without holds at the connect, from the start.
+            if let Err(why) = connects_held {
+                capture.hook_send_syscalls(&format!("from the start: {why}"))?;
+            }
+            Ok(capture)
+        })
+    }
+
+    /// `--boundary auto`: the send syscalls' hook, attached (once) because
+    /// of `why`; returns whether it was attached now. A refused attach is
+    /// said in run.json (connected sockets' sends lack send_enter).
+    pub fn hook_send_syscalls(&mut self, why: &str) -> Result<bool> {
+        if self.send_syscalls != SendSyscalls::Waiting {
+            return Ok(false);
+        }
+        let program: &mut BtfTracePoint = self
+            .bpf
+            .program_mut(SEND_SYSCALLS_PROGRAM)
+            .context("program on_send_syscall is missing from the object")?
+            .try_into()?;
+        if let Err(e) = program.attach() {
+            self.send_syscalls = SendSyscalls::Refused(format!("{:#}", anyhow::Error::from(e)));
+            return Ok(false);
+        }
+        // No connect is held from now on.
+        let map = self
+            .bpf
+            .map_mut(".data.send_syscalls")
+            .context("the capture object has no .data.send_syscalls")?;
+        let mut on: Array<&mut MapData, u32> = Array::try_from(map)?;
+        on.set(0, 1, 0)
+            .context("cannot note the send syscalls' hook")?;
+        self.send_syscalls = SendSyscalls::Attached {
+            at_ns: crate::runmeta::read_clock(libc::CLOCK_MONOTONIC),
+            why: why.to_string(),
+        };
+        Ok(true)
+    }
+
+    /// The send syscalls' hook of `--boundary auto`.
+    pub fn send_syscalls(&self) -> &SendSyscalls {
+        &self.send_syscalls
+    }
+
+    /// What the user is told once the send syscalls are hooked: the whole
+    /// machine pays from then on.
+    pub fn send_syscalls_note(&self) -> Option<String> {
+        match &self.send_syscalls {
+            SendSyscalls::Attached { why, .. } => Some(format!("the send syscalls are hooked ({why}): a connected socket's sends begin there; every syscall of the machine takes the slow path while the run goes on")),
+            _ => None,
+        }
+    }
+
+    /// run.json's `boundary`, with what `--boundary auto` did since the
+    /// run's start (`start_ns`, CLOCK_MONOTONIC).
+    pub fn describe_boundary(&self, start_ns: u64) -> String {
+        match (&self.boundary, &self.send_syscalls) {
+            (BoundaryChoice::Auto, SendSyscalls::Attached { at_ns, why }) => format!(
+                "auto (socket calls; the send syscalls' entry from {:.3} s: {why})",
+                at_ns.saturating_sub(start_ns) as f64 / 1e9
+            ),
+            (BoundaryChoice::Auto, SendSyscalls::Refused(why)) => format!(
+                "auto (socket calls; the send syscalls' hook was refused: {why})"
+            ),
+            (BoundaryChoice::Auto, _) => {
+                "auto (socket calls; no traced UDP socket was connected: the syscalls were left alone)".into()
+            }
+            (other, _) => other.describe(),
+        }
     }
 
     /// Exports every CPU's waiting batch to the ring buffer now. Only the
@@ -447,12 +585,21 @@ impl Capture {
         let mut map: SkStorage<&mut MapData, SockMark> =
             SkStorage::try_from(self.bpf.map_mut("SOCKS").context("SOCKS map")?)?;
         let mut failed = Vec::new();
+        // A socket connected before the recorder saw it (--boundary auto:
+        // its sends begin only at their syscall); a resolver's (port 53)
+        // does not count, as at the connect (bpf/hooks/calls.h).
+        let mut connected: Option<crate::sockets::SocketRef> = None;
         for s in sockets {
             let result = crate::sockets::duplicate(s.pid, s.fd)
                 .map_err(|e| {
                     NotMarked::Duplicate(format!("cannot duplicate it (pidfd_getfd): {e}"))
                 })
                 .and_then(|fd| {
+                    if connected.is_none()
+                        && crate::sockets::peer_port(&fd).is_some_and(|port| port != 53)
+                    {
+                        connected = Some(*s);
+                    }
                     let mark = SockMark(xlap_abi::xlap_sock {
                         tgid: s.pid,
                         cookie: crate::sockets::cookie(&fd).unwrap_or(0),
@@ -474,6 +621,14 @@ impl Capture {
             if let Err(e) = result {
                 failed.push((*s, e));
             }
+        }
+        if let Some(s) = connected {
+            self.hook_send_syscalls(&format!(
+                "fd {} of pid {} ({}) was connected before it was traced",
+                s.fd,
+                s.pid,
+                crate::targets::comm(s.pid)
+            ))?;
         }
         Ok(failed)
     }
@@ -780,6 +935,19 @@ impl Capture {
                 .context("cannot note a traced port")?;
         }
         Ok(full)
+    }
+
+    /// The ring of processes held at a traced UDP socket's connect
+    /// (`--boundary auto`), when connects are held.
+    pub fn take_connects(&mut self) -> Result<Option<RingBuf<MapData>>> {
+        if self.send_syscalls != SendSyscalls::Waiting {
+            return Ok(None);
+        }
+        let map = self
+            .bpf
+            .take_map("CONNECTS")
+            .context("CONNECTS ring buffer")?;
+        Ok(Some(RingBuf::try_from(map)?))
     }
 
     pub fn take_ring(&mut self) -> Result<RingBuf<MapData>> {
@@ -1166,6 +1334,71 @@ fn attach(bpf: &mut Ebpf, btf: &Btf, prog: &str, kind: Kind, target: &str) -> Re
         }
     }
     Ok(())
+}
+
+/// The send syscalls' hook of `--boundary auto` (bpf/hooks/calls.h).
+pub const SEND_SYSCALLS_PROGRAM: &str = "on_send_syscall";
+
+/// `--boundary auto`: loads the send syscalls' hook (attached later, once a
+/// traced UDP socket is connected) and attaches the connect hooks that hold
+/// a process connecting one until then. Returns the hook's state, and
+/// whether connects are held (else why not: the hook must then be
+/// attached from the start).
+fn load_send_syscalls(
+    bpf: &mut Ebpf,
+    btf: &Btf,
+    hold_connect: bool,
+) -> (SendSyscalls, Result<(), String>) {
+    let loaded = bpf
+        .program_mut(SEND_SYSCALLS_PROGRAM)
+        .context("program on_send_syscall is missing from the object")
+        .and_then(|p| -> Result<()> {
+            let p: &mut BtfTracePoint = p.try_into()?;
+            p.load("sys_enter", btf)?;
+            Ok(())
+        });
+    if let Err(e) = loaded {
+        let why = refusal(SEND_SYSCALLS_PROGRAM, &e).unwrap_or_else(|| format!("{e:#}"));
+        return (SendSyscalls::Refused(why), Ok(()));
+    }
+    if !hold_connect {
+        return (
+            SendSyscalls::Waiting,
+            Err("the recorder cannot resume a held process (CAP_KILL)".into()),
+        );
+    }
+    let root = match crate::cgroup::open_root() {
+        Ok(root) => root,
+        Err(e) => return (SendSyscalls::Waiting, Err(format!("{e:#}"))),
+    };
+    for (prog, section) in crate::hooks::auto_cgroup_hooks() {
+        let attached = bpf
+            .program_mut(prog)
+            .with_context(|| format!("program {prog} is missing from the object"))
+            .and_then(|p| -> Result<()> {
+                let hook: &mut CgroupSockAddr = p.try_into()?;
+                hook.load()?;
+                hook.attach(&root, CgroupAttachMode::Single)?;
+                Ok(())
+            });
+        if let Err(e) = attached {
+            let why = refusal(prog, &e).unwrap_or_else(|| format!("{e:#}"));
+            return (
+                SendSyscalls::Waiting,
+                Err(format!("this kernel refused {section} ({why})")),
+            );
+        }
+    }
+    for (prog, tp) in crate::hooks::auto_tracepoints() {
+        if let Err(e) = attach(bpf, btf, prog, Kind::TpBtf, tp) {
+            let why = refusal(prog, &e).unwrap_or_else(|| format!("{e:#}"));
+            return (
+                SendSyscalls::Waiting,
+                Err(format!("this kernel refused the {tp} tracepoint ({why})")),
+            );
+        }
+    }
+    (SendSyscalls::Waiting, Ok(()))
 }
 
 /// Keeps the kernel's BPF run-time statistics on while alive

@@ -19,9 +19,17 @@ pub enum Attach {
     TpBtf(&'static str),
     /// The same, only while processes are held for their markers.
     TpBtfForHolds(&'static str),
+    /// The same, under `--boundary auto`, once a traced UDP socket is
+    /// connected (`Capture::hook_send_syscalls`).
+    TpBtfOnConnect(&'static str),
+    /// The same, under `--boundary auto` from the start (where a connect
+    /// is held).
+    TpBtfForAuto(&'static str),
     /// A cgroup hook on the root cgroup (`SEC("SECTION")`), attached by
     /// the socket hooks' own step.
     Cgroup(&'static str),
+    /// The same, under `--boundary auto` only (the connect hooks).
+    CgroupForAuto(&'static str),
     /// A uprobe, per traced file: at its USDT sites, or at its loader's
     /// `_dl_debug_state`.
     Uprobe,
@@ -35,8 +43,11 @@ impl Attach {
     /// The `SEC()` of the program in the C source; `None` for a kfunc.
     pub fn section(self) -> Option<String> {
         match self {
-            Attach::TpBtf(tp) | Attach::TpBtfForHolds(tp) => Some(format!("tp_btf/{tp}")),
-            Attach::Cgroup(section) => Some(section.to_string()),
+            Attach::TpBtf(tp)
+            | Attach::TpBtfForHolds(tp)
+            | Attach::TpBtfOnConnect(tp)
+            | Attach::TpBtfForAuto(tp) => Some(format!("tp_btf/{tp}")),
+            Attach::Cgroup(section) | Attach::CgroupForAuto(section) => Some(section.to_string()),
             Attach::Uprobe => Some("uprobe".into()),
             Attach::Timer => Some("raw_tp".into()),
             Attach::Kfunc => None,
@@ -217,7 +228,26 @@ pub const HOOKS: &[Hook] = &[
         Boundary::SocketCalls,
         &[effect(&[p::XLAP_POINT_SOCK_RECV_EXIT], false, Without::Missing)],
     ),
-    // ...or, opt-in, at the syscalls (bpf/hooks/syscall.h).
+    // Under --boundary auto, a connected socket's sends begin at their
+    // syscall's entry: hooked once a traced UDP socket is connected (the
+    // connect holds the process until then), not before, since the hook
+    // costs every syscall of the machine.
+    helper("on_send_syscall", Attach::TpBtfOnConnect("sys_enter"), false),
+    helper("on_connect4", Attach::CgroupForAuto("cgroup/connect4"), false),
+    helper("on_connect6", Attach::CgroupForAuto("cgroup/connect6"), false),
+    // The connect noted above is held where it looks its route up: a
+    // cgroup hook may not stop a process before Linux 6.18.
+    helper(
+        "on_fib_table_lookup",
+        Attach::TpBtfForAuto("fib_table_lookup"),
+        false,
+    ),
+    helper(
+        "on_fib6_table_lookup",
+        Attach::TpBtfForAuto("fib6_table_lookup"),
+        false,
+    ),
+    // ...or, asked for, at the syscalls (bpf/hooks/syscall.h).
     at_boundary(
         "on_sys_enter",
         Attach::TpBtf("sys_enter"),
@@ -483,6 +513,23 @@ pub fn tracepoints(boundary: Boundary) -> impl Iterator<Item = (&'static str, &'
         Attach::TpBtf(tp) if h.boundary.is_none_or(|b| b == boundary) => {
             Some((h.program, tp, h.required))
         }
+        _ => None,
+    })
+}
+
+/// The connect hooks of `--boundary auto` (program, section).
+pub fn auto_cgroup_hooks() -> impl Iterator<Item = (&'static str, &'static str)> {
+    HOOKS.iter().filter_map(|h| match h.attach {
+        Attach::CgroupForAuto(section) => Some((h.program, section)),
+        _ => None,
+    })
+}
+
+/// The tracepoints of `--boundary auto` that hold a connect (program,
+/// tracepoint).
+pub fn auto_tracepoints() -> impl Iterator<Item = (&'static str, &'static str)> {
+    HOOKS.iter().filter_map(|h| match h.attach {
+        Attach::TpBtfForAuto(tp) => Some((h.program, tp)),
         _ => None,
     })
 }

@@ -246,6 +246,37 @@ pub fn duplicate(pid: u32, fd: i32) -> io::Result<OwnedFd> {
 
 /// The socket's cookie (SO_COOKIE): the kernel's identity of the socket,
 /// the one the capture records for the sockets it sees created.
+/// The port of the peer a socket is connected to (network order undone),
+/// `None` when it is not connected (`getpeername`: ENOTCONN).
+pub fn peer_port(fd: &OwnedFd) -> Option<u16> {
+    // SAFETY: a zeroed sockaddr_storage is a valid value to fill.
+    let mut addr: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+    // SAFETY: getpeername writes at most `len` bytes into `addr`.
+    let rc = unsafe {
+        libc::getpeername(
+            std::os::fd::AsRawFd::as_raw_fd(fd),
+            (&mut addr as *mut libc::sockaddr_storage).cast(),
+            &mut len,
+        )
+    };
+    if rc != 0 {
+        return None;
+    }
+    // sockaddr_in and sockaddr_in6 both keep the port right after the
+    // family, in network order.
+    match i32::from(addr.ss_family) {
+        libc::AF_INET | libc::AF_INET6 => {
+            // SAFETY: the family says the storage holds a sockaddr_in
+            // (or _in6, whose port sits at the same offset).
+            let sin =
+                unsafe { &*(&addr as *const libc::sockaddr_storage).cast::<libc::sockaddr_in>() };
+            Some(u16::from_be(sin.sin_port))
+        }
+        _ => None,
+    }
+}
+
 pub fn cookie(fd: &OwnedFd) -> io::Result<u64> {
     let mut value: u64 = 0;
     let mut len = std::mem::size_of::<u64>() as libc::socklen_t;

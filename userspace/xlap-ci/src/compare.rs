@@ -136,12 +136,20 @@ pub struct Row {
     pub effect: f64,
     /// Whether the metric can decide the verdict: enough packets beyond
     /// its quantile in both runs (and, for a single-run baseline, the
-    /// blocks that measure the machine's noise).
+    /// blocks that measure the machine's noise). One that cannot is
+    /// `not_decided`, whatever its interval says.
     pub decides: bool,
     pub verdict: Verdict,
-    /// Why the interval alone would have said regression (or improvement)
-    /// but the verdict does not; null otherwise.
+    /// Why the metric is `not_decided`, or why the interval alone would
+    /// have said regression (or improvement) but the verdict does not;
+    /// null otherwise.
     pub limit: Option<Limit>,
+    /// What set the interval's width.
+    pub width: Width,
+    /// For an `inconclusive` metric, what made its interval wider than the
+    /// allowed regression, with the figures (the range of the quantile
+    /// over the blocks or runs that widened it); null otherwise.
+    pub wide_because: Option<String>,
     pub baseline: BoxStats,
     pub candidate: BoxStats,
 }
@@ -219,6 +227,97 @@ pub enum Limit {
     /// of the machine's state for a whole run looks the same, and one
     /// baseline run cannot tell.
     Overlap,
+}
+
+/// What set a metric's interval width.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Width {
+    /// Both sides hold the same data (a run compared with itself): the
+    /// change is exactly 0, the interval [0, 0].
+    SameData,
+    /// The packets' own sampling noise (the bootstrap) alone.
+    Packets,
+    /// The spread between blocks of a run (the candidate's, against a
+    /// pooled baseline).
+    Blocks,
+    /// The spread between a pooled baseline's runs.
+    Runs,
+}
+
+/// Whether a stage holds the same data on both sides: every difference is
+/// exactly zero, and no noise can make it anything else.
+fn same_data(b: &StageSummary, c: &StageSummary) -> bool {
+    b.packets == c.packets
+        && b.quantiles_ns == c.quantiles_ns
+        && b.runs_ns == c.runs_ns
+        && b.blocks_ns == c.blocks_ns
+}
+
+/// A duration for people: µs with one decimal, ms from 10 ms on.
+fn time_text(ns: f64) -> String {
+    if ns.abs() >= 1e7 {
+        format!("{:.1} ms", ns / 1e6)
+    } else {
+        format!("{:.1} µs", ns / 1e3)
+    }
+}
+
+/// The range of a quantile over grids (a run's blocks, a baseline's runs).
+fn range_text(levels: &[f64], grids: &[Vec<f64>], p: f64) -> Option<String> {
+    let values: Vec<f64> = grids.iter().map(|g| at_level(levels, g, p)).collect();
+    let lo = values.iter().copied().fold(f64::INFINITY, f64::min);
+    let hi = values.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    (lo.is_finite() && hi.is_finite()).then(|| format!("{} to {}", time_text(lo), time_text(hi)))
+}
+
+/// Why an interval reaches past the allowed regression, in figures.
+fn why_wide(
+    width: Width,
+    m: &Metric,
+    base: &Summary,
+    b: &StageSummary,
+    cand: &Summary,
+    c: &StageSummary,
+    ch: &Change,
+) -> String {
+    let q = format!("p{}", (m.p * 1e4).round() / 1e2);
+    let beyond = |n: u64| (n as f64 * m.p.min(1.0 - m.p)).round();
+    let half = time_text((ch.abs_high - ch.abs_low) / 2.0);
+    let blocks = |side: &str, s: &Summary, st: &StageSummary| {
+        range_text(&s.block_levels, &st.blocks_ns, m.p).map(|r| {
+            format!(
+                "the {side}'s {q} ranges {r} over its {} blocks",
+                st.blocks_ns.len()
+            )
+        })
+    };
+    match width {
+        Width::SameData => "both sides hold the same data".to_string(),
+        Width::Packets => format!(
+            "the packets' own sampling (half-width {half}): {} and {} packets, about {} and {} beyond the {q}",
+            b.packets,
+            c.packets,
+            beyond(b.packets),
+            beyond(c.packets)
+        ),
+        Width::Blocks => {
+            let parts: Vec<String> = [blocks("baseline", base, b), blocks("candidate", cand, c)]
+                .into_iter()
+                .flatten()
+                .collect();
+            format!(
+                "the spread between blocks of each run (half-width {half}): {}",
+                parts.join("; ")
+            )
+        }
+        Width::Runs => {
+            let runs = range_text(&base.levels, &b.runs_ns, m.p).map_or(String::new(), |r| {
+                format!(": the baseline's {q} ranges {r} over its {} runs", b.runs_ns.len())
+            });
+            format!("the spread between the baseline's runs (half-width {half}){runs}")
+        }
+    }
 }
 
 /// Fewest packets beyond a quantile (on its nearer side) in each run for
@@ -350,9 +449,52 @@ pub fn compare(
         .count();
     let family_confidence = confidence;
     let confidence = 1.0 - (1.0 - family_confidence) / deciding.max(1) as f64;
+    let half = |c: &Change| c.abs_high - c.abs_low;
     for &(m, b, c) in &pairs {
+        let same = same_data(b, c);
+        if same {
+            let q = dist(levels, b).quantile(m.p);
+            let exact = Change {
+                base: q,
+                cand: q,
+                rel: 0.0,
+                low: 0.0,
+                high: 0.0,
+                abs_low: 0.0,
+                abs_high: 0.0,
+            };
+            let unfit = can_decide(b, c, m.p);
+            rows.push(Row {
+                metric: m.label(),
+                kind: b.kind,
+                stage: b.stage.clone(),
+                side: b.side.clone(),
+                quantile: m.p,
+                baseline_us: us(q),
+                candidate_us: us(q),
+                change: 0.0,
+                ci_low: 0.0,
+                ci_high: 0.0,
+                relative: relative_means_something(q),
+                ci_low_us: 0.0,
+                ci_high_us: 0.0,
+                effect: 0.0,
+                decides: unfit.is_none(),
+                verdict: match unfit {
+                    Some(_) => Verdict::NotDecided,
+                    None => verdict(&exact, max_regression, min_change_ns),
+                },
+                limit: unfit,
+                width: Width::SameData,
+                wide_because: None,
+                baseline: box_of(levels, b),
+                candidate: box_of(levels, c),
+            });
+            continue;
+        }
         let ch: Change =
             quantile_change(dist(levels, b), dist(levels, c), m.p, confidence, &mut rng);
+        let sampled = ch;
         let noise = |s: &Summary, st: &StageSummary| {
             block_noise(
                 levels,
@@ -362,29 +504,47 @@ pub fn compare(
                 m.p,
             )
         };
-        let ch = if b.runs_ns.len() >= 2 {
+        let (ch, width) = if b.runs_ns.len() >= 2 {
             let per_run: Vec<f64> = b.runs_ns.iter().map(|g| at_level(levels, g, m.p)).collect();
             // The spread between the baseline's runs; and the candidate,
             // one run, also by its own blocks: a stall in one of its
             // blocks can carry its p99 (1.5 ms in a tenth of a run took a
             // stage's p99 from 27 to 277 µs), which no spread of the
             // baseline holds.
-            let ch = widen_by_runs(ch, &per_run, confidence);
-            widen_by_candidate_blocks(ch, noise(cand, c), confidence)
+            let by_runs = widen_by_runs(ch, &per_run, confidence);
+            let by_blocks = widen_by_candidate_blocks(by_runs, noise(cand, c), confidence);
+            let width = if half(&by_blocks) > half(&by_runs) {
+                Width::Blocks
+            } else if half(&by_runs) > half(&sampled) {
+                Width::Runs
+            } else {
+                Width::Packets
+            };
+            (by_blocks, width)
         } else {
-            widen_by_blocks(ch, noise(base, b), noise(cand, c), confidence)
+            let by_blocks = widen_by_blocks(ch, noise(base, b), noise(cand, c), confidence);
+            let width = if half(&by_blocks) > half(&sampled) {
+                Width::Blocks
+            } else {
+                Width::Packets
+            };
+            (by_blocks, width)
         };
         let effect = separation(levels, &b.quantiles_ns, &c.quantiles_ns, m.p);
         let unfit = can_decide(b, c, m.p);
         // A pooled baseline measures the spread between runs; a single
         // run does not, so its change must also stand out of the packets.
-        let limit = unfit.or((!pooled && effect.abs() < MIN_EFFECT).then_some(Limit::Overlap));
-        let (verdict, limit) = match (verdict(&ch, max_regression, min_change_ns), limit) {
-            (Verdict::Regression, Some(l)) => (Verdict::Inconclusive, Some(l)),
+        let overlap = !pooled && effect.abs() < MIN_EFFECT;
+        let (verdict, limit) = match (unfit, verdict(&ch, max_regression, min_change_ns)) {
+            // Too few packets decide nothing, whatever the interval says.
+            (Some(l), _) => (Verdict::NotDecided, Some(l)),
+            (None, Verdict::Regression) if overlap => (Verdict::Inconclusive, Some(Limit::Overlap)),
             // Not worse by more than allowed: a pass, if no improvement.
-            (Verdict::Improvement, Some(l)) => (Verdict::Pass, Some(l)),
-            (v, _) => (v, None),
+            (None, Verdict::Improvement) if overlap => (Verdict::Pass, Some(Limit::Overlap)),
+            (None, v) => (v, None),
         };
+        let wide_because = (verdict == Verdict::Inconclusive && limit.is_none())
+            .then(|| why_wide(width, m, base, b, cand, c, &ch));
         let rel_of = |ns: f64| frac(ns / ch.base.max(1.0));
         rows.push(Row {
             metric: m.label(),
@@ -404,6 +564,8 @@ pub fn compare(
             decides: unfit.is_none(),
             verdict,
             limit,
+            width,
+            wide_because,
             baseline: box_of(levels, b),
             candidate: box_of(levels, c),
         });
@@ -437,6 +599,7 @@ pub fn compare(
         Verdict::Inconclusive => 1,
         Verdict::Pass => 2,
         Verdict::Improvement => 3,
+        Verdict::NotDecided => 4,
     };
     // Within a verdict, the change that stands out most first: a delay
     // added to one stage moves its tight packets far past the baseline's,
@@ -450,8 +613,10 @@ pub fn compare(
     let overall = rows
         .iter()
         .map(|r| r.verdict)
+        .filter(|v| *v != Verdict::NotDecided)
         .min_by_key(|v| rank(*v).min(2))
-        // Nothing compared decides nothing: never a pass.
+        // Nothing compared, or nothing that can decide, decides nothing:
+        // never a pass.
         .map_or(Verdict::Inconclusive, |v| match v {
             Verdict::Improvement => Verdict::Pass,
             v => v,
@@ -460,6 +625,15 @@ pub fn compare(
     if rows.is_empty() {
         notes.push(
             "no metric of the baseline is in the candidate (other kinds or stages): nothing was compared".into(),
+        );
+    } else if rows.iter().all(|r| r.verdict == Verdict::NotDecided) {
+        notes.push(format!(
+            "no metric can decide (each needs {MIN_TAIL_PACKETS} packets beyond its quantile in both runs): record longer runs"
+        ));
+    }
+    if !rows.is_empty() && rows.iter().all(|r| r.width == Width::SameData) {
+        notes.push(
+            "the baseline and the candidate hold the same data (a run compared with itself?): every change is exactly 0".into(),
         );
     }
     match noise {
@@ -505,7 +679,7 @@ pub fn compare(
         }
     }
     Ok(Comparison {
-        format_version: 1,
+        format_version: 2,
         verdict: overall,
         max_regression,
         min_change_us: min_change_ns / 1e3,
@@ -623,6 +797,92 @@ mod tests {
                 blocks_ns: Vec::new(),
             }],
         }
+    }
+
+    /// One e2e stage of `packets` packets, uniform from `lo` to `hi` ns,
+    /// with blocks whose p99 goes from `hi` (blocks 0..8) to `burst` (the
+    /// last block: a stall in a tenth of the run).
+    fn uniform(packets: u64, lo: f64, hi: f64, burst: Option<f64>) -> Summary {
+        let mut s = traced_at(1_000.0);
+        let levels = s.levels.clone();
+        let at = |p: f64, top: f64| lo + (top - lo) * p;
+        s.stages[0].packets = packets;
+        s.stages[0].quantiles_ns = levels.iter().map(|&p| at(p, hi)).collect();
+        if let Some(burst) = burst {
+            s.block_levels = super::super::summary::block_grid();
+            s.stages[0].blocks_ns = (0..super::super::summary::BLOCKS)
+                .map(|i| {
+                    let top = if i == 9 { burst } else { hi };
+                    s.block_levels.iter().map(|&p| at(p, top)).collect()
+                })
+                .collect();
+        }
+        s
+    }
+
+    const TH: Thresholds = Thresholds {
+        max_regression: 0.1,
+        min_change_ns: 20_000.0,
+        confidence: 0.99,
+    };
+
+    #[test]
+    fn too_few_packets_decide_nothing_and_are_counted_apart() {
+        let (one, two) = (
+            uniform(1, 10_000.0, 10_000.0, None),
+            uniform(2, 5_000.0, 6_000.0, None),
+        );
+        let c = compare(&one, &two, &[], TH).unwrap();
+        assert!(c
+            .rows
+            .iter()
+            .all(|r| r.verdict == Verdict::NotDecided && r.limit == Some(Limit::Packets)));
+        // Nothing that can decide: never a pass.
+        assert_eq!(c.verdict, Verdict::Inconclusive);
+        assert!(c.notes.iter().any(|n| n.contains("no metric can decide")));
+        let text = super::super::render::table(&c);
+        assert!(text.contains("not decided (few packets)"), "{text}");
+        assert!(text.contains("not decided: 2 of 2 metrics"), "{text}");
+        let junit = super::super::render::junit(&c);
+        assert!(junit.contains("skipped=\"2\""), "{junit}");
+    }
+
+    #[test]
+    fn a_summary_against_itself_passes_with_an_empty_interval() {
+        let s = uniform(100_000, 1_000.0, 900_000.0, Some(9_000_000.0));
+        let c = compare(&s, &s, &[], TH).unwrap();
+        assert_eq!(c.verdict, Verdict::Pass);
+        for r in &c.rows {
+            assert_eq!((r.ci_low_us, r.ci_high_us, r.change), (0.0, 0.0, 0.0));
+            assert_eq!((r.width, r.verdict), (Width::SameData, Verdict::Pass));
+        }
+    }
+
+    #[test]
+    fn a_wide_interval_says_what_widened_it() {
+        // Two runs of one distribution, each with a stalled block: the
+        // p99 differs between blocks by milliseconds.
+        let base = uniform(100_000, 1_000.0, 900_000.0, Some(9_000_000.0));
+        let mut cand = uniform(100_000, 1_000.0, 900_000.0, Some(9_000_000.0));
+        cand.stages[0].quantiles_ns[1] += 1.0; // not the same data
+        let p99 = Metric {
+            stage: "e2e".into(),
+            p: 0.99,
+        };
+        let c = compare(&base, &cand, &[p99], TH).unwrap();
+        let r = &c.rows[0];
+        assert_eq!(
+            (r.verdict, r.width),
+            (Verdict::Inconclusive, Width::Blocks),
+            "{r:?}"
+        );
+        let why = r.wide_because.as_deref().unwrap();
+        assert!(
+            why.contains("the baseline's p99 ranges 891.0 µs to 8910.0 µs over its 10 blocks"),
+            "{why}"
+        );
+        assert!(super::super::render::markdown(&c)
+            .contains("What made the inconclusive intervals wide"));
     }
 
     #[test]

@@ -13,6 +13,7 @@ fn verdict_text(v: Verdict) -> &'static str {
         Verdict::Improvement => "improvement",
         Verdict::Pass => "pass",
         Verdict::Inconclusive => "inconclusive",
+        Verdict::NotDecided => "not decided",
     }
 }
 
@@ -119,6 +120,17 @@ pub fn table(c: &Comparison) -> String {
     if let Some(line) = tracer_line(c) {
         let _ = writeln!(out, "{line}");
     }
+    if not_decided(c) > 0 {
+        let _ = writeln!(
+            out,
+            "not decided: {} of {} metrics (too few packets, or noise unmeasured)",
+            not_decided(c),
+            c.rows.len()
+        );
+    }
+    for w in why_wide(c) {
+        let _ = writeln!(out, "wide: {w}");
+    }
     if !c.not_compared.is_empty() {
         let _ = writeln!(out, "not in the candidate: {}", c.not_compared.join(", "));
     }
@@ -126,6 +138,26 @@ pub fn table(c: &Comparison) -> String {
         let _ = writeln!(out, "note: {n}");
     }
     out
+}
+
+/// What made each inconclusive metric's interval wide, one line each.
+fn why_wide(c: &Comparison) -> Vec<String> {
+    c.rows
+        .iter()
+        .filter_map(|r| {
+            r.wide_because
+                .as_ref()
+                .map(|w| format!("{} kind {}: {w}", r.metric, kind_text(r.kind)))
+        })
+        .collect()
+}
+
+/// The metrics that cannot decide, counted apart from the passes.
+fn not_decided(c: &Comparison) -> usize {
+    c.rows
+        .iter()
+        .filter(|r| r.verdict == Verdict::NotDecided)
+        .count()
 }
 
 /// Where the intervals' noise comes from, in words.
@@ -151,11 +183,12 @@ pub fn markdown(c: &Comparison) -> String {
         .count();
     let _ = writeln!(
         out,
-        "### {icon} xlap-trace: {} ({} of {} metrics regressed, {} can decide; allowed {} and {} µs, confidence {})\n",
+        "### {icon} xlap-trace: {} ({} of {} metrics regressed, {} can decide, {} not decided; allowed {} and {} µs, confidence {})\n",
         verdict_text(c.verdict),
         regressions,
         c.rows.len(),
         c.deciding,
+        not_decided(c),
         pct(c.max_regression),
         c.min_change_us,
         c.confidence
@@ -205,6 +238,13 @@ pub fn markdown(c: &Comparison) -> String {
     if let Some(line) = tracer_line(c) {
         let _ = writeln!(out, "\n{line}");
     }
+    let wide = why_wide(c);
+    if !wide.is_empty() {
+        let _ = writeln!(out, "\nWhat made the inconclusive intervals wide:\n");
+        for w in &wide {
+            let _ = writeln!(out, "- {}", md(w));
+        }
+    }
     if !c.not_compared.is_empty() {
         let _ = writeln!(
             out,
@@ -251,8 +291,9 @@ pub fn junit(c: &Comparison) -> String {
     let mut out = String::from("<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n");
     let _ = writeln!(
         out,
-        "<testsuite name=\"xlap-trace compare\" tests=\"{}\" failures=\"{failures}\">",
-        c.rows.len()
+        "<testsuite name=\"xlap-trace compare\" tests=\"{}\" failures=\"{failures}\" skipped=\"{}\">",
+        c.rows.len(),
+        not_decided(c)
     );
     for r in &c.rows {
         let name = xml_escape(&format!("{} kind {}", r.metric, kind_text(r.kind)));
@@ -270,6 +311,12 @@ pub fn junit(c: &Comparison) -> String {
                 let _ = writeln!(
                     out,
                     ">\n    <failure message=\"regression\">{detail}</failure>\n  </testcase>"
+                );
+            }
+            Verdict::NotDecided => {
+                let _ = writeln!(
+                    out,
+                    ">\n    <skipped message=\"not decided\">{detail}</skipped>\n  </testcase>"
                 );
             }
             v => {

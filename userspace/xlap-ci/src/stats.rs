@@ -432,6 +432,11 @@ pub enum Verdict {
     /// The interval reaches past the allowed regression: more packets or
     /// runs would tell.
     Inconclusive,
+    /// The metric cannot decide (too few packets beyond its quantile, or
+    /// its noise unmeasured): whatever its interval says, it is counted
+    /// apart from the passes and never makes the overall verdict.
+    #[serde(rename = "not_decided")]
+    NotDecided,
 }
 
 /// The regression allowed at a baseline quantile, ns: the larger of the

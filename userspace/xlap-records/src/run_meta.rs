@@ -433,6 +433,11 @@ pub struct RunMeta {
     /// own pid).
     #[serde(default)]
     pub followed: Vec<Child>,
+    /// Children followed but not listed in `followed`: beyond its first
+    /// thousand, those that never held a UDP socket (a CI job's compilers
+    /// and scripts), counted only.
+    #[serde(default, skip_serializing_if = "zero")]
+    pub followed_unlisted: u64,
     /// Receive-device stamps taken by port for datagrams that went to a
     /// socket not traced (an SO_REUSEPORT group, a more specific bind on
     /// the port), left out of stamps.parquet.
@@ -558,6 +563,10 @@ impl SocketsNotTraced {
     }
 }
 
+fn zero(n: &u64) -> bool {
+    *n == 0
+}
+
 /// The holds of a run: how often a traced process was stopped until the
 /// markers of what it had just mapped were attached, and for how long.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -586,6 +595,10 @@ pub struct Holds {
     /// held each time).
     #[serde(default)]
     pub files_not_known: u64,
+    /// At the connect of a traced UDP socket (`--boundary auto`), until
+    /// the send syscalls' hook was attached.
+    #[serde(default)]
+    pub at_connect: u64,
 }
 
 /// One marker ring of a run (a process and the binary whose markers wrote

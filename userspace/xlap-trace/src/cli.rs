@@ -378,6 +378,9 @@ pub enum BpfStats {
 /// Where the send/receive points are stamped (`--boundary`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum BoundaryArg {
+    // At the socket calls, and the send syscalls' entry once a traced UDP
+    // socket is connected.
+    Auto,
     // At the send and receive syscalls.
     Syscalls,
     // At the socket calls.
@@ -513,10 +516,11 @@ pub struct RecordArgs {
     /// Where the send/receive points are stamped: syscalls (sys_enter and
     /// sys_exit: every point, but while they are attached every syscall of
     /// every process of the machine takes the kernel's slow path, an
-    /// untraced getppid 118 -> 272 ns) or socket-calls (the socket calls'
-    /// own hooks: nothing else pays, but a send that does not name its
+    /// untraced getppid 118 -> 272 ns), socket-calls (the socket calls' own
+    /// hooks: nothing else pays, but a send that does not name its
     /// destination, a connected socket's, has no sock.send_enter; Linux >=
-    /// 6.12)
+    /// 6.12) or auto (the socket calls, and the send syscalls' entry only
+    /// once a traced UDP socket is connected)
     #[arg(long, value_enum, value_name = "AT", default_value = "syscalls")]
     pub boundary: BoundaryArg,
     /// Stamp one datagram in N, chosen by a hash of its seq, so recorders

@@ -11,19 +11,37 @@ use crate::capture::{Capture, NotMarked};
 use crate::sockets::UdpScan;
 use crate::targets::{self, PortOwners};
 use anyhow::Result;
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use xlap_records::run_meta::SocketsNotTraced;
 
 /// A child a target forked, followed since (as run.json lists it).
 pub use xlap_records::run_meta::Child;
 
+/// Children listed in run.json (`followed`) whatever they did; beyond,
+/// only those that held a UDP socket are, and the rest are counted
+/// (`followed_unlisted`): a CI job starts thousands of processes, and the
+/// recorder's memory must follow those alive, not all it ever saw.
+pub const LISTED_CHILDREN: usize = 1000;
+
+/// Children announced on stderr one by one; the rest are only listed.
+const PRINTED_CHILDREN: u64 = 8;
+
 pub struct Following {
     /// The processes named on the command line.
     pub targets: Vec<u32>,
-    /// Children followed, by pid (alive or exited).
+    /// Children listed in run.json, by pid (alive or exited).
     pub children: BTreeMap<u32, Child>,
-    /// Processes that exited, with when (seconds into the run).
+    /// Children beyond the listed ones, while they live.
+    unlisted: HashMap<u32, Child>,
+    /// Children alive (listed or not).
+    alive: BTreeSet<u32>,
+    /// Children followed in all, and those not listed.
+    pub followed_total: u64,
+    pub followed_unlisted: u64,
+    /// Targets and listed children that exited, with when (seconds into
+    /// the run).
     pub exited: Vec<(u32, f64)>,
+    exited_targets: HashSet<u32>,
     /// Those not yet taken by `take_exited`.
     exited_since: Vec<u32>,
     /// Socket inodes marked as traced.
@@ -49,7 +67,12 @@ impl Following {
         let mut f = Following {
             targets: targets.to_vec(),
             children: BTreeMap::new(),
+            unlisted: HashMap::new(),
+            alive: BTreeSet::new(),
+            followed_total: 0,
+            followed_unlisted: 0,
             exited: Vec::new(),
+            exited_targets: HashSet::new(),
             exited_since: Vec::new(),
             marked: HashSet::new(),
             udp_pids: HashSet::new(),
@@ -78,10 +101,27 @@ impl Following {
     pub fn live(&self) -> Vec<u32> {
         self.targets
             .iter()
-            .chain(self.children.keys())
-            .filter(|p| !self.exited.iter().any(|(e, _)| e == *p))
+            .filter(|p| !self.exited_targets.contains(p))
+            .chain(self.alive.iter())
             .copied()
             .collect()
+    }
+
+    /// The children run.json lists (`followed`): the listed ones, and those
+    /// still alive beyond them that held a UDP socket; and how many it does
+    /// not list.
+    pub fn listed(&self) -> (Vec<Child>, u64) {
+        let mut listed: Vec<Child> = self.children.values().cloned().collect();
+        let mut unlisted = self.followed_unlisted;
+        for (pid, child) in &self.unlisted {
+            if self.udp_pids.contains(pid) {
+                listed.push(child.clone());
+            } else {
+                unlisted += 1;
+            }
+        }
+        listed.sort_by_key(|c| c.pid);
+        (listed, unlisted)
     }
 
     /// The processes seen to exit since the last call.
@@ -104,10 +144,22 @@ impl Following {
                     "xlap-trace: note: pid {pid} exited after {elapsed_s:.1} s; its stamps so far are kept, a restart is not traced (trace the new pid)"
                 );
             }
-            if self.children.contains_key(&pid) {
+            if self.alive.remove(&pid) {
                 capture.forget_process(pid)?;
+                if let Some(child) = self.unlisted.remove(&pid) {
+                    if self.udp_pids.contains(&pid) {
+                        // It held a UDP socket: its stamps carry its pid.
+                        self.children.insert(pid, child);
+                    } else {
+                        self.followed_unlisted += 1;
+                    }
+                }
+            } else {
+                self.exited_targets.insert(pid);
             }
-            self.exited.push((pid, elapsed_s));
+            if self.children.contains_key(&pid) || self.targets.contains(&pid) {
+                self.exited.push((pid, elapsed_s));
+            }
             self.exited_since.push(pid);
         }
         if self.live().is_empty() {
@@ -132,22 +184,29 @@ impl Following {
     /// Children the BPF side started following since the last round.
     fn note_children(&mut self, capture: &Capture, elapsed_s: f64) -> Result<()> {
         for (pid, target) in capture.traced_processes()? {
-            if pid == target || self.children.contains_key(&pid) {
+            if pid == target || self.alive.contains(&pid) {
                 continue;
             }
             let comm = targets::comm(pid);
-            if !self.quiet {
+            self.followed_total += 1;
+            if !self.quiet && self.followed_total <= PRINTED_CHILDREN {
                 eprintln!("xlap-trace: following pid {pid} ({comm}), forked from target {target}");
+                if self.followed_total == PRINTED_CHILDREN {
+                    eprintln!("xlap-trace: following the targets' further children without saying so each time (run.json: followed)");
+                }
             }
-            self.children.insert(
+            let child = Child {
                 pid,
-                Child {
-                    pid,
-                    target,
-                    comm,
-                    seen_after_s: elapsed_s,
-                },
-            );
+                target,
+                comm,
+                seen_after_s: elapsed_s,
+            };
+            self.alive.insert(pid);
+            if self.children.len() < LISTED_CHILDREN {
+                self.children.insert(pid, child);
+            } else {
+                self.unlisted.insert(pid, child);
+            }
         }
         Ok(())
     }

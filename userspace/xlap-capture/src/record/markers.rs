@@ -364,13 +364,7 @@ impl Drop for HoldRing {
 }
 
 fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: a valid timespec to fill.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+    crate::runmeta::read_clock(libc::CLOCK_MONOTONIC)
 }
 
 /// Raised USDT semaphores, lowered again on drop, through the memory

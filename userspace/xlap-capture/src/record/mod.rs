@@ -6,6 +6,7 @@
 mod app_ring;
 mod bpf_stats;
 pub mod command;
+mod connects;
 mod follow;
 mod live_view;
 mod markers;

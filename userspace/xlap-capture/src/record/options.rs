@@ -57,9 +57,8 @@ pub struct RecordOptions {
     /// Every BPF program on a datagram's path returns at once: the hooks'
     /// dispatch cost alone, nothing stamped.
     pub empty_programs: bool,
-    /// Stamp the send/receive boundary at the socket calls rather than at
-    /// the syscalls (which cost every syscall of the machine).
-    pub socket_calls: bool,
+    /// Where the send/receive boundary is stamped (`--boundary`).
+    pub boundary: crate::capture::BoundaryRequest,
     /// Stamp only the datagrams of this sample (`--sample 1/N`).
     pub sample: Option<xlap_records::sample::Sample>,
     /// When the kernel times BPF programs.
@@ -106,7 +105,7 @@ impl Default for RecordOptions {
             full_priority: false,
             per_stamp_records: false,
             empty_programs: false,
-            socket_calls: false,
+            boundary: crate::capture::BoundaryRequest::Syscalls,
             sample: None,
             stats_mode: StatsMode::Sampled,
             quiet: false,

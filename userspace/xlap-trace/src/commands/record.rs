@@ -5,6 +5,7 @@ use crate::cli::{BpfStats, Endian, FinishArgs, RecordArgs, RunArgs};
 use anyhow::Result;
 use std::process::ExitCode;
 use xlap_analyze::finish::{finish_run, FinishOptions};
+use xlap_capture::capture::BoundaryRequest;
 use xlap_capture::proto::{self, Layout, Layouts};
 use xlap_capture::record::{self, RecordOptions, StatsMode};
 use xlap_exit::{failure, Code};
@@ -41,7 +42,11 @@ impl TryFrom<&RecordArgs> for RecordOptions {
             full_priority: a.full_priority,
             per_stamp_records: a.per_stamp_records,
             empty_programs: a.empty_programs,
-            socket_calls: a.boundary == crate::cli::BoundaryArg::SocketCalls,
+            boundary: match a.boundary {
+                crate::cli::BoundaryArg::Auto => BoundaryRequest::Auto,
+                crate::cli::BoundaryArg::SocketCalls => BoundaryRequest::SocketCalls,
+                crate::cli::BoundaryArg::Syscalls => BoundaryRequest::Syscalls,
+            },
             sample,
             stats_mode: match (a.no_bpf_stats, a.bpf_stats) {
                 (true, _) | (false, BpfStats::Off) => StatsMode::Off,

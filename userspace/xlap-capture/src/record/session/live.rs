@@ -8,6 +8,8 @@ use super::*;
 pub struct Live {
     pub(super) attached: Attached,
     pub(super) following: Following,
+    /// `--boundary auto`: processes held at a traced UDP socket's connect.
+    pub(super) connects: ConnectHolds,
     pub(super) ring: RingBuf<MapData>,
     pub(super) markers: Markers,
     pub(super) batches: PerCpuArray<MapData, Batch>,
@@ -57,6 +59,7 @@ impl Live {
         let progress = !args.quiet && !args.live && std::io::stderr().is_terminal();
         let ring_fd = self.ring.as_raw_fd();
         let holds_fd = self.markers.holds_fd();
+        let connects_fd = self.connects.fd();
         let reason = loop {
             let pfd = |fd| libc::pollfd {
                 fd,
@@ -66,9 +69,14 @@ impl Live {
             // The kernel side wakes us only when the buffer is an eighth
             // full; the timeout bounds how stale the output files get. A
             // held process wakes us at once (-1 is ignored by poll).
-            let mut pfds = [pfd(ring_fd), pfd(holds_fd.unwrap_or(-1))];
+            let mut pfds = [
+                pfd(ring_fd),
+                pfd(holds_fd.unwrap_or(-1)),
+                pfd(connects_fd.unwrap_or(-1)),
+            ];
             // SAFETY: valid pollfds; a signal interrupting poll is fine.
-            unsafe { libc::poll(pfds.as_mut_ptr(), 2, POLL_MS) };
+            unsafe { libc::poll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, POLL_MS) };
+            self.serve_connects(plan)?;
             self.markers
                 .serve(&mut self.attached.capture, &|why| plan.note(why))?;
             if let Some(names) = self.markers.take_new_names() {
@@ -185,6 +193,8 @@ impl Live {
                 let all_exited = self
                     .following
                     .refresh(&mut self.attached.capture, elapsed)?;
+                // A socket marked now may be connected already.
+                self.note_boundary(plan);
                 for pid in self.following.take_exited() {
                     self.markers.release(&mut self.attached.capture, pid);
                 }
@@ -211,6 +221,31 @@ impl Live {
         }
         let sink = &mut self.sink;
         self.markers.drain(|raw| sink.take(raw));
+    }
+
+    /// `--boundary auto`: hooks the send syscalls for the processes held at
+    /// a connect and resumes them, counted with the other holds.
+    fn serve_connects(&mut self, plan: &Plan) -> Result<()> {
+        let held = self
+            .connects
+            .serve(&mut self.attached.capture, &mut self.markers.sites.holds)?;
+        if held > 0 {
+            self.note_boundary(plan);
+        }
+        Ok(())
+    }
+
+    /// run.json's `boundary`, once `--boundary auto` hooked the send
+    /// syscalls (said on stderr too: the whole machine pays from now on).
+    fn note_boundary(&mut self, plan: &Plan) {
+        let start = self.info.meta.clock_start.monotonic_ns;
+        let now = self.attached.capture.describe_boundary(start);
+        if self.info.meta.options.boundary.as_deref() != Some(now.as_str()) {
+            if let Some(note) = self.attached.capture.send_syscalls_note() {
+                plan.note(note);
+            }
+            self.info.meta.options.boundary = Some(now);
+        }
     }
 
     /// Rewrites run.json with the counts so far and what the live stream
@@ -342,6 +377,7 @@ impl Live {
         let Live {
             attached,
             following,
+            connects,
             mut ring,
             mut markers,
             batches,
@@ -384,6 +420,8 @@ impl Live {
         // CPU; let it finish (it may still flush a batch) before the last
         // drains.
         std::thread::sleep(Duration::from_millis(20));
+        // No connect is held any more: resume those still waiting.
+        drop(connects);
         while let Some(item) = ring.next() {
             for raw in xlap_stamp::all_from_bytes(&item) {
                 sink.take(&raw);

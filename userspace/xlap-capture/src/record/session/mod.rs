@@ -18,6 +18,7 @@ pub use live::Live;
 pub use start::Session;
 
 use super::bpf_stats::StatsSampler;
+use super::connects::ConnectHolds;
 use super::follow::Following;
 use super::live_view::LiveView;
 use super::markers::{MarkerOptions, MarkerSites, Markers};
@@ -142,7 +143,13 @@ impl<'a> Plan<'a> {
     /// for their markers: markers are traced, and a held process of
     /// another user can be resumed.
     fn holds(&self) -> bool {
-        !self.args.no_usdt && !self.caps_missing.iter().any(|n| n.name == "CAP_KILL")
+        !self.args.no_usdt && self.can_resume()
+    }
+
+    /// Whether a process the BPF side stopped can be resumed (SIGCONT to a
+    /// process of another user needs CAP_KILL).
+    fn can_resume(&self) -> bool {
+        !self.caps_missing.iter().any(|n| n.name == "CAP_KILL")
     }
 
     fn note(&self, text: impl std::fmt::Display) {
@@ -360,7 +367,7 @@ impl RunInfo {
                     .collect(),
             })
             .collect();
-        meta.followed = following.children.values().cloned().collect();
+        (meta.followed, meta.followed_unlisted) = following.listed();
         meta.ports_not_traced = following.ports_not_traced.iter().map(|(_, p)| *p).collect();
         meta.sockets_not_traced = following.sockets_not_traced.clone();
         let mut points: BTreeMap<String, PointStats> = BTreeMap::new();

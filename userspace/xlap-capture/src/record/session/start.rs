@@ -24,7 +24,8 @@ impl Session {
             tunnel_ports: plan.tunnel_ports.clone(),
             iface_filter: !args.ifaces.is_empty(),
             hold_at_exec: plan.holds(),
-            socket_calls: args.socket_calls,
+            boundary: args.boundary,
+            hold_connect: plan.can_resume(),
             sample: args.sample.clone(),
             device_rx_times: timestamping.iter().any(|d| d.hardware_rx),
         })?;
@@ -97,7 +98,11 @@ impl Session {
             &|why| plan.note(why),
         )?;
         self.capture.set_targets(&args.pids)?;
+        let connects = ConnectHolds::start(&mut self.capture)?;
         let following = Following::start(&mut self.capture, &args.pids, args.quiet)?;
+        if let Some(note) = self.capture.send_syscalls_note() {
+            plan.note(note);
+        }
         let ring = self.capture.take_ring()?;
         let batches = self.capture.take_batches()?;
         let losses = self.capture.take_losses()?;
@@ -152,6 +157,7 @@ impl Session {
                 capture: self.capture,
             },
             following,
+            connects,
             ring,
             batches,
             losses,
@@ -263,12 +269,13 @@ fn initial_meta(
         clock_end: Some(clock_start),
         clock_steps: Vec::new(),
         options: RunOptions {
-            boundary: Some(capture.boundary.describe()),
+            boundary: Some(capture.describe_boundary(clock_start.monotonic_ns)),
             sample: args.sample.clone(),
             ..RunOptions::default()
         },
         targets: Vec::new(),
         followed: Vec::new(),
+        followed_unlisted: 0,
         foreign_stamps_dropped: 0,
         window: Some(runmeta::StampWindow {
             from_ns: clock_start.monotonic_ns,
