@@ -157,8 +157,12 @@ fn recv(a: &[String]) -> Result<()> {
     let mut got = 0u32;
     let mut buf = [0u8; 2048];
     while got < count {
+        // The first datagram comes once the recorder is attached, which
+        // takes seconds on a loaded machine (7.7 s seen); later, 3 s idle
+        // means the sender is done.
+        let idle_ms = if got == 0 { 60_000 } else { 3_000 };
         // SAFETY: fds is a valid array of two pollfd for the call.
-        let n = unsafe { libc::poll(fds.as_mut_ptr(), 2, 3000) };
+        let n = unsafe { libc::poll(fds.as_mut_ptr(), 2, idle_ms) };
         if n < 0 {
             return Err(std::io::Error::last_os_error()).context("poll");
         }

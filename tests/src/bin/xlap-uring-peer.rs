@@ -37,6 +37,9 @@ fn main() {
     }
 }
 
+/// How long a receiver waits for its first datagram.
+const FIRST_WAIT_S: u64 = 60;
+
 /// Submits one entry and waits for its completion (`timeout`: at most
 /// that long); returns its result.
 fn one(
@@ -152,7 +155,11 @@ fn recv(a: &[String]) -> Result<()> {
         } else {
             opcode::Recv::new(fd, buf.as_mut_ptr(), buf.len() as u32).build()
         };
-        let Some(n) = one(&mut ring, entry, Some(Duration::from_secs(3)))? else {
+        // The first datagram comes once the recorder is attached, which
+        // takes seconds on a loaded machine (7.7 s seen); later, 3 s idle
+        // means the sender is done.
+        let idle = Duration::from_secs(if got == 0 { FIRST_WAIT_S } else { 3 });
+        let Some(n) = one(&mut ring, entry, Some(idle))? else {
             break; // idle: the sender is done
         };
         if n < 8 {
