@@ -6,4 +6,5 @@
 pub mod args;
 pub mod measure;
 pub mod stamps;
+pub mod start;
 pub mod synth;

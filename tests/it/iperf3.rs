@@ -127,7 +127,10 @@ fn iperf3_udp_counts_per_point_match_its_own_report() {
         traced_iperf3("iperf3", "-b 8M -l 200 -t 1");
     let sum = &report["end"]["sum"];
     let sent = sum["packets"].as_u64().unwrap();
-    assert!(sent > 1000, "{sum}");
+    // 8 Mbit/s of 200 bytes asks for 5 000 in the second; under QEMU's TCG
+    // (the kernel matrix) iperf3 sends what one emulated CPU manages (857
+    // measured): enough to compare counts, point by point.
+    assert!(sent > 200, "{sum}");
     let count = |point: &str, pid: u32| {
         rows.iter()
             .filter(|r| r.point == point && r.pid == pid && r.seq.is_some())

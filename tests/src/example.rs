@@ -85,6 +85,7 @@ impl ProtocolRun {
                 &sock(b.addr(opts.ipv6), RECEIVER_PORT + opts.port_offset),
             ])
             .args(["--expect", &opts.count.to_string()])
+            .args(["--first-packet-timeout-s", &crate::start_secs().to_string()])
             .arg("--ready-file")
             .arg(&ready)
             .arg("--log")
@@ -113,6 +114,7 @@ impl ProtocolRun {
         .stdin(Stdio::null());
         if opts.gated {
             send.arg("--start-file").arg(&start_file);
+            send.args(["--start-timeout-s", &crate::start_secs().to_string()]);
         }
         let sender = send.spawn().expect("spawn sender");
         ProtocolRun {

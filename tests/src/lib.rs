@@ -192,14 +192,17 @@ fn dep_info_sources(rule: &str) -> Vec<PathBuf> {
         .collect()
 }
 
-/// A fresh scratch directory under the target dir, removed when dropped.
+/// A fresh scratch directory under the target dir (or under
+/// `XLAP_TEST_SCRATCH`: the kernel matrix's guests, which run side by side
+/// with pids that repeat from one guest to the other), removed when dropped.
 pub struct Scratch(pub PathBuf);
 
 impl Scratch {
     pub fn new(name: &str) -> Scratch {
-        let dir = target_dir()
-            .join("test-scratch")
-            .join(format!("{name}-{}", std::process::id()));
+        let root = std::env::var_os("XLAP_TEST_SCRATCH")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| target_dir().join("test-scratch"));
+        let dir = root.join(format!("{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("create scratch dir");
         Scratch(dir)
@@ -230,6 +233,18 @@ pub fn read_jsonl(path: &Path) -> Vec<serde_json::Value> {
                 .unwrap_or_else(|e| panic!("{}: bad line {l:?}: {e}", path.display()))
         })
         .collect()
+}
+
+/// How long a test waits for the recorder to be ready, and the example's
+/// programs for their start: 60 s, or `XLAP_TEST_START_SECS` (the kernel
+/// matrix's guests run under QEMU's TCG on one host thread, where the
+/// verifier alone takes over a minute for the recorder's programs).
+pub fn start_secs() -> u64 {
+    std::env::var("XLAP_TEST_START_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .filter(|&s| s > 0)
+        .unwrap_or(60)
 }
 
 /// Waits for a file to appear, failing after `secs`.

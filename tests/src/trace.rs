@@ -116,6 +116,7 @@ impl Recorder {
             dir: dir.to_path_buf(),
         };
         let start = std::time::Instant::now();
+        let limit = crate::start_secs();
         while !ready.exists() {
             if let Ok(Some(status)) = rec.child.try_wait() {
                 let mut err = String::new();
@@ -125,8 +126,8 @@ impl Recorder {
                 panic!("xlap-trace exited ({status}) before it was ready: {err}");
             }
             assert!(
-                start.elapsed().as_secs() < 60,
-                "xlap-trace not ready after 60 s"
+                start.elapsed().as_secs() < limit,
+                "xlap-trace not ready after {limit} s (XLAP_TEST_START_SECS)"
             );
             std::thread::sleep(std::time::Duration::from_millis(10));
         }

@@ -35,18 +35,38 @@ it=${XLAP_VM_IT_BIN:-$(ls -t "$target"/debug/deps/it-* 2>/dev/null | grep -v '\.
 results="$VM_DIR/results"
 rows=()
 failed=0
-for suite in "${suites[@]}"; do
-	out="$results/$suite"
-	rm -rf "$out" && mkdir -p "$out"
-	case "$suite" in
-	bullseye) steps=(refuse) ;;
-	*) steps=(record it "$it" "${filters[@]}") ;;
+# Each guest runs TCG on one host thread: the guests run side by side, one
+# per host CPU, and their results are read once all have ended.
+steps_of() {
+	case "$1" in
+	bullseye) echo refuse ;;
+	*) echo record it "$it" "${filters[@]}" ;;
 	esac
+}
+guest() {
+	local suite=$1 out="$results/$1" t0 steps
+	read -r -a steps <<<"$(steps_of "$suite")"
 	echo "vm-matrix: $suite: ${steps[*]}"
 	t0=$(date +%s.%N)
-	timeout "${XLAP_VM_TIMEOUT:-900}" "$repo/tests/vm/boot.sh" "$suite" --rwdir "$target" --rwdir "$out" -- \
+	timeout "${XLAP_VM_TIMEOUT:-1800}" "$repo/tests/vm/boot.sh" "$suite" --rwdir "$target" --rwdir "$out" -- \
 		"$repo/tests/vm/guest.sh" "$out" "$xlap" "${steps[@]}" >"$out/console.log" 2>&1 || true
-	t1=$(date +%s.%N)
+	awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.0f\n", b - a }' >"$out/wall"
+}
+cpus=$(nproc)
+running=0
+for suite in "${suites[@]}"; do
+	rm -rf "${results:?}/$suite" && mkdir -p "$results/$suite"
+	if ((running >= cpus)); then
+		wait -n || true
+		running=$((running - 1))
+	fi
+	guest "$suite" &
+	running=$((running + 1))
+done
+wait
+for suite in "${suites[@]}"; do
+	out="$results/$suite"
+	read -r -a steps <<<"$(steps_of "$suite")"
 	kernel=$(sed -n 's/^kernel //p' "$out/times" 2>/dev/null || echo "?")
 	# Seconds between two marks of the guest's uptime (boot: up to `start`).
 	# A guest that stopped before writing its times has none: say "-", do
@@ -54,7 +74,7 @@ for suite in "${suites[@]}"; do
 	mark() { awk -v k="$1" '$1 == k {print $2}' "$out/times" 2>/dev/null || true; }
 	span() { awk -v a="$(mark "$1")" -v b="$(mark "$2")" 'BEGIN { if (a != "" && b != "") printf "%.0f", b - a; else printf "-" }'; }
 	boot=$(mark start)
-	row="| $kernel | $(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.0f", b - a }') | ${boot%.*}"
+	row="| $kernel | $(cat "$out/wall" 2>/dev/null || echo "?") | ${boot%.*}"
 	prev=start
 	for step in record refuse it; do
 		if [[ " ${steps[*]} " == *" $step "* ]]; then

@@ -11,6 +11,9 @@
 //!    (kernel points) and traced with USDT markers, interleaved runs of the
 //!    same workload.
 //!
+//! 4. Start: `record` to ready, with the verifier's instructions per program
+//!    (`start.rs`).
+//!
 //! `--baseline PATH`: also runs every load and perturbation round with
 //! another `xlap-trace` binary (an older build, per-CPU batches),
 //! interleaved with this one, so a change's cost is a ratio measured in the
@@ -53,6 +56,43 @@ fn main() -> Result<()> {
     println!("| program | runs | ns/run |\n|---|---|---|");
     for (name, runs, ns) in &floor {
         println!("| {name} | {runs} | {ns:.0} |");
+    }
+
+    let start_rounds = if quick { 2 } else { 5 };
+    let this_build = xlap_tests::bin("xlap-trace");
+    let mut builds = vec![this_build.as_path()];
+    builds.extend(baseline.as_deref());
+    let scratch = Scratch::new("bench-start");
+    let starts = xlap_bench::start::measure(&builds, start_rounds, &scratch.0)?;
+    println!("\n## Start: `record` to ready ({start_rounds} rounds interleaved; the verifier's instructions, of its 1 M limit)\n");
+    println!(
+        "| build | median s | rounds s | largest programs (verified_insns) |\n|---|---|---|---|"
+    );
+    let mut start_json = Vec::new();
+    for (binary, start) in builds.iter().zip(&starts) {
+        let name = if *binary == this_build.as_path() {
+            "this build"
+        } else {
+            "baseline"
+        };
+        let mut largest: Vec<(&String, &u64)> = start.verified_insns.iter().collect();
+        largest.sort_by_key(|(_, n)| std::cmp::Reverse(**n));
+        let largest: Vec<String> = largest
+            .iter()
+            .take(3)
+            .map(|(p, n)| format!("{p} {n}"))
+            .collect();
+        let rounds: Vec<String> = start.seconds.iter().map(|s| format!("{s:.2}")).collect();
+        println!(
+            "| {name} | {:.2} | {} | {} |",
+            xlap_bench::start::median(&start.seconds),
+            rounds.join(", "),
+            largest.join(", ")
+        );
+        start_json.push(
+            json!({"build": name, "binary": binary, "seconds": start.seconds,
+            "verified_insns": start.verified_insns}),
+        );
     }
 
     let stage = Stage::build(&StageConfig {
@@ -241,7 +281,7 @@ fn main() -> Result<()> {
     std::fs::create_dir_all("bench-results")?;
     let report = json!({"floor": floor.iter().map(|(n, r, ns)| json!({"program": n, "runs": r, "ns_per_run": ns})).collect::<Vec<_>>(),
         "capture": sweep, "highest": best.iter().map(|((m, w), (r, p))| json!({"export": m, "with": w, "stamps_per_s": r, "packets_per_s": p})).collect::<Vec<_>>(),
-        "perturbation": perturbation});
+        "perturbation": perturbation, "start": start_json});
     std::fs::write(
         "bench-results/capture.json",
         serde_json::to_string_pretty(&report)? + "\n",

@@ -385,7 +385,7 @@ fn transmit<M: Markers>(
 
 /// Sends a datagram on both paths, path 1 first unless an injected `path1`
 /// delay makes path 1's copy leave that long after path 2's. One `sent` line
-/// per copy, with its path.
+/// per copy, with its path and the times before and after its send call.
 fn send_on_both<M: Markers>(
     sockets: [&UdpSocket; 2],
     out: &Outgoing,
@@ -400,12 +400,13 @@ fn send_on_both<M: Markers>(
         if i == 1 {
             cfg.inject.apply(Stage::Path1, out.seq);
         }
+        let t_start_ns = now_ns();
         if let Err(e) = crate::udp::send_with(sockets[path - 1], cfg.send_call, file, &out.bytes) {
             log.record(json!({"event": "send_error", "kind": out.kind, "seq": out.seq, "path": path, "error": e.to_string()}));
         }
         log.record(json!({
             "event": "sent", "kind": out.kind, "seq": out.seq,
-            "t_ns": now_ns(), "dropped": false, "path": path,
+            "t_start_ns": t_start_ns, "t_ns": now_ns(), "dropped": false, "path": path,
         }));
     }
     M::link_transmit_end(out.seq, out.kind as u8);

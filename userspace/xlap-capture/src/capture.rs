@@ -420,6 +420,22 @@ impl Capture {
                 }
             })?;
         let mut unattached = Vec::new();
+        let wanted: Vec<(&'static str, &'static str)> = crate::hooks::tracepoints(boundary.hooks())
+            .filter(|(prog, _, _)| {
+                settings.points.needs_program(prog) && emulated_absent(prog).is_none()
+            })
+            .map(|(prog, target, _)| (prog, target))
+            .chain(
+                crate::hooks::HOOKS
+                    .iter()
+                    .filter(|_| settings.hold_at_exec)
+                    .filter_map(|hook| match hook.attach {
+                        crate::hooks::Attach::TpBtfForHolds(tp) => Some((hook.program, tp)),
+                        _ => None,
+                    }),
+            )
+            .collect();
+        let mut refused = crate::preload::load_tracing(&mut bpf, &btf, object.bytes(), &wanted);
         for (prog, target, required) in crate::hooks::tracepoints(boundary.hooks()) {
             if !settings.points.needs_program(prog) {
                 continue;
@@ -432,7 +448,10 @@ impl Capture {
                 });
                 continue;
             }
-            let result = attach(&mut bpf, &btf, prog, Kind::TpBtf, target);
+            let result = match refused.remove(prog) {
+                Some(e) => Err(e),
+                None => attach(&mut bpf, &btf, prog, Kind::TpBtf, target),
+            };
             if let Err(e) = result {
                 if required {
                     return Err(required_refused(prog, target, &e));
@@ -449,7 +468,11 @@ impl Capture {
                 let crate::hooks::Attach::TpBtfForHolds(tp) = hook.attach else {
                     continue;
                 };
-                if let Err(e) = attach(&mut bpf, &btf, hook.program, Kind::TpBtf, tp) {
+                let result = match refused.remove(hook.program) {
+                    Some(e) => Err(e),
+                    None => attach(&mut bpf, &btf, hook.program, Kind::TpBtf, tp),
+                };
+                if let Err(e) = result {
                     unattached.push(Unattached {
                         program: hook.program,
                         hook: tp,
@@ -1329,7 +1352,10 @@ fn attach(bpf: &mut Ebpf, btf: &Btf, prog: &str, kind: Kind, target: &str) -> Re
     match kind {
         Kind::TpBtf => {
             let p: &mut BtfTracePoint = program.try_into()?;
-            p.load(target, btf)?;
+            // Most are loaded already, side by side (preload.rs).
+            if p.fd().is_err() {
+                p.load(target, btf)?;
+            }
             p.attach()?;
         }
     }

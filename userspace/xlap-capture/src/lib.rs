@@ -15,6 +15,7 @@ pub mod ifaces;
 pub mod kfunc;
 pub mod point_sets;
 pub mod preflight;
+pub mod preload;
 pub mod proc_root;
 pub mod proto;
 pub mod reader_priority;
