@@ -46,7 +46,11 @@ const DELAYED_SLACK_US: f64 = 15.0;
 const OTHERS_SLACK_US: f64 = 5.0;
 /// Between the estimate and the stamps of one traced round, besides the
 /// error and the channel time (half of which the estimate holds per host):
-/// the same effect of the peers (seen: up to 7 us).
+/// the same effect of the peers (seen: up to 7 us on an idle machine). On a
+/// loaded one the effect grows, and the round's own fit shows it: its
+/// largest pair residual is added (seen: the mean RTTs of a round beside
+/// the test suite missed by up to 16.5 us, and a's estimate was 37 us off
+/// its stamps' t, within error + channel + 5 + 16.5).
 const AGREE_SLACK_US: f64 = 5.0;
 
 fn xlap(args: &[&str]) -> Output {
@@ -377,6 +381,18 @@ fn a_delay_on_one_host_shows_in_its_estimate_alone_and_agrees_with_its_stamps() 
         }
     }
     let mean = |(s, n): (f64, u64)| s / n as f64 / 1e3;
+    // How far the per-host model misses this round's mean RTTs.
+    let misfit = e2["pairs"]
+        .as_array()
+        .expect("pairs")
+        .iter()
+        .map(|p| {
+            p["residual_us"]["mean"]
+                .as_f64()
+                .expect("a mean residual")
+                .abs()
+        })
+        .fold(0.0, f64::max);
     for h in 0..3 {
         // Every recorded probe and echo: two probers and two responders
         // per host.
@@ -395,8 +411,8 @@ fn a_delay_on_one_host_shows_in_its_estimate_alone_and_agrees_with_its_stamps() 
         // --hardware-us), and what the model cannot separate (see
         // AGREE_SLACK_US).
         assert!(
-            (est - traced).abs() <= err + ch + AGREE_SLACK_US,
-            "{}: estimate {est:.1} ± {err:.1} us, the stamps say {traced:.1} (channel {ch:.1})",
+            (est - traced).abs() <= err + ch + AGREE_SLACK_US + misfit,
+            "{}: estimate {est:.1} ± {err:.1} us, the stamps say {traced:.1} (channel {ch:.1}, the fit's largest residual {misfit:.1})",
             NAMES[h]
         );
     }

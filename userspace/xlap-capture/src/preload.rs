@@ -5,7 +5,10 @@
 //! our machines, `on_net_dev_queue` alone 1.6 s, one program after another.
 //! A privileged load takes no verifier-wide lock, so loads in threads verify
 //! side by side, one per CPU, the largest first: the start then lasts about
-//! the longest program or the sum over the CPUs, whichever is more.
+//! the longest program or the sum over the CPUs, whichever is more. The
+//! threads run at the recorder's priority: with extra threads at the lowest
+//! one, a loaded machine (two CPU hogs on two cores) left a large program
+//! in a starved thread and the start took 26-32 s.
 
 use anyhow::Result;
 use aya::programs::{BtfTracePoint, Program};
@@ -43,7 +46,8 @@ pub fn load_tracing(
     let refused = Mutex::new(HashMap::new());
     std::thread::scope(|scope| {
         for _ in 0..workers {
-            scope.spawn(|| loop {
+            let (queue, refused) = (&queue, &refused);
+            scope.spawn(move || loop {
                 let Some((name, target, program)) = queue.lock().expect("queue").pop() else {
                     break;
                 };
