@@ -1,6 +1,6 @@
 /* calls.h: the application/socket boundary at the socket calls
- * (--boundary socket-calls, CFG.syscall_hooks = 0; syscall.h is the
- * default).
+ * (--boundary socket-calls, and --boundary auto below; CFG.syscall_hooks
+ * = 0; syscall.h is --boundary syscalls, the default).
  *
  * Why not the syscalls: while any program is attached to sys_enter or
  * sys_exit, the kernel sends every syscall of every task of the machine
@@ -21,10 +21,12 @@
  *                    (dev_tx.h socket_send_begin).
  *   sock.recv_exit   sock_recv_length, as the read returns: the datagram
  *                    it took, by its place in the socket's queue (see
- *                    socket_recv_return), its identity by its skb
- *                    (rx_slots.h: the socket-queue point read it).
+ *                    socket_recv_take), its identity by its skb
+ *                    (rx_slots.h: the socket-queue point read it), or
+ *                    from the reader's buffer where the queue cannot tell
+ *                    (syscall.h calls_recv_return).
  *
- * --boundary auto (the default; CFG.send_syscalls) adds what the socket
+ * --boundary auto (CFG.send_syscalls) adds what the socket
  * calls lack: a connected socket's send_enter is the entry of its send
  * syscall, noted by on_send_syscall (sys_enter). That hook costs the whole
  * machine the slow syscall path, so it is attached only once a traced UDP
@@ -350,12 +352,17 @@ static __always_inline int in_flight(__u64 key, __u64 taken, __u64 now) {
  * queue is first in, first out: the read took the skb the last read left
  * at the head, or, when that read left the queue empty, the first datagram
  * queued since (sock_rx.h notes it). Checked: that skb must have left the
- * head. A read whose datagram cannot be told (queued before tracing, two
- * datagrams queued at once on two CPUs into an empty queue, several
- * threads reading one socket at once) is counted lost ('unmatched'), not
- * given another's identity. */
-static __always_inline void
-socket_recv_return(struct sock *sk, struct xlap_sock *s, int ret, int flags) {
+ * head. Returns 0 for a call that read no datagram (a peek, the error
+ * queue, an error); else 1, with *taken the skb the queue says the read
+ * took and *slot its note, 0 when the queue cannot tell (queued before
+ * tracing, two datagrams queued at once on two CPUs into an empty queue,
+ * several threads reading one socket at once: syscall.h then reads the
+ * reader's buffer where it can), and *now the call's time. */
+static __always_inline int socket_recv_take(struct sock *sk,
+                                            struct xlap_sock *s, int ret,
+                                            int flags, __u64 *taken_out,
+                                            struct xl_rx_slot **slot_out,
+                                            __u64 *now_out) {
   /* A reader woken while still on its CPU is never switched in for that
    * wake-up: once its receive returns, the wake-up is spent. A reader of a
    * traced process gets its call state here: its next wake-up by a
@@ -375,14 +382,14 @@ socket_recv_return(struct sock *sk, struct xlap_sock *s, int ret, int flags) {
     }
   }
   if (flags & (MSG_PEEK_ | MSG_ERRQUEUE_))
-    return;
+    return 0;
   if (ret < 0) {
     /* Nothing read; or a datagram taken and dropped (a bad checksum): the
      * head moved on. */
     __u64 head = queue_head(sk);
     if (head)
       s->rx_next = head;
-    return;
+    return 0;
   }
   /* Taken (and cleared) before the head is read: a datagram whose
    * socket-queue point runs from here on finds rx_first empty and notes
@@ -415,11 +422,10 @@ socket_recv_return(struct sock *sk, struct xlap_sock *s, int ret, int flags) {
    * short buffer truncates). */
   if (slot && (__u64)ret > (__u64)slot->id.len * slot->nseg)
     slot = 0;
-  if (!slot) {
-    count_loss(XLAP_POINT_SOCK_RECV_EXIT, XLAP_LOSS_UNMATCHED);
-    return;
-  }
-  stamp_read(taken, slot, bpf_get_current_pid_tgid(), now);
+  *taken_out = taken;
+  *slot_out = slot;
+  *now_out = now;
+  return 1;
 }
 
 #endif

@@ -6,6 +6,7 @@
 #define XLAP_CAPTURE_SCHED_H
 
 #include "lib/common.h"
+#include "lib/syscall_nr.h"
 #include "lib/task.h"
 
 /* A waking within this window after a datagram reached a traced socket on
@@ -36,16 +37,31 @@ int BPF_PROG(on_sched_waking, struct task_struct *p) {
   __u32 tgid = p->tgid;
   if (tgid != last->id.pid && !same_target(tgid, last->id.pid))
     return 0;
-  /* With syscall hooks: only a thread blocked in a receive call or waiting
-   * for readiness (poll, select, epoll, io_uring) is woken by the datagram
-   * (not, say, a worker thread its reader wakes through a futex). Without
-   * them: the first thread of the process woken within the window, which
-   * the socket's wake-up, run synchronously by the queueing, is; a thread
-   * that has read before (its call state exists). */
+  /* Only a thread blocked in a receive call or waiting for readiness
+   * (poll, select, epoll, io_uring) is woken by the datagram (not, say, a
+   * worker thread its reader wakes through a futex): with syscall hooks,
+   * as they noted it; without them, by the woken thread's own saved
+   * syscall number (its call state made here the first time: an event
+   * loop's thread may wait long before its first read). */
   __u32 tid = p->pid;
   struct xl_task *t = task_ctx(p);
-  if (!t || (CFG.syscall_hooks && !(t->in_recv || t->in_wait)))
-    return 0;
+  if (CFG.syscall_hooks) {
+    if (!t || !(t->in_recv || t->in_wait))
+      return 0;
+  } else {
+    if (p->flags & (PF_IO_WORKER_ | PF_KTHREAD_))
+      return 0;
+    struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(p);
+    if (!regs)
+      return 0;
+    __u32 nr = (__u32)regs->orig_ax;
+    if (!is_recv(nr) && !is_wait(nr))
+      return 0;
+    if (!t)
+      t = bpf_task_storage_get(&TASK_CTX, p, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
+    if (!t)
+      return 0;
+  }
   /* The thread read that datagram already (it was running when the
    * datagram came, so nothing was woken then): something else wakes it
    * now, within the window. */

@@ -221,11 +221,12 @@ static __always_inline int sock_ingress_at(struct xl_rd *r,
    * no second reading. */
   q = bpf_map_lookup_elem(&QUEUE_SCRATCH, &zero);
   if (q && !CFG.syscall_hooks) {
-    if (rx_put(q->skb, now, &id, segs, got))
-      count_losses(XLAP_POINT_SOCK_RECV_EXIT, XLAP_LOSS_MAP_FULL, got);
-    else {
+    /* No room (its slot held by a live skb): not counted here, as its
+     * read may still be told from the reader's buffer; a read told
+     * neither way is counted then (calls_recv_return). */
+    if (!rx_put(q->skb, now, &id, segs, got)) {
       /* The first since the last read left the queue empty, and the last
-       * (calls.h socket_recv_return). */
+       * (calls.h socket_recv_take). */
       if (!ts->rx_first)
         __sync_val_compare_and_swap(&ts->rx_first, 0, q->skb);
       ts->rx_last2 = ts->rx_last;

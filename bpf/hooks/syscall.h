@@ -1,8 +1,9 @@
 /* syscall.h: the application/socket boundary at the send and receive
- * syscalls of the traced processes (tp_btf on sys_enter/sys_exit), the
- * default (CFG.syscall_hooks; calls.h is the alternative that spares the
- * rest of the machine), and the receive-side socket hint
- * (sock_recv_length), which both share. */
+ * syscalls of the traced processes (tp_btf on sys_enter/sys_exit;
+ * --boundary syscalls, the default, CFG.syscall_hooks, and the fallback of
+ * calls.h before Linux 6.12), and the return of the socket calls' reads
+ * (sock_recv_length), which both share: the socket hint of a receive
+ * syscall, or the read itself at the socket calls. */
 #ifndef XLAP_CAPTURE_SYSCALL_H
 #define XLAP_CAPTURE_SYSCALL_H
 
@@ -551,6 +552,103 @@ static __always_inline void note_recv_flow(struct xl_task *t, struct sock *sk,
                                            : 0;
 }
 
+/* Whether the datagrams of UDP socket `sk` may reach its reader several
+ * to an skb (UDP GRO, enabled by the reader: UDP_FLAGS_GRO_ENABLED, bit 3
+ * of udp_flags since Linux 6.7; the socket calls need 6.12). */
+static __always_inline int udp_gro_on(struct sock *sk) {
+  struct udp_sock *up = (struct udp_sock *)sk;
+  if (!bpf_core_field_exists(up->udp_flags))
+    return 1;
+  return (BPF_CORE_READ(up, udp_flags) >> UDP_FLAGS_GRO_ENABLED) & 1;
+}
+
+/* The reader's buffer at the socket calls (no syscall hook): read where
+ * the call's own saved registers say, as on_sys_exit does, when the
+ * syscall around this socket call reads one datagram (recvfrom, recvmsg,
+ * read; recvmmsg and io_uring make several socket calls per syscall, and
+ * keep the queue's account alone). Returns 0 and the datagram's seq and
+ * kind in *q when it could be read, 1 when the buffer holds no readable
+ * seq (too short, a field split across iovecs), -1 when there is no
+ * buffer to read. The sender address is written to the caller only after
+ * the socket call: a socket receiving several flows gets none here
+ * (q->ports: the socket's own port). */
+static __always_inline int read_call_buffer(struct task_struct *task,
+                                            struct sock *sk, int ret,
+                                            __u64 flow, struct xl_idq *q) {
+  if (task->flags & (PF_IO_WORKER_ | PF_KTHREAD_))
+    return -1;
+  struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(task);
+  if (!regs)
+    return -1;
+  __u32 nr = (__u32)regs->orig_ax;
+  if (nr != NR_RECVFROM && nr != NR_RECVMSG && nr != NR_READ)
+    return -1;
+  struct user_msghdr msg = {};
+  struct xl_uview v = {};
+  if (user_view(nr, regs, &msg, &v))
+    return -1;
+  q->ports = (__u32)flow;
+  if (!(q->ports & 0xffff))
+    q->ports = sk->__sk_common.skc_num;
+  q->avail = (__u32)ret;
+  return xl_user_ident(&v, 0, q) ? 1 : 0;
+}
+
+/* A read of traced socket `sk` at the socket calls returned. Which
+ * datagram it took: the one the socket's queue says (socket_recv_take),
+ * its identity and flow as the socket-queue point read them, when the
+ * reader's buffer agrees or cannot be read (a field split across iovecs,
+ * recvmmsg, io_uring); the reader's buffer alone when the queue cannot
+ * tell or tells another datagram (queued before tracing, two datagrams
+ * entering an empty queue at once on two CPUs, threads reading one
+ * socket at once), as at the syscalls. A read neither tells is counted
+ * lost ('unmatched'), never given another datagram's identity. */
+static __always_inline void
+calls_recv_return(struct sock *sk, struct xlap_sock *s, int ret, int flags) {
+  __u64 taken = 0, now = 0;
+  struct xl_rx_slot *slot = 0;
+  if (!socket_recv_take(sk, s, ret, flags, &taken, &slot, &now))
+    return;
+  __u64 pid_tgid = bpf_get_current_pid_tgid();
+  /* A UDP GRO read may hold several datagrams, which only the queue's note
+   * counts (the reader's control message is written after this point); a
+   * datagram outside the run's sample is not stamped: its note is freed,
+   * the reader's buffer not read. */
+  if (slot && (slot->nseg > 1 || !sample_keeps(&slot->id))) {
+    stamp_read(taken, slot, pid_tgid, now);
+    return;
+  }
+  __u64 sflow = *(volatile const __u64 *)&s->flow;
+  asm volatile("" ::: "memory");
+  __u8 f = *(volatile const __u8 *)&s->flows;
+  __u64 flow = (f & XLAP_SOCK_MULTI_FLOW) ? 0 : sflow;
+  struct xl_idq q = {};
+  struct task_struct *task = bpf_get_current_task_btf();
+  int buffer =
+      slot || !udp_gro_on(sk) ? read_call_buffer(task, sk, ret, flow, &q) : -1;
+  if (slot &&
+      (buffer ||
+       ((slot->id.flags & XLAP_FLAG_SEQ_VALID) && slot->id.seq == q.seq &&
+        (!(q.flags & XLAP_FLAG_KIND) || slot->id.kind == q.kind)))) {
+    stamp_read(taken, slot, pid_tgid, now);
+    return;
+  }
+  if (buffer) {
+    /* A buffer without a readable seq is a parse loss, as at the
+     * syscalls (a 4-byte handshake read); no buffer, unmatched. */
+    count_loss(XLAP_POINT_SOCK_RECV_EXIT,
+               buffer > 0 ? XLAP_LOSS_PARSE : XLAP_LOSS_UNMATCHED);
+    return;
+  }
+  struct xl_ident id = {.seq = q.seq,
+                        .flow = flow,
+                        .pid = pid_tgid >> 32,
+                        .len = (__u32)ret,
+                        .kind = q.kind,
+                        .flags = XLAP_FLAG_FROM_USER | q.flags};
+  emit(XLAP_POINT_SOCK_RECV_EXIT, now, &id, (__u32)pid_tgid, 0, 0, 0);
+}
+
 /* The socket a receive call reads (after it read): only traced sockets'
  * datagrams are stamped at the call's exit. */
 SEC("tp_btf/sock_recv_length")
@@ -562,7 +660,7 @@ int BPF_PROG(on_sock_recv_length, struct sock *sk, int ret, int flags) {
   if (!s)
     return 0;
   if (!CFG.syscall_hooks) {
-    socket_recv_return(sk, s, ret, flags);
+    calls_recv_return(sk, s, ret, flags);
     return 0;
   }
   struct task_struct *task = bpf_get_current_task_btf();

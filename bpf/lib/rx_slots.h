@@ -15,9 +15,11 @@
  * bytes of its IP header still match, else it reads the headers itself.
  * An skb that never reaches a reader leaves its slot, which the next skb
  * hashing there takes over (after RX_DEVICE_FRESH_NS for a device note,
- * RX_SLOT_STALE_NS for a queued one); a datagram whose slot was taken is
- * counted lost ('map_full') at sock.recv_exit, never stamped with
- * another's identity (the address is compared whole). */
+ * RX_SLOT_STALE_NS for a queued one); the read of a datagram that found
+ * no slot, or whose slot was taken, is told from the reader's buffer where
+ * its call has one (hooks/syscall.h calls_recv_return), else counted lost
+ * ('unmatched') at sock.recv_exit, never stamped with another's identity
+ * (the address is compared whole). */
 #ifndef XLAP_CAPTURE_RX_SLOTS_H
 #define XLAP_CAPTURE_RX_SLOTS_H
 

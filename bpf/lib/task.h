@@ -67,6 +67,7 @@ static __always_inline struct xl_task *task_ctx(struct task_struct *task) {
 }
 
 #define PF_IO_WORKER_ 0x10
+#define PF_KTHREAD_ 0x00200000
 
 /* The entry of the send syscall the current thread is in, 0 if none (or
  * not --boundary auto). A note is taken only inside a syscall of its

@@ -33,6 +33,10 @@ fn capture_programs() -> BTreeSet<u64> {
             let name = p["name"].as_str().unwrap_or_default();
             [
                 "on_sys_enter",
+                // Both boundaries attach it (bpftool gives the full name
+                // from BTF, or the kernel's 15 characters).
+                "on_sock_recv_length",
+                "on_sock_recv_le",
                 "on_net_dev_queue",
                 "on_net_dev_queu",
                 "on_flush_timer",

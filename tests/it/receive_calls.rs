@@ -8,13 +8,16 @@
 //! file.
 
 use serde_json::Value;
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::process::Command;
 use xlap_records::run_meta::RunMeta;
 use xlap_stage::Stage;
 use xlap_tests::example::kind_code;
 use xlap_tests::example::{events, ExampleOptions};
 use xlap_tests::multiset::{self as ms, assert_same, Multiset};
-use xlap_tests::privileged;
-use xlap_tests::trace::trace_example;
+use xlap_tests::trace::{read_stamps, trace_example, Recorder, SEQ_U64_LE};
+use xlap_tests::{privileged, start_secs, wait_for_file, KillOnDrop, Scratch};
 
 fn lost_parse(meta: &RunMeta) -> u64 {
     meta.points
@@ -28,20 +31,22 @@ fn lost_unmatched(meta: &RunMeta) -> u64 {
         .map_or(0, |p| p.lost("unmatched"))
 }
 
-/// Runs the example with `recv_args` and returns (what the receiver logged,
-/// its recv_exit stamps, counted recv_exit parse losses, the log).
+/// Runs the example with `recv_args`, traced at the syscalls (which read
+/// the reader's buffer), and returns (what the receiver logged, its
+/// recv_exit stamps, counted recv_exit parse losses, the log).
 fn run(
     stage: &Stage,
     name: &str,
     send_args: &[&str],
     recv_args: &[&str],
 ) -> (Multiset, Multiset, u64, Vec<Value>) {
-    run_with(stage, name, send_args, recv_args, &[])
+    run_with(stage, name, send_args, recv_args, SYSCALLS)
 }
 
-/// `run`, with options of the recorder; the losses returned are the
-/// `unmatched` ones when there are options (the socket calls' kind of
-/// loss), else `parse`.
+const SYSCALLS: &[&str] = &["--boundary", "syscalls"];
+
+/// `run`, with options of the recorder; the losses returned are `parse`
+/// at the syscalls, else `unmatched` (the socket calls' kind of loss).
 fn run_with(
     stage: &Stage,
     name: &str,
@@ -91,7 +96,7 @@ fn run_with(
         t.meta.points.get("sock.recv_exit"),
         t.meta.bpf_programs.get("on_sys_exit")
     );
-    let lost = if record_args.is_empty() {
+    let lost = if record_args == SYSCALLS {
         lost_parse(&t.meta)
     } else {
         lost_unmatched(&t.meta)
@@ -277,4 +282,68 @@ fn sendmmsg_to_recvmmsg_is_stamped_per_message() {
         &ms::logged(&t.received, "received"),
         "recvmmsg reads",
     );
+}
+
+/// Datagrams queued before tracing began, then read by four threads at
+/// once (recvfrom, recvmsg and read): the reads the socket's queue cannot
+/// tell apart. At both boundaries every read has its stamp with the seq the
+/// program logged (at the socket calls from the reader's buffer, as at the
+/// syscalls), none counted lost.
+#[test]
+fn queued_and_concurrent_reads_are_stamped_at_both_boundaries() {
+    let Some(_guard) = privileged("receive_calls") else {
+        return;
+    };
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("python/queued_readers.py");
+    for boundary in ["syscalls", "socket-calls"] {
+        let scratch = Scratch::new(&format!("queued-readers-{boundary}"));
+        let dir = scratch.path("prog");
+        std::fs::create_dir_all(&dir).unwrap();
+        let program = KillOnDrop(
+            Command::new("python3")
+                .arg(&script)
+                .arg(&dir)
+                .args(["2000", "4"])
+                .spawn()
+                .expect("python3"),
+        );
+        let pid = program.0.id();
+        wait_for_file(&dir.join("ready"), start_secs());
+        let run = scratch.path("run");
+        let rec = Recorder::start(
+            &[pid],
+            &run,
+            &[SEQ_U64_LE, &["--boundary", boundary]].concat(),
+        );
+        std::fs::write(dir.join("start"), b"").unwrap();
+        wait_for_file(&dir.join("done"), start_secs());
+        let meta = rec.meta_after_wait();
+
+        // Keyed (seq, 0): the program's datagrams have no kind field.
+        let mut logged = Multiset::new();
+        for line in std::fs::read_to_string(dir.join("log")).unwrap().lines() {
+            let seq = line.strip_prefix("received ").unwrap().parse().unwrap();
+            *logged.entry((seq, 0)).or_default() += 1;
+        }
+        let mut stamped = Multiset::new();
+        let mut readers = BTreeSet::new();
+        for r in read_stamps(&run.join("stamps.parquet")) {
+            if r.point == "sock.recv_exit" && r.pid == pid {
+                *stamped
+                    .entry((r.seq.expect("a read's seq"), 0))
+                    .or_default() += 1;
+                readers.insert(r.tid);
+            }
+        }
+        assert_eq!(
+            logged.len(),
+            2044,
+            "{boundary}: the program read {}",
+            logged.len()
+        );
+        assert_same(&stamped, &logged, &format!("{boundary}: reads"));
+        assert_eq!(readers.len(), 4, "{boundary}: reading threads {readers:?}");
+        let lost = lost_unmatched(&meta) + lost_parse(&meta);
+        assert_eq!(lost, 0, "{boundary}: reads counted lost");
+    }
 }

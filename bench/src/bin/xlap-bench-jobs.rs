@@ -62,9 +62,10 @@ fn main() -> Result<()> {
     let baseline = baseline_binary()?;
     let scratch = Scratch::new("bench-jobs");
     let jobs = make_jobs(&scratch)?;
-    // The default boundary (the syscalls), auto (the socket calls, and the
-    // send syscalls' entry once the protocol connects its socket), and the
-    // socket calls alone, which never slow the job's other processes.
+    // The default boundary (the syscalls, which slow every process of the
+    // job), auto (the socket calls, and the send syscalls' entry once the
+    // protocol connects its socket), and the socket calls alone, which
+    // never slow the job's other processes.
     let mut tracers: Vec<(String, PathBuf, Vec<&str>)> = vec![
         ("run".into(), bin("xlap-trace"), vec![]),
         (

@@ -8,10 +8,11 @@
 //! cost), and unpinned. Configurations, interleaved round by round:
 //! untraced; a hand-written bpftrace script (bench/diy-net.bt, the
 //! anchor a user would otherwise write); `xlap-trace record` of both
-//! processes (every kernel point) with the kernel's BPF run-time statistics
-//! sampled (the default), on all the time (`--bpf-stats full`, which also
-//! gives the per-program breakdown) and off; and with fewer points
-//! (`--points standard`, `--points minimal`), and at the socket calls
+//! processes at the syscalls (`--boundary syscalls`, every kernel point)
+//! with the kernel's BPF run-time statistics sampled (the default), on all
+//! the time (`--bpf-stats full`, which also gives the per-program
+//! breakdown) and off; and with fewer points (`--points standard`,
+//! `--points minimal`); at `--boundary auto`; at the socket calls
 //! (`--boundary socket-calls`, every point and minimal), and sampled there
 //! (`--sample 1/16`, `1/64`); and the floor under all of these: the hooks
 //! of every point at the syscalls, and of every point and minimal at the
@@ -49,11 +50,11 @@ const DIY_SCRIPT: &str = include_str!("../../diy-net.bt");
 enum Tracer {
     None,
     Bpftrace,
-    /// `--bpf-stats MODE`.
+    /// `--boundary syscalls --bpf-stats MODE`.
     Xlap {
         stats: &'static str,
     },
-    /// `--points SET` (statistics sampled).
+    /// `--boundary syscalls --points SET` (statistics sampled).
     Points(&'static str),
     /// `--boundary auto --bpf-stats off`, every point: the socket calls,
     /// and the send syscalls' entry once a traced socket is connected.
@@ -79,12 +80,20 @@ impl Tracer {
         match self {
             Tracer::None => "untraced",
             Tracer::Bpftrace => "DIY bpftrace script (6 net tracepoints)",
-            Tracer::Xlap { stats: "full" } => "xlap-trace, every kernel point, --bpf-stats full",
-            Tracer::Xlap { stats: "off" } => "xlap-trace, every kernel point, --bpf-stats off",
-            Tracer::Xlap { .. } => "xlap-trace, every kernel point (statistics sampled)",
-            Tracer::Auto => "xlap-trace --boundary auto, every kernel point, --bpf-stats off",
-            Tracer::Points("standard") => "xlap-trace --points standard",
-            Tracer::Points(_) => "xlap-trace --points minimal",
+            Tracer::Xlap { stats: "full" } => {
+                "xlap-trace --boundary syscalls, every kernel point, --bpf-stats full"
+            }
+            Tracer::Xlap { stats: "off" } => {
+                "xlap-trace --boundary syscalls, every kernel point, --bpf-stats off"
+            }
+            Tracer::Xlap { .. } => {
+                "xlap-trace --boundary syscalls, every kernel point (statistics sampled)"
+            }
+            Tracer::Auto => {
+                "xlap-trace (the default, --boundary auto), every kernel point, --bpf-stats off"
+            }
+            Tracer::Points("standard") => "xlap-trace --boundary syscalls --points standard",
+            Tracer::Points(_) => "xlap-trace --boundary syscalls --points minimal",
             Tracer::SocketCalls("all") => "xlap-trace --boundary socket-calls, every kernel point",
             Tracer::SocketCalls(_) => "xlap-trace --boundary socket-calls --points minimal",
             Tracer::Sampled("1/16") => "xlap-trace --boundary socket-calls --sample 1/16",
@@ -322,8 +331,8 @@ fn start_tracer(
     match tracer {
         Tracer::None => return Ok((None, None)),
         Tracer::Bpftrace => return Ok((Some(start_bpftrace(scratch)?), None)),
-        Tracer::Xlap { stats } => args.extend(["--bpf-stats", stats]),
-        Tracer::Points(set) => args.extend(["--points", set]),
+        Tracer::Xlap { stats } => args.extend(["--boundary", "syscalls", "--bpf-stats", stats]),
+        Tracer::Points(set) => args.extend(["--boundary", "syscalls", "--points", set]),
         Tracer::Auto => args.extend(["--boundary", "auto", "--bpf-stats", "off"]),
         Tracer::SocketCalls(set) => args.extend(["--boundary", "socket-calls", "--points", set]),
         Tracer::Sampled(rate) => args.extend(["--boundary", "socket-calls", "--sample", rate]),

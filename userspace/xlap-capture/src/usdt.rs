@@ -240,12 +240,15 @@ fn load_bias(pid: u32, path: &str, first_vaddr: u64) -> Option<u64> {
         .map(|m| m.start.wrapping_sub(first_vaddr & !0xfff))
 }
 
+/// The lowest address a PT_LOAD segment of the file asks for (its headers
+/// only are read).
 fn first_load_vaddr(path: &Path) -> u64 {
     use object::read::elf::{ElfFile64, ProgramHeader};
-    let Ok(data) = std::fs::read(path) else {
+    let Ok(file) = std::fs::File::open(path) else {
         return 0;
     };
-    let Ok(elf) = ElfFile64::<object::Endianness>::parse(&*data) else {
+    let cache = object::read::ReadCache::new(file);
+    let Ok(elf) = ElfFile64::<object::Endianness, _>::parse(&cache) else {
         return 0;
     };
     let endian = elf.endian();
@@ -568,8 +571,8 @@ fn known_code(mapping: &Mapping, opened: &OwnedFd) -> Option<KnownCode> {
 /// when the file has no `_dl_debug_state`.
 fn loader_symbols(opened: &OwnedFd) -> Option<(u64, i64)> {
     use object::{Object, ObjectSegment, ObjectSymbol};
-    let data = std::fs::read(fd_path(opened)).ok()?;
-    let elf = object::File::parse(&*data).ok()?;
+    let cache = object::read::ReadCache::new(std::fs::File::open(fd_path(opened)).ok()?);
+    let elf = object::File::parse(&cache).ok()?;
     let symbol = |name: &str| {
         elf.dynamic_symbols()
             .chain(elf.symbols())

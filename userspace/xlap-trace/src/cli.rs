@@ -514,13 +514,13 @@ pub struct RecordArgs {
     #[arg(long)]
     pub empty_programs: bool,
     /// Where the send/receive points are stamped: syscalls (sys_enter and
-    /// sys_exit: every point, but while they are attached every syscall of
-    /// every process of the machine takes the kernel's slow path, an
-    /// untraced getppid 118 -> 272 ns), socket-calls (the socket calls' own
-    /// hooks: nothing else pays, but a send that does not name its
-    /// destination, a connected socket's, has no sock.send_enter; Linux >=
-    /// 6.12) or auto (the socket calls, and the send syscalls' entry only
-    /// once a traced UDP socket is connected)
+    /// sys_exit from the start: every point, but every syscall of the
+    /// machine takes the kernel's slow path while they are attached, an
+    /// untraced getppid 118 -> 272 ns), auto (the socket calls' own hooks,
+    /// which nothing else on the machine pays for, and, once a traced UDP
+    /// socket is connected, the send syscalls' entry for its sends; the
+    /// syscalls on kernels before 6.12) or socket-calls (never the
+    /// syscalls: a connected socket's sends have no sock.send_enter)
     #[arg(long, value_enum, value_name = "AT", default_value = "syscalls")]
     pub boundary: BoundaryArg,
     /// Stamp one datagram in N, chosen by a hash of its seq, so recorders

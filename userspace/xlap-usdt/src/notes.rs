@@ -3,6 +3,7 @@
 use crate::{parse_args, Arg, UsdtError};
 use object::elf::{PF_X, PT_LOAD};
 use object::read::elf::{ElfFile64, ProgramHeader};
+use object::read::{ReadCache, ReadRef};
 use object::{Endian, Endianness, Object, ObjectSection, ObjectSymbol};
 use std::path::Path;
 
@@ -27,20 +28,30 @@ pub struct Probe {
 const NOTE_TYPE_STAPSDT: u32 = 3;
 
 /// Every USDT probe in the ELF file at `path` (empty when it has none).
+/// Only the parts of the file the notes need are read (headers, section
+/// table, the notes, the symbols an argument names), not the whole file:
+/// a process whose new image is read waits meanwhile (an interpreter's
+/// 7 MB binary).
 pub fn read_probes(path: &Path) -> Result<Vec<Probe>, UsdtError> {
     let shown = path.display().to_string();
-    let data = std::fs::read(path).map_err(|source| UsdtError::Io {
+    let file = std::fs::File::open(path).map_err(|source| UsdtError::Io {
         path: shown.clone(),
         source,
     })?;
-    parse_probes(&data, &shown)
+    let cache = ReadCache::new(file);
+    parse_elf(&cache, &shown)
 }
 
 /// Every USDT probe in `data`, the bytes of an ELF file (untrusted: any
 /// bytes give probes or an error); `path` only names the file in errors.
 pub fn parse_probes(data: &[u8], path: &str) -> Result<Vec<Probe>, UsdtError> {
+    parse_elf(data, path)
+}
+
+/// `parse_probes` of an ELF file in memory or read on demand.
+fn parse_elf<'data, R: ReadRef<'data>>(data: R, path: &str) -> Result<Vec<Probe>, UsdtError> {
     let shown = path.to_string();
-    let elf = ElfFile64::<Endianness>::parse(data).map_err(|source| UsdtError::Elf {
+    let elf = ElfFile64::<Endianness, R>::parse(data).map_err(|source| UsdtError::Elf {
         path: shown.clone(),
         source,
     })?;
