@@ -611,10 +611,10 @@ calls_recv_return(struct sock *sk, struct xlap_sock *s, int ret, int flags) {
     return;
   __u64 pid_tgid = bpf_get_current_pid_tgid();
   /* A UDP GRO read may hold several datagrams, which only the queue's note
-   * counts (the reader's control message is written after this point); a
-   * datagram outside the run's sample is not stamped: its note is freed,
-   * the reader's buffer not read. */
-  if (slot && (slot->nseg > 1 || !sample_keeps(&slot->id))) {
+   * counts (the reader's control message is written after this point).
+   * A note outside the run's sample is checked against the buffer too: the
+   * queue may name an unsampled neighbour of a sampled datagram. */
+  if (slot && slot->nseg > 1) {
     stamp_read(taken, slot, pid_tgid, now);
     return;
   }

@@ -183,14 +183,18 @@ fn deadline_misses_and_late_activations_are_found_with_their_cause() {
         "worst {worst} at {worst_us} µs, the log says {own_us} µs: {a:#}"
     );
     // A few late starts of 1 500 do not move the p99 nor make a drift.
-    // A machine that stalled the sender for 1 % of its sends or more (CI
-    // once: 11 stalls besides the 5 injected, each confirmed by the log
-    // above) moves the p99 with reason.
-    if late_packets * 100 < sent.len() as u64 {
-        assert!(
-            a["p99_us"].as_f64().unwrap() < LATE_START_US as f64 / 2.0,
-            "{a:#}"
-        );
+    // A machine that stalled the sender past the bound for 1 % of its
+    // sends or more moves the p99 with reason (CI once: 11 stalls besides
+    // the 5 injected; once 13 over half a period and more between the
+    // bound and that, p99 820 µs). The log counts them: it times each
+    // send after its stamp, so it is as late or later.
+    let bound_us = LATE_START_US as f64 / 2.0;
+    let stalled = sent
+        .keys()
+        .filter(|&&seq| own_dev(seq) as f64 / 1e3 > bound_us)
+        .count();
+    if stalled * 100 < sent.len() {
+        assert!(a["p99_us"].as_f64().unwrap() < bound_us, "{a:#}");
     }
     assert!(a["drift_us_per_s"].as_f64().unwrap().abs() < 100.0, "{a:#}");
 }
