@@ -121,6 +121,7 @@ queue_noted(struct xlap_sock *ts, struct xl_rx_slot *s, __u64 key, __u64 now) {
       last->id.kind = segs->kind[(got - 1) & (XLAP_MAX_SEGS - 1)];
     }
     last->ts = now;
+    last->task = bpf_get_current_task();
     last->valid = 1;
   }
   if (CFG.syscall_hooks) {
@@ -215,6 +216,7 @@ static __always_inline int sock_ingress_at(struct xl_rd *r,
       last->id.kind = segs->kind[(got - 1) & (XLAP_MAX_SEGS - 1)];
     }
     last->ts = now;
+    last->task = bpf_get_current_task();
     last->valid = 1;
   }
   /* The reader's copy finds them by skb (hooks/calls.h): its stamp needs

@@ -143,10 +143,12 @@ struct {
 __u64 URING_SENDS_SEEN = 0;
 
 /* The last datagram handed to a traced socket on this CPU: the wake-up it
- * triggers follows within the same softirq. */
+ * triggers follows within the same softirq, in the context of the same
+ * task (`task`: the one current at the hand-over). */
 struct xl_rx_last {
   struct xl_ident id;
   __u64 ts;
+  __u64 task;
   __u8 valid;
 };
 

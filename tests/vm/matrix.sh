@@ -38,8 +38,8 @@ failed=0
 # Each guest runs TCG on one host thread. XLAP_VM_PARALLEL guests at once
 # (default 1): side by side (2 on 2 cores) the matrix took 18 minutes
 # instead of 24, but the 6.12 guest's iperf3 test then failed twice in
-# three runs (857 datagrams of 5 000 sent; a server that never waited, so
-# no wake-up to stamp): each guest is slower beside another.
+# three runs (857 datagrams of 5 000 sent; no wake-up stamped, since fixed:
+# docs/testing.md): each guest is slower beside another.
 steps_of() {
 	case "$1" in
 	bullseye) echo refuse ;;

@@ -30,7 +30,10 @@
 //! `--quick`: 1 round of 2 s per cell; default 3 rounds of 5 s.
 //! `--seconds S`, `--rounds N` override. `--baseline PATH`: another
 //! `xlap-trace` binary (an older build) as one more configuration, so a
-//! change's effect is a ratio measured in the same run.
+//! change's effect is a ratio measured in the same run;
+//! `--baseline-boundary B` runs it at `--boundary B` (syscalls,
+//! socket-calls, auto) instead of its own default, to compare one
+//! boundary's programs across builds.
 
 use anyhow::{bail, Context, Result};
 use serde_json::{json, Value};
@@ -71,8 +74,9 @@ enum Tracer {
         boundary: &'static str,
         points: &'static str,
     },
-    /// The `--baseline` binary, with statistics.
-    Baseline,
+    /// The `--baseline` binary, with statistics, at `--baseline-boundary`
+    /// (None: its own default).
+    Baseline(Option<&'static str>),
 }
 
 impl Tracer {
@@ -108,7 +112,14 @@ impl Tracer {
             Tracer::Empty { .. } => {
                 "empty programs on the hooks of --boundary socket-calls --points minimal"
             }
-            Tracer::Baseline => "baseline xlap-trace, every kernel point",
+            Tracer::Baseline(None) => "baseline xlap-trace, every kernel point",
+            Tracer::Baseline(Some("syscalls")) => {
+                "baseline xlap-trace, every kernel point, --boundary syscalls"
+            }
+            Tracer::Baseline(Some("socket-calls")) => {
+                "baseline xlap-trace, every kernel point, --boundary socket-calls"
+            }
+            Tracer::Baseline(Some(_)) => "baseline xlap-trace, every kernel point, --boundary auto",
         }
     }
 }
@@ -132,11 +143,17 @@ struct Cell {
 
 fn main() -> Result<()> {
     xlap_bench::args::check(
-        "usage: xlap-bench-perturb [--quick] [--seconds S] [--rounds R] [--baseline XLAP_TRACE]\nHow much tracing perturbs sockperf ping-pong, every configuration side by side (docs/performance.md); writes bench-results/perturbation.json.",
+        "usage: xlap-bench-perturb [--quick] [--seconds S] [--rounds R] [--baseline XLAP_TRACE [--baseline-boundary B]]\nHow much tracing perturbs sockperf ping-pong, every configuration side by side (docs/performance.md); writes bench-results/perturbation.json.",
         // `just bench` gives both parts the same arguments: the capture
         // part's own are accepted here too
         &["--quick", "--no-capture"],
-        &["--seconds", "--rounds", "--baseline", "--loads"],
+        &[
+            "--seconds",
+            "--rounds",
+            "--baseline",
+            "--baseline-boundary",
+            "--loads",
+        ],
     )?;
     if let Some(reason) = privileged_unavailable() {
         bail!("the benchmark loads BPF and builds a stage: {reason}");
@@ -176,8 +193,18 @@ fn main() -> Result<()> {
             points: "minimal",
         },
     ];
+    let baseline_boundary = match arg_value::<String>("--baseline-boundary")?.as_deref() {
+        None => None,
+        Some("syscalls") => Some("syscalls"),
+        Some("socket-calls") => Some("socket-calls"),
+        Some("auto") => Some("auto"),
+        Some(other) => bail!("--baseline-boundary {other}: one of syscalls, socket-calls, auto"),
+    };
+    if baseline_boundary.is_some() && baseline.is_none() {
+        bail!("--baseline-boundary needs --baseline XLAP_TRACE");
+    }
     if baseline.is_some() {
-        tracers.push(Tracer::Baseline);
+        tracers.push(Tracer::Baseline(baseline_boundary));
     }
     let stage = Stage::two_hosts().context("building the stage")?;
     let mut cells: BTreeMap<(bool, usize), Cell> = BTreeMap::new();
@@ -345,10 +372,11 @@ fn start_tracer(
             "--bpf-stats",
             "off",
         ]),
-        Tracer::Baseline => {}
+        Tracer::Baseline(None) => {}
+        Tracer::Baseline(Some(boundary)) => args.extend(["--boundary", boundary]),
     }
     let binary = match (tracer, baseline) {
-        (Tracer::Baseline, Some(b)) => b.to_path_buf(),
+        (Tracer::Baseline(_), Some(b)) => b.to_path_buf(),
         _ => bin("xlap-trace"),
     };
     Ok((
@@ -384,7 +412,7 @@ fn machine_syscalls(
                     | Tracer::Xlap { stats: "off" }
                     | Tracer::Auto
                     | Tracer::SocketCalls("all")
-                    | Tracer::Baseline
+                    | Tracer::Baseline(_)
             )
         })
         .collect();
