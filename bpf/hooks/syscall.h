@@ -533,17 +533,24 @@ int BPF_PROG(on_sys_exit, struct pt_regs *regs, long ret) {
   return 0;
 }
 
-/* A receive call's flow, as far as its socket knows it. The socket's flow
- * is read before its flags: another CPU noting a second flow (sock_rx.h
- * note_flow) writes the flags first, so a reader that sees the new flow
- * also sees that the socket now has several (and takes the flow from the
- * sender address). Read the other way round, a datagram of the first flow
- * could take the second one's flow. */
+/* A traced socket's flow (*flow) and its flags (returned), in that order:
+ * another CPU noting a second flow (sock_rx.h note_flow) writes the flags
+ * first, so a reader that sees the new flow also sees that the socket now
+ * has several (and takes the flow from the sender address, or none). Read
+ * the other way round, a datagram of the first flow could take the second
+ * one's flow. */
+static __always_inline __u8 sock_flow_flags(const struct xlap_sock *s,
+                                            __u64 *flow) {
+  *flow = *(volatile const __u64 *)&s->flow;
+  asm volatile("" ::: "memory");
+  return *(volatile const __u8 *)&s->flows;
+}
+
+/* A receive call's flow, as far as its socket knows it. */
 static __always_inline void note_recv_flow(struct xl_task *t, struct sock *sk,
                                            const struct xlap_sock *s) {
-  __u64 flow = *(volatile const __u64 *)&s->flow;
-  asm volatile("" ::: "memory");
-  __u8 f = *(volatile const __u8 *)&s->flows;
+  __u64 flow;
+  __u8 f = sock_flow_flags(s, &flow);
   t->on_sock = 1;
   t->rx_port = sk->__sk_common.skc_num;
   t->rx_remote = (f & XLAP_SOCK_MULTI_FLOW) && !(f & XLAP_SOCK_MULTI_LOCAL);
@@ -618,10 +625,9 @@ calls_recv_return(struct sock *sk, struct xlap_sock *s, int ret, int flags) {
     stamp_read(taken, slot, pid_tgid, now);
     return;
   }
-  __u64 sflow = *(volatile const __u64 *)&s->flow;
-  asm volatile("" ::: "memory");
-  __u8 f = *(volatile const __u8 *)&s->flows;
-  __u64 flow = (f & XLAP_SOCK_MULTI_FLOW) ? 0 : sflow;
+  __u64 flow;
+  if (sock_flow_flags(s, &flow) & XLAP_SOCK_MULTI_FLOW)
+    flow = 0;
   struct xl_idq q = {};
   struct task_struct *task = bpf_get_current_task_btf();
   int buffer =

@@ -6,57 +6,9 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 use xlap_records::run_meta::RunMeta;
 use xlap_stage::Stage;
+use xlap_tests::kernel_drops::Drops;
 use xlap_tests::trace::{degraded, is_traced, read_stamps, Recorder, Row};
 use xlap_tests::{privileged, KillOnDrop, Scratch};
-
-/// The kernel's own accounts of datagrams dropped during a run: by the
-/// receiving CPUs' backlogs before the stack (`/proc/net/softnet_stat`,
-/// every namespace), and by the server's socket for want of buffer (its
-/// namespace's `Udp: RcvbufErrors`).
-#[derive(Debug, Default)]
-struct Drops {
-    backlog: u64,
-    socket_buffer: u64,
-}
-
-impl Drops {
-    fn now(server: &xlap_stage::Host) -> Drops {
-        let softnet = std::fs::read_to_string("/proc/net/softnet_stat").expect("softnet_stat");
-        // One line per CPU; the second column counts its backlog's drops.
-        let backlog = softnet
-            .lines()
-            .filter_map(|l| l.split_whitespace().nth(1))
-            .map(|hex| u64::from_str_radix(hex, 16).expect("a softnet_stat column"))
-            .sum();
-        let snmp = server
-            .command("cat")
-            .arg("/proc/net/snmp")
-            .output()
-            .expect("snmp");
-        let snmp = String::from_utf8_lossy(&snmp.stdout).into_owned();
-        let udp: Vec<Vec<&str>> = snmp
-            .lines()
-            .filter(|l| l.starts_with("Udp: "))
-            .map(|l| l.split_whitespace().collect())
-            .collect();
-        assert_eq!(udp.len(), 2, "/proc/net/snmp's Udp lines: {snmp}");
-        let column = udp[0]
-            .iter()
-            .position(|c| *c == "RcvbufErrors")
-            .expect("RcvbufErrors");
-        Drops {
-            backlog,
-            socket_buffer: udp[1][column].parse().expect("RcvbufErrors"),
-        }
-    }
-
-    fn since(&self, before: &Drops) -> Drops {
-        Drops {
-            backlog: self.backlog - before.backlog,
-            socket_buffer: self.socket_buffer - before.socket_buffer,
-        }
-    }
-}
 
 /// iperf3 between the two hosts, traced from before its first datagram:
 /// (its JSON report, the stamps, run.json, client pid, server pid, the

@@ -9,6 +9,7 @@ pub mod browser;
 pub mod c_programs;
 pub mod example;
 pub mod go_programs;
+pub mod kernel_drops;
 pub mod multiset;
 pub mod packets_file;
 pub mod pcap;

@@ -420,34 +420,40 @@ impl Capture {
                 }
             })?;
         let mut unattached = Vec::new();
-        let wanted: Vec<(&'static str, &'static str)> = crate::hooks::tracepoints(boundary.hooks())
-            .filter(|(prog, _, _)| {
-                settings.points.needs_program(prog) && emulated_absent(prog).is_none()
-            })
-            .map(|(prog, target, _)| (prog, target))
-            .chain(
-                crate::hooks::HOOKS
-                    .iter()
-                    .filter(|_| settings.hold_at_exec)
-                    .filter_map(|hook| match hook.attach {
-                        crate::hooks::Attach::TpBtfForHolds(tp) => Some((hook.program, tp)),
-                        _ => None,
-                    }),
-            )
-            .collect();
-        let mut refused = crate::preload::load_tracing(&mut bpf, &btf, object.bytes(), &wanted);
+        // One plan for the preload and the attach: the boundary's
+        // tracepoints whose points are written, then the holds' (never
+        // required); a program the kernel is emulated to lack is said, not
+        // loaded.
+        let mut planned: Vec<(&'static str, &'static str, bool)> = Vec::new();
         for (prog, target, required) in crate::hooks::tracepoints(boundary.hooks()) {
             if !settings.points.needs_program(prog) {
                 continue;
             }
-            if let Some(why) = emulated_absent(prog) {
-                unattached.push(Unattached {
+            match emulated_absent(prog) {
+                Some(why) => unattached.push(Unattached {
                     program: prog,
                     hook: target,
                     why,
-                });
-                continue;
+                }),
+                None => planned.push((prog, target, required)),
             }
+        }
+        if settings.hold_at_exec {
+            planned.extend(
+                crate::hooks::HOOKS
+                    .iter()
+                    .filter_map(|hook| match hook.attach {
+                        crate::hooks::Attach::TpBtfForHolds(tp) => Some((hook.program, tp, false)),
+                        _ => None,
+                    }),
+            );
+        }
+        let wanted: Vec<(&'static str, &'static str)> = planned
+            .iter()
+            .map(|&(prog, target, _)| (prog, target))
+            .collect();
+        let mut refused = crate::preload::load_tracing(&mut bpf, &btf, object.bytes(), &wanted);
+        for (prog, target, required) in planned {
             let result = match refused.remove(prog) {
                 Some(e) => Err(e),
                 None => attach(&mut bpf, &btf, prog, Kind::TpBtf, target),
@@ -461,24 +467,6 @@ impl Capture {
                     hook: target,
                     why: refusal(prog, &e).unwrap_or_else(|| format!("{e:#}")),
                 });
-            }
-        }
-        if settings.hold_at_exec {
-            for hook in crate::hooks::HOOKS {
-                let crate::hooks::Attach::TpBtfForHolds(tp) = hook.attach else {
-                    continue;
-                };
-                let result = match refused.remove(hook.program) {
-                    Some(e) => Err(e),
-                    None => attach(&mut bpf, &btf, hook.program, Kind::TpBtf, tp),
-                };
-                if let Err(e) = result {
-                    unattached.push(Unattached {
-                        program: hook.program,
-                        hook: tp,
-                        why: refusal(hook.program, &e).unwrap_or_else(|| format!("{e:#}")),
-                    });
-                }
             }
         }
         let dynptr = dynptr.map(|_| ());

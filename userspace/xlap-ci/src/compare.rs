@@ -451,8 +451,9 @@ pub fn compare(
     let confidence = 1.0 - (1.0 - family_confidence) / deciding.max(1) as f64;
     let half = |c: &Change| c.abs_high - c.abs_low;
     for &(m, b, c) in &pairs {
-        let same = same_data(b, c);
-        if same {
+        let unfit = can_decide(b, c, m.p);
+        let (ch, width, effect, verdict, limit, wide_because) = if same_data(b, c) {
+            // Exactly no change: no interval to draw, nothing to widen.
             let q = dist(levels, b).quantile(m.p);
             let exact = Change {
                 base: q,
@@ -463,88 +464,69 @@ pub fn compare(
                 abs_low: 0.0,
                 abs_high: 0.0,
             };
-            let unfit = can_decide(b, c, m.p);
-            rows.push(Row {
-                metric: m.label(),
-                kind: b.kind,
-                stage: b.stage.clone(),
-                side: b.side.clone(),
-                quantile: m.p,
-                baseline_us: us(q),
-                candidate_us: us(q),
-                change: 0.0,
-                ci_low: 0.0,
-                ci_high: 0.0,
-                relative: relative_means_something(q),
-                ci_low_us: 0.0,
-                ci_high_us: 0.0,
-                effect: 0.0,
-                decides: unfit.is_none(),
-                verdict: match unfit {
-                    Some(_) => Verdict::NotDecided,
-                    None => verdict(&exact, max_regression, min_change_ns),
-                },
-                limit: unfit,
-                width: Width::SameData,
-                wide_because: None,
-                baseline: box_of(levels, b),
-                candidate: box_of(levels, c),
-            });
-            continue;
-        }
-        let ch: Change =
-            quantile_change(dist(levels, b), dist(levels, c), m.p, confidence, &mut rng);
-        let sampled = ch;
-        let noise = |s: &Summary, st: &StageSummary| {
-            block_noise(
-                levels,
-                &st.quantiles_ns,
-                &s.block_levels,
-                &st.blocks_ns,
-                m.p,
-            )
-        };
-        let (ch, width) = if b.runs_ns.len() >= 2 {
-            let per_run: Vec<f64> = b.runs_ns.iter().map(|g| at_level(levels, g, m.p)).collect();
-            // The spread between the baseline's runs; and the candidate,
-            // one run, also by its own blocks: a stall in one of its
-            // blocks can carry its p99 (1.5 ms in a tenth of a run took a
-            // stage's p99 from 27 to 277 µs), which no spread of the
-            // baseline holds.
-            let by_runs = widen_by_runs(ch, &per_run, confidence);
-            let by_blocks = widen_by_candidate_blocks(by_runs, noise(cand, c), confidence);
-            let width = if half(&by_blocks) > half(&by_runs) {
-                Width::Blocks
-            } else if half(&by_runs) > half(&sampled) {
-                Width::Runs
-            } else {
-                Width::Packets
+            let verdict = match unfit {
+                Some(_) => Verdict::NotDecided,
+                None => verdict(&exact, max_regression, min_change_ns),
             };
-            (by_blocks, width)
+            (exact, Width::SameData, 0.0, verdict, unfit, None)
         } else {
-            let by_blocks = widen_by_blocks(ch, noise(base, b), noise(cand, c), confidence);
-            let width = if half(&by_blocks) > half(&sampled) {
-                Width::Blocks
-            } else {
-                Width::Packets
+            let ch: Change =
+                quantile_change(dist(levels, b), dist(levels, c), m.p, confidence, &mut rng);
+            let sampled = ch;
+            let noise = |s: &Summary, st: &StageSummary| {
+                block_noise(
+                    levels,
+                    &st.quantiles_ns,
+                    &s.block_levels,
+                    &st.blocks_ns,
+                    m.p,
+                )
             };
-            (by_blocks, width)
+            let (ch, width) = if b.runs_ns.len() >= 2 {
+                let per_run: Vec<f64> =
+                    b.runs_ns.iter().map(|g| at_level(levels, g, m.p)).collect();
+                // The spread between the baseline's runs; and the candidate,
+                // one run, also by its own blocks: a stall in one of its
+                // blocks can carry its p99 (1.5 ms in a tenth of a run took a
+                // stage's p99 from 27 to 277 µs), which no spread of the
+                // baseline holds.
+                let by_runs = widen_by_runs(ch, &per_run, confidence);
+                let by_blocks = widen_by_candidate_blocks(by_runs, noise(cand, c), confidence);
+                let width = if half(&by_blocks) > half(&by_runs) {
+                    Width::Blocks
+                } else if half(&by_runs) > half(&sampled) {
+                    Width::Runs
+                } else {
+                    Width::Packets
+                };
+                (by_blocks, width)
+            } else {
+                let by_blocks = widen_by_blocks(ch, noise(base, b), noise(cand, c), confidence);
+                let width = if half(&by_blocks) > half(&sampled) {
+                    Width::Blocks
+                } else {
+                    Width::Packets
+                };
+                (by_blocks, width)
+            };
+            let effect = separation(levels, &b.quantiles_ns, &c.quantiles_ns, m.p);
+            // A pooled baseline measures the spread between runs; a single
+            // run does not, so its change must also stand out of the packets.
+            let overlap = !pooled && effect.abs() < MIN_EFFECT;
+            let (verdict, limit) = match (unfit, verdict(&ch, max_regression, min_change_ns)) {
+                // Too few packets decide nothing, whatever the interval says.
+                (Some(l), _) => (Verdict::NotDecided, Some(l)),
+                (None, Verdict::Regression) if overlap => {
+                    (Verdict::Inconclusive, Some(Limit::Overlap))
+                }
+                // Not worse by more than allowed: a pass, if no improvement.
+                (None, Verdict::Improvement) if overlap => (Verdict::Pass, Some(Limit::Overlap)),
+                (None, v) => (v, None),
+            };
+            let wide_because = (verdict == Verdict::Inconclusive && limit.is_none())
+                .then(|| why_wide(width, m, base, b, cand, c, &ch));
+            (ch, width, effect, verdict, limit, wide_because)
         };
-        let effect = separation(levels, &b.quantiles_ns, &c.quantiles_ns, m.p);
-        let unfit = can_decide(b, c, m.p);
-        // A pooled baseline measures the spread between runs; a single
-        // run does not, so its change must also stand out of the packets.
-        let overlap = !pooled && effect.abs() < MIN_EFFECT;
-        let (verdict, limit) = match (unfit, verdict(&ch, max_regression, min_change_ns)) {
-            // Too few packets decide nothing, whatever the interval says.
-            (Some(l), _) => (Verdict::NotDecided, Some(l)),
-            (None, Verdict::Regression) if overlap => (Verdict::Inconclusive, Some(Limit::Overlap)),
-            // Not worse by more than allowed: a pass, if no improvement.
-            (None, Verdict::Improvement) if overlap => (Verdict::Pass, Some(Limit::Overlap)),
-            (None, v) => (v, None),
-        };
-        let wide_because = (verdict == Verdict::Inconclusive && limit.is_none())
-            .then(|| why_wide(width, m, base, b, cand, c, &ch));
         let rel_of = |ns: f64| frac(ns / ch.base.max(1.0));
         rows.push(Row {
             metric: m.label(),
