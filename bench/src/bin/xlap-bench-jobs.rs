@@ -62,17 +62,17 @@ fn main() -> Result<()> {
     let baseline = baseline_binary()?;
     let scratch = Scratch::new("bench-jobs");
     let jobs = make_jobs(&scratch)?;
-    // The syscalls (which slow every process of the job), the default
-    // boundary, auto (the socket calls, and the send syscalls' entry once
-    // the protocol connects its socket), and the socket calls alone, which
+    // The default boundary (the syscalls, which slow every process of the
+    // job), auto (the socket calls, and the send syscalls' entry once the
+    // protocol connects its socket), and the socket calls alone, which
     // never slow the job's other processes.
     let mut tracers: Vec<(String, PathBuf, Vec<&str>)> = vec![
+        ("run".into(), bin("xlap-trace"), vec![]),
         (
-            "run --boundary syscalls".into(),
+            "run --boundary auto".into(),
             bin("xlap-trace"),
-            vec!["--boundary", "syscalls"],
+            vec!["--boundary", "auto"],
         ),
-        ("run (auto, the default)".into(), bin("xlap-trace"), vec![]),
         (
             "run --boundary socket-calls".into(),
             bin("xlap-trace"),
