@@ -17,8 +17,8 @@
  * only keeps a datagram that woke nothing (its reader was running) from
  * being credited with that task's wake-ups of the reader long after. A
  * few microseconds natively, but 64-512 us under QEMU's TCG (Debian's
- * 6.12 in tests/vm, measured with bpftrace): a 20 us bound lost every
- * wake-up there. */
+ * 6.12 in tests/vm, measured with bpftrace): a 20 us bound lost most
+ * wake-ups there, all of them in some runs. */
 #define WAKE_WINDOW_NS 2000000
 
 /* Whether two traced processes descend from the same target (a forked
