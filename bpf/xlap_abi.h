@@ -225,6 +225,15 @@ struct xlap_sock {
   __u64 rx_first;
   __u64 rx_last;  /* the datagram queued last */
   __u64 rx_last2; /* and the one before it */
+  /* The start of the last send on it that named its destination (cgroup
+   * sendmsg4/6): when, and by which thread (0: taken); beside the per-CPU
+   * note (task.h SEND_START), for a thread moved to another CPU inside the
+   * send. `send_moved_*`: the last start taken here that the CPU where it
+   * began still notes (task.h send_start_of). */
+  __u64 send_start_ts;
+  __u64 send_moved_ts;
+  __u32 send_start_tid;
+  __u32 send_moved_tid;
 };
 
 /* The addresses behind a flow (value of the FLOWS map, keyed by the

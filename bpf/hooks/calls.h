@@ -182,11 +182,17 @@ static __always_inline int send_start(struct bpf_sock_addr *ctx) {
     return 1;
   __u32 zero = 0;
   struct xl_send_start *s = bpf_map_lookup_elem(&SEND_START, &zero);
+  __u64 now = bpf_ktime_get_ns();
+  __u32 tid = (__u32)bpf_get_current_pid_tgid();
   if (s) {
-    s->ts = bpf_ktime_get_ns();
-    s->tid = (__u32)bpf_get_current_pid_tgid();
+    s->ts = now;
+    s->tid = tid;
     s->cookie = ts->cookie;
   }
+  /* Also on the socket: udp_sendmsg may be preempted, or sleep for send
+   * buffer, and go on on another CPU, where the note above is not. */
+  ts->send_start_ts = now;
+  ts->send_start_tid = tid;
   return 1; /* never changes the destination nor refuses the send */
 }
 
@@ -204,15 +210,10 @@ int BPF_PROG(on_sock_send_length, struct sock *sk, int ret, int flags) {
     return 0;
   __u64 pid_tgid = bpf_get_current_pid_tgid();
   __u32 tid = (__u32)pid_tgid;
-  /* The start this thread noted on this CPU, taken whatever the call did:
-   * the next call must not find it. */
-  __u64 ts_enter = 0;
-  __u32 zero = 0;
-  struct xl_send_start *st = bpf_map_lookup_elem(&SEND_START, &zero);
-  if (st && st->tid == tid) {
-    ts_enter = st->ts;
-    st->tid = 0;
-  }
+  /* The start this thread noted, taken whatever the call did: the next
+   * call must not find it. */
+  struct xlap_sock *ts = bpf_sk_storage_get(&SOCKS, sk, 0, 0);
+  __u64 ts_enter = ts ? send_start_of(ts, tid) : 0;
   struct task_struct *task = bpf_get_current_task_btf();
   struct xl_task *t = task_ctx(task);
   if (!t)

@@ -457,8 +457,20 @@ static __always_inline __u32 tx_owner(struct sk_buff *skb,
     register_port(s, sk->__sk_common.skc_net.net->ns.inum, port);
   if (!CFG.syscall_hooks && !CFG.send_calls) {
     /* No call state (send_start_take): the sending thread's process if it
-     * is traced, else the socket's owner. */
-    __u32 tgid = bpf_get_current_pid_tgid() >> 32;
+     * is traced, else the socket's owner. The thread's start, which it may
+     * have noted on another CPU, is noted on this one for
+     * send_start_take. */
+    __u64 pid_tgid = bpf_get_current_pid_tgid();
+    __u32 tid = (__u32)pid_tgid, zero = 0;
+    __u64 start = tid ? send_start_of(s, tid) : 0;
+    struct xl_send_start *st =
+        start ? bpf_map_lookup_elem(&SEND_START, &zero) : 0;
+    if (st) {
+      st->ts = start;
+      st->tid = tid;
+      st->cookie = s->cookie;
+    }
+    __u32 tgid = pid_tgid >> 32;
     if (tgid == s->tgid || bpf_map_lookup_elem(&TARGET_PIDS, &tgid))
       return tgid;
     return s->tgid;

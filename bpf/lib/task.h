@@ -116,9 +116,10 @@ socket_send_begin(struct task_struct *task, struct xl_task *t, __u32 owner) {
 }
 
 /* A send that named its destination, begun on this CPU (cgroup sendmsg4/6,
- * hooks/calls.h): the thread, the socket and when (one per CPU: the socket
- * call runs to its datagram's device point without sleeping, and a thread
- * moved to another CPU meanwhile only loses its send_enter). Without
+ * hooks/calls.h): the thread, the socket and when. The socket notes it
+ * too (struct xlap_sock send_start_*), for a thread that sleeps or is
+ * preempted inside the call and goes on on another CPU: send_start_of
+ * below takes it from either. Without
  * sock_send_length (CFG.send_calls = 0), the first device point also
  * keeps here the first fragment it read, for the later fragments of the
  * same send. */
@@ -137,6 +138,37 @@ struct {
   __type(key, __u32);
   __type(value, struct xl_send_start);
 } SEND_START SEC(".maps");
+
+/* The start of thread `tid`'s send on traced socket `s`, taken (0: none
+ * noted): the later of this CPU's note and the socket's that are the
+ * thread's. A thread's calls follow one another, so its latest start is
+ * this call's; the socket's is the newest unless another thread's send on
+ * it overwrote it. This CPU's note is not the thread's when it is of
+ * another socket, or when it is a start already taken from the socket on
+ * the CPU the thread had moved to (`send_moved_*`): left behind here, it
+ * would be taken by a later send of the thread that noted none (a
+ * connected socket's). */
+static __always_inline __u64 send_start_of(struct xlap_sock *s, __u32 tid) {
+  __u64 ts = 0;
+  __u32 zero = 0;
+  struct xl_send_start *st = bpf_map_lookup_elem(&SEND_START, &zero);
+  if (st && st->tid == tid) {
+    if (st->cookie == s->cookie &&
+        !(s->send_moved_tid == tid && st->ts <= s->send_moved_ts))
+      ts = st->ts;
+    st->tid = 0;
+  }
+  if (s->send_start_tid == tid) {
+    __u64 on_sock = s->send_start_ts;
+    s->send_start_tid = 0;
+    if (on_sock > ts) {
+      s->send_moved_ts = on_sock;
+      s->send_moved_tid = tid;
+      ts = on_sock;
+    }
+  }
+  return ts;
+}
 
 /* Some traced thread issued an io_uring send request (uring.h): only then
  * does a send's device point look at the thread's state for it. */

@@ -7,6 +7,7 @@ use xlap_stage::{Qdisc, Stage, StageConfig};
 use xlap_tests::example::{
     events, summary, ExampleOptions, ProtocolRun, RECEIVER_PORT, SENDER_PORT,
 };
+use xlap_tests::kernel_drops::Drops;
 use xlap_tests::trace::{read_stamps, run_meta, trace_example, traced, Recorder, Row};
 use xlap_tests::{bin, privileged, KillOnDrop, Scratch};
 
@@ -56,12 +57,28 @@ fn data_packets(rows: &[Row]) -> BTreeMap<u64, HashMap<String, i64>> {
     out
 }
 
+/// The datagrams a receive point saw (`seen`) against those both hosts
+/// put on the wire (`sent`). The receiver goes on sending feedback until it
+/// has read everything; a slow one (an emulated guest, 10 s behind) sends
+/// the last after the sender has exited. Those reach a port no traced
+/// socket holds, rightly unstamped (the packets mark them lost); the
+/// sender's host counts each in `Udp: NoPorts` (`late`), so at most that
+/// many may be missing, and none when the sender outlived them.
+fn assert_received(seen: u64, sent: u64, late: u64) {
+    assert!(
+        seen <= sent && seen + late >= sent,
+        "{seen} stamped at a receive point, {sent} on the wire, \
+         {late} of them to the sender's closed port"
+    );
+}
+
 #[test]
 fn every_delivered_packet_has_every_kernel_point_in_causal_order() {
     let Some(_guard) = privileged("kernel_points") else {
         return;
     };
     let stage = stage_with_tbf_on_sender();
+    let sender_host_before = Drops::now(stage.host(0));
     // The protocol is already running (sockets open) when tracing starts.
     let t = trace_example(
         &stage,
@@ -162,7 +179,8 @@ fn every_delivered_packet_has_every_kernel_point_in_causal_order() {
         points["qdisc.enqueue"].stamps, on_wire,
         "tbf is on the sender's link only"
     );
-    assert_eq!(points["dev.netif_rx"].stamps, on_wire + feedback);
+    let late = Drops::now(stage.host(0)).since(&sender_host_before).no_port;
+    assert_received(points["dev.netif_rx"].stamps, on_wire + feedback, late);
     // Ground truth for the text output: a pid that exited ends the run with
     // its data kept.
     assert!(t.run_dir().join("stamps.arrows").exists());
@@ -251,6 +269,7 @@ fn a_full_ring_buffer_is_counted_exactly() {
         return;
     };
     let stage = stage_with_tbf_on_sender();
+    let sender_host_before = Drops::now(stage.host(0));
     // One page of ring buffer: ~70 stamps.
     let t = trace_example(
         &stage,
@@ -281,7 +300,8 @@ fn a_full_ring_buffer_is_counted_exactly() {
     // Every packet on the wire is either stamped or counted as lost.
     assert_eq!(seen("dev.queue"), on_wire + feedback);
     assert_eq!(seen("dev.start_xmit"), on_wire + feedback);
-    assert_eq!(seen("dev.receive_skb"), on_wire + feedback);
+    let late = Drops::now(stage.host(0)).since(&sender_host_before).no_port;
+    assert_received(seen("dev.receive_skb"), on_wire + feedback, late);
     assert_eq!(seen("qdisc.enqueue"), on_wire);
     // And the Parquet has exactly the stamps run.json counts.
     let rows = t.stamps();

@@ -38,6 +38,7 @@ mod iperf3;
 mod kernel_features;
 mod least_privilege;
 mod live_view;
+mod moved_senders;
 mod path_matrix;
 mod point_sets;
 mod qdisc_classes;

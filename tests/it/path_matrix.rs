@@ -513,7 +513,8 @@ const SOCKET_CALLS: &[&str] = &["--boundary", "socket-calls"];
 /// A run at the socket calls has no syscall hook loaded (while one is
 /// attached, every syscall of the machine takes the slow path), says so in
 /// run.json, and says that a connected socket's sends have no send_enter
-/// (the recorder cannot know beforehand how the program will send).
+/// (the recorder cannot know beforehand how the program will send); a run
+/// at the default (auto) says when it took the send syscalls' entry.
 fn check_boundary(cell: &Cell, meta: &RunMeta) -> Vec<String> {
     let mut problems = Vec::new();
     let asked = cell.record_args == SOCKET_CALLS;
@@ -526,12 +527,14 @@ fn check_boundary(cell: &Cell, meta: &RunMeta) -> Vec<String> {
         .any(|why| why.contains("skb dynptrs"));
     let socket_calls = asked && !without_dynptr;
     let boundary = meta.options.boundary.as_deref().unwrap_or_default();
+    // Not asked: the default, auto, which takes the send syscalls' entry
+    // once the example protocol connects its socket.
     let as_wanted = if socket_calls {
         boundary == "socket-calls"
-    } else if asked {
+    } else if without_dynptr {
         boundary.starts_with("syscalls (the socket calls need the socket-queue point")
     } else {
-        boundary == "syscalls"
+        boundary.starts_with("auto (socket calls; the send syscalls' entry from")
     };
     if !as_wanted {
         problems.push(format!(

@@ -7,12 +7,14 @@ use std::time::{Duration, Instant};
 use xlap_stage::Host;
 
 /// Datagrams dropped: by the receiving CPUs' backlogs before the stack
-/// (`/proc/net/softnet_stat`, every namespace), and by a host's sockets for
-/// want of buffer (its namespace's `Udp: RcvbufErrors`).
+/// (`/proc/net/softnet_stat`, every namespace), by a host's sockets for
+/// want of buffer (its namespace's `Udp: RcvbufErrors`), and for want of
+/// any socket on their port (`Udp: NoPorts`: a peer that already closed).
 #[derive(Debug, Default)]
 pub struct Drops {
     pub backlog: u64,
     pub socket_buffer: u64,
+    pub no_port: u64,
 }
 
 impl Drops {
@@ -37,13 +39,14 @@ impl Drops {
             .map(|l| l.split_whitespace().collect())
             .collect();
         assert_eq!(udp.len(), 2, "/proc/net/snmp's Udp lines: {snmp}");
-        let column = udp[0]
-            .iter()
-            .position(|c| *c == "RcvbufErrors")
-            .expect("RcvbufErrors");
+        let counter = |name: &str| -> u64 {
+            let column = udp[0].iter().position(|c| *c == name).expect(name);
+            udp[1][column].parse().expect(name)
+        };
         Drops {
             backlog,
-            socket_buffer: udp[1][column].parse().expect("RcvbufErrors"),
+            socket_buffer: counter("RcvbufErrors"),
+            no_port: counter("NoPorts"),
         }
     }
 
@@ -52,6 +55,7 @@ impl Drops {
         Drops {
             backlog: self.backlog - before.backlog,
             socket_buffer: self.socket_buffer - before.socket_buffer,
+            no_port: self.no_port - before.no_port,
         }
     }
 }

@@ -62,17 +62,17 @@ fn main() -> Result<()> {
     let baseline = baseline_binary()?;
     let scratch = Scratch::new("bench-jobs");
     let jobs = make_jobs(&scratch)?;
-    // The default boundary (the syscalls, which slow every process of the
-    // job), auto (the socket calls, and the send syscalls' entry once the
-    // protocol connects its socket), and the socket calls alone, which
+    // The syscalls (which slow every process of the job), the default
+    // boundary, auto (the socket calls, and the send syscalls' entry once
+    // the protocol connects its socket), and the socket calls alone, which
     // never slow the job's other processes.
     let mut tracers: Vec<(String, PathBuf, Vec<&str>)> = vec![
-        ("run".into(), bin("xlap-trace"), vec![]),
         (
-            "run --boundary auto".into(),
+            "run --boundary syscalls".into(),
             bin("xlap-trace"),
-            vec!["--boundary", "auto"],
+            vec!["--boundary", "syscalls"],
         ),
+        ("run (auto, the default)".into(), bin("xlap-trace"), vec![]),
         (
             "run --boundary socket-calls".into(),
             bin("xlap-trace"),

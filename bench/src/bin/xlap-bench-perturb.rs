@@ -93,7 +93,9 @@ impl Tracer {
             Tracer::Xlap { .. } => {
                 "xlap-trace --boundary syscalls, every kernel point (statistics sampled)"
             }
-            Tracer::Auto => "xlap-trace --boundary auto, every kernel point, --bpf-stats off",
+            Tracer::Auto => {
+                "xlap-trace (the default, --boundary auto), every kernel point, --bpf-stats off"
+            }
             Tracer::Points("standard") => "xlap-trace --boundary syscalls --points standard",
             Tracer::Points(_) => "xlap-trace --boundary syscalls --points minimal",
             Tracer::SocketCalls("all") => "xlap-trace --boundary socket-calls, every kernel point",

@@ -513,15 +513,15 @@ pub struct RecordArgs {
     /// protocol, the floor under any program on them (docs/performance.md).
     #[arg(long)]
     pub empty_programs: bool,
-    /// Where the send/receive points are stamped: syscalls (sys_enter and
+    /// Where the send/receive points are stamped: auto (the socket calls'
+    /// own hooks, which nothing else on the machine pays for, and, once a
+    /// traced UDP socket is connected, the send syscalls' entry for its
+    /// sends; the syscalls on kernels before 6.12), syscalls (sys_enter and
     /// sys_exit from the start: every point, but every syscall of the
     /// machine takes the kernel's slow path while they are attached, an
-    /// untraced getppid 118 -> 272 ns), auto (the socket calls' own hooks,
-    /// which nothing else on the machine pays for, and, once a traced UDP
-    /// socket is connected, the send syscalls' entry for its sends; the
-    /// syscalls on kernels before 6.12) or socket-calls (never the
+    /// untraced getppid 118 -> 272 ns) or socket-calls (never the
     /// syscalls: a connected socket's sends have no sock.send_enter)
-    #[arg(long, value_enum, value_name = "AT", default_value = "syscalls")]
+    #[arg(long, value_enum, value_name = "AT", default_value = "auto")]
     pub boundary: BoundaryArg,
     /// Stamp one datagram in N, chosen by a hash of its seq, so recorders
     /// on both hosts keep the same datagrams, each with every point; the

@@ -105,7 +105,7 @@ impl Default for RecordOptions {
             full_priority: false,
             per_stamp_records: false,
             empty_programs: false,
-            boundary: crate::capture::BoundaryRequest::Syscalls,
+            boundary: crate::capture::BoundaryRequest::Auto,
             sample: None,
             stats_mode: StatsMode::Sampled,
             quiet: false,
