@@ -61,6 +61,10 @@ lint:
     cargo clippy --workspace --all-targets -- -D warnings
     clang-format --dry-run --Werror bpf/*.c bpf/*.h bpf/lib/*.h bpf/hooks/*.h examples/markers/c/*.h examples/markers/c/*.c tests/c/*.c userspace/xlap-exit/src/*.cpp
     cargo run -q -p xlap-trace -- schema --check schemas
+    @# The recorder (root) links no SQL engine: what it parses stays in Rust,
+    @# the analysis runs in confined children (docs/threat-model.md).
+    if cargo tree -q -p xlap-capture -e normal --prefix none | grep -E '^(duckdb|xlap-analyze) '; then \
+        echo "lint: xlap-capture depends on the SQL engine again (above)" >&2; exit 1; fi
 
 # Regenerate the committed schema files.
 schemas:

@@ -51,6 +51,7 @@ mod run_command;
 mod run_end;
 mod run_jobs;
 mod sampling;
+mod sandbox;
 mod seams;
 mod stage;
 mod stage_partition;

@@ -120,8 +120,8 @@ fn correlate_on(
     let json = out.with_extension("json");
     let text = serde_json::to_string_pretty(&result)
         .map_err(|e| AnalyzeError::Other(format!("correlation summary: {e}")))?;
-    std::fs::write(&json, text + "\n")
-        .map_err(|e| AnalyzeError::Other(format!("cannot write {}: {e}", json.display())))?;
+    xlap_records::run_file::write_whole(&json, (text + "\n").as_bytes())
+        .map_err(|e| AnalyzeError::Other(e.to_string()))?;
     store_aggregates(out);
     Ok(result)
 }

@@ -290,7 +290,10 @@ pub fn sides_json(cols: &[(String, String)]) -> String {
 /// rather than plain (docs/tables.md: smaller, and faster both to write
 /// and to analyse).
 pub fn write(conn: &Connection, query: &str, out: &Path, cols: &[(String, String)]) -> Result<()> {
-    let tmp = out.with_extension("parquet.tmp");
+    let tmp = xlap_records::run_file::engine_target(out).map_err(|e| AnalyzeError::Input {
+        path: out.display().to_string(),
+        what: e.to_string(),
+    })?;
     conn.execute_batch(&format!(
         "COPY {query} TO {} (FORMAT PARQUET, COMPRESSION ZSTD, PARQUET_VERSION V2, KV_METADATA {{{PACKETS_VERSION_KEY}: '{PACKETS_SCHEMA_VERSION}', {PACKETS_SIDES_KEY}: {}}});",
         sql::path(&tmp),

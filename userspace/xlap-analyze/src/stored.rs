@@ -128,11 +128,12 @@ fn write(conn: &Connection, packets: &Path) -> Result<()> {
     let id = packets_id(packets).map_err(|e| io_error(packets, e))?;
     for name in TABLES {
         let out = path(packets, name);
-        let tmp = out.with_extension("parquet.tmp");
+        let tmp = xlap_records::run_file::engine_target(&out).map_err(|e| io_error(&out, e))?;
         // The rows' digest is of the rows as Parquet gives them back (its
         // types, not the engine's), so the table goes through a file once
         // before the file that carries the digest.
         let rows = out.with_extension("parquet.rows");
+        let _ = std::fs::remove_file(&rows); // a link left there, not followed
         conn.execute_batch(&format!(
             "COPY {name} TO {} (FORMAT PARQUET, COMPRESSION ZSTD);",
             sql::path(&rows)

@@ -139,40 +139,11 @@ pub fn recover(dir: &Path) -> Result<Option<Recovery>> {
     Ok(Some(recovery))
 }
 
-struct Counts {
-    per_point: Vec<(String, u64)>,
-    packets: u64,
-    last_ts_ns: Option<i64>,
-}
-
 /// Stamps per point, packets (distinct flow, kind, seq of stamps that know
 /// their flow, as the recorder counts them) and the last stamp's time.
-fn count(parquet: &Path) -> Result<Counts> {
-    let conn = xlap_analyze::engine()?;
-    if let Some(dir) = parquet.parent() {
-        xlap_analyze::confine(&conn, &[dir])?;
-    }
-    let file = xlap_analyze::sql::path(parquet);
-    let mut stmt = conn.prepare(&format!(
-        "SELECT point, count(*) FROM read_parquet({file}) GROUP BY point ORDER BY point"
-    ))?;
-    let per_point = stmt
-        .query_map([], |r| {
-            Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)? as u64))
-        })?
-        .collect::<duckdb::Result<Vec<_>>>()?;
-    let (packets, last_ts_ns): (i64, Option<i64>) = conn.query_row(
-        &format!(
-            "SELECT (SELECT count(*) FROM (SELECT DISTINCT flow, coalesce(kind, 0), seq FROM read_parquet({file}) WHERE seq IS NOT NULL AND flow <> 0)), (SELECT max(ts_ns) FROM read_parquet({file}))"
-        ),
-        [],
-        |r| Ok((r.get(0)?, r.get(1)?)),
-    )?;
-    Ok(Counts {
-        per_point,
-        packets: packets as u64,
-        last_ts_ns,
-    })
+fn count(parquet: &Path) -> Result<xlap_records::stamp_counts::StampCounts> {
+    xlap_records::stamp_counts::stamp_counts(parquet)
+        .map_err(|e| anyhow::anyhow!("{}: {e}", parquet.display()))
 }
 
 /// Says what a recovery found, on standard error.

@@ -3,6 +3,7 @@
 //! read through one declaration). Pure Rust: testable without root.
 
 pub mod escape;
+pub mod kinds;
 pub mod points;
 pub mod run_dir;
 pub mod run_file;
@@ -11,6 +12,7 @@ pub mod sample;
 pub mod schema;
 pub mod stages;
 pub mod stamp;
+pub mod stamp_counts;
 pub mod strict_json;
 pub mod tracer_cost;
 pub mod writer;

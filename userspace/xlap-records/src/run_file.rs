@@ -121,6 +121,39 @@ pub fn create(path: &Path) -> Result<File, RunFileError> {
     Ok(file)
 }
 
+/// Writes `bytes` to `path` whole or not at all: a temporary file beside
+/// it (`path` + `.tmp`), made anew and never through a link (a link left
+/// there by a run directory from elsewhere is removed, not followed),
+/// then renamed over `path` (which replaces a link there, never writes
+/// through it).
+pub fn write_whole(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let tmp = engine_target(path)?;
+    let write = || -> std::io::Result<()> {
+        let mut file = create(&tmp).map_err(std::io::Error::from)?;
+        std::io::Write::write_all(&mut file, bytes)?;
+        std::fs::rename(&tmp, path)
+    };
+    write()
+        .map_err(|e| std::io::Error::new(e.kind(), format!("cannot write {}: {e}", path.display())))
+}
+
+/// The temporary file beside `path` (`path` + `.tmp`) cleared of whatever a
+/// run directory from elsewhere left there (a link to another file among
+/// them: removed, not followed), for a writer that opens it by name (the
+/// SQL engine's COPY) and renames it over `path` when complete.
+pub fn engine_target(path: &Path) -> std::io::Result<std::path::PathBuf> {
+    let mut name = path.as_os_str().to_owned();
+    name.push(".tmp");
+    let tmp = std::path::PathBuf::from(name);
+    match std::fs::remove_file(&tmp) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(std::io::Error::new(
+            e.kind(),
+            format!("cannot remove {}: {e}", tmp.display()),
+        )),
+        _ => Ok(tmp),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -696,12 +696,7 @@ impl RunMeta {
     /// torn file.
     pub fn write(&self, path: &Path) -> std::io::Result<()> {
         let json = serde_json::to_string_pretty(self).map_err(std::io::Error::other)? + "\n";
-        let tmp = path.with_extension("json.tmp");
-        std::fs::write(&tmp, json)
-            .and_then(|()| std::fs::rename(&tmp, path))
-            .map_err(|e| {
-                std::io::Error::new(e.kind(), format!("cannot write {}: {e}", path.display()))
-            })
+        crate::run_file::write_whole(path, json.as_bytes())
     }
 
     /// The run's last clock pair (the start's where none was written).

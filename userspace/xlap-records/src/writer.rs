@@ -486,13 +486,15 @@ pub fn stream_to_parquet_with(
         path: stream.to_path_buf(),
         source,
     })?;
-    let tmp = parquet.with_extension("parquet.tmp");
+    let tmp = crate::run_file::engine_target(parquet).map_err(io(parquet))?;
     let props = WriterProperties::builder()
         .set_compression(Compression::ZSTD(
             ZstdLevel::try_new(3).expect("valid level"),
         ))
         .build();
-    let file = File::create(&tmp).map_err(io(&tmp))?;
+    let file = crate::run_file::create(&tmp)
+        .map_err(std::io::Error::from)
+        .map_err(io(&tmp))?;
     let pq = |source| WriteError::Parquet {
         path: tmp.clone(),
         source,

@@ -104,6 +104,12 @@ pub struct FinishArgs {
     pub run: PathBuf,
     #[arg(long)]
     pub deadline_ms: Option<f64>,
+    /// Print the correlation and the latency summary (the end of a run).
+    #[arg(long)]
+    pub print: bool,
+    /// With --print: the latency summary only.
+    #[arg(long)]
+    pub quiet: bool,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]

@@ -5,6 +5,7 @@
 
 mod cli;
 mod commands;
+mod confine;
 
 use anyhow::Result;
 use clap::Parser;

@@ -321,7 +321,7 @@ impl LiveView {
             return;
         };
         // A layout without a kind field: one kind, `all`, as in the analyses.
-        let kind = stamp.kind.map_or(xlap_analyze::KIND_ALL, u64::from);
+        let kind = stamp.kind.map_or(xlap_records::kinds::KIND_ALL, u64::from);
         self.newest_ns = self.newest_ns.max(stamp.ts_ns);
         let p = self.pending.entry((kind, seq)).or_insert(Pending {
             newest_ns: 0,
@@ -672,7 +672,7 @@ impl LiveView {
             let _ = writeln!(
                 s,
                 "{}: {} packets (last 10-20 s), {whole} p50 {} µs  p99 {} µs  outliers {}{}",
-                xlap_analyze::kind_label(*kind, None),
+                xlap_records::kinds::kind_label(*kind, None),
                 e2e.n,
                 us(e2e, 0.5),
                 us(e2e, 0.99),
@@ -816,8 +816,8 @@ fn spawn_server(listener: TcpListener, shared: Arc<Mutex<String>>) -> std::io::R
 /// A kind as an OpenMetrics label value: its number, or `all` for the
 /// packets of a layout without a kind field (as the analyses name them).
 fn kind_value(kind: u64) -> String {
-    if kind == xlap_analyze::KIND_ALL {
-        xlap_analyze::KIND_ALL_NAME.to_string()
+    if kind == xlap_records::kinds::KIND_ALL {
+        xlap_records::kinds::KIND_ALL_NAME.to_string()
     } else {
         kind.to_string()
     }

@@ -27,7 +27,6 @@ pub use options::RecordOptions;
 use session::{Plan, Session};
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
-use xlap_analyze::finish::{finish_run, print_finished, FinishOptions};
 
 pub use follow::Child;
 
@@ -41,32 +40,6 @@ pub fn run(args: &RecordOptions) -> Result<RunMeta> {
     let mut live = Session::load(&plan)?.attach(&plan)?;
     let stop_reason = live.follow(&plan, &stop)?;
     live.detach()?.finish(&plan, stop_reason)
-}
-
-/// The run finished where its ends were both traced here: the packets
-/// table next to the stamps, summary.json, the latency summary printed. A
-/// failure is reported, never fatal: the stamps are already safe on disk.
-pub fn finish(opts: &RecordOptions) {
-    // A rotated recording's earlier segments got theirs from the finisher
-    // (or left it out, said in segments.json); the last one is finished
-    // here, by the same function.
-    let dir = segments::final_dir(&opts.output);
-    let finish = FinishOptions {
-        deadline_ms: opts.deadline_ms,
-        analysis: true,
-    };
-    match finish_run(&dir, &finish) {
-        Ok(f) => print_finished(&f, &dir, opts.quiet),
-        Err(e) => eprintln!(
-            "xlap-trace: warning: no packets table ({e}); run `xlap-trace correlate {}` to retry",
-            dir.display()
-        ),
-    }
-    if opts.rotate.is_some() {
-        if let Err(e) = segments::refresh(&opts.output) {
-            eprintln!("xlap-trace: warning: {e:#}");
-        }
-    }
 }
 
 /// The end-of-run summary: stamps and losses per point.

@@ -189,10 +189,8 @@ impl SegmentIndex {
 
     fn write(&self, dir: &Path) -> Result<()> {
         let path = dir.join(INDEX_FILE);
-        let tmp = path.with_extension("json.tmp");
-        std::fs::write(&tmp, serde_json::to_string_pretty(self)? + "\n")
-            .with_context(|| format!("cannot write {}", tmp.display()))?;
-        std::fs::rename(&tmp, &path).with_context(|| format!("cannot write {}", path.display()))
+        let json = serde_json::to_string_pretty(self)? + "\n";
+        Ok(xlap_records::run_file::write_whole(&path, json.as_bytes())?)
     }
 
     /// Deletes the oldest complete segments (never the newest one) while

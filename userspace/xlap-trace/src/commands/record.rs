@@ -4,7 +4,7 @@
 use crate::cli::{BpfStats, Endian, FinishArgs, RecordArgs, RunArgs};
 use anyhow::Result;
 use std::process::ExitCode;
-use xlap_analyze::finish::{finish_run, FinishOptions};
+use xlap_analyze::finish::{finish_run, print_finished, FinishOptions};
 use xlap_capture::capture::BoundaryRequest;
 use xlap_capture::proto::{self, Layout, Layouts};
 use xlap_capture::record::{self, RecordOptions, StatsMode};
@@ -140,7 +140,7 @@ pub fn record(args: &RecordArgs) -> Result<()> {
     let meta = record::run(&opts)?;
     record::print_summary(&meta, &record::segments::final_dir(&opts.output));
     if !opts.no_correlate {
-        record::finish(&opts);
+        finish_confined(&opts);
     }
     Ok(())
 }
@@ -156,19 +156,69 @@ pub fn run(a: &RunArgs) -> Result<ExitCode> {
             a.command[0]
         );
     } else if !opts.no_correlate {
-        record::finish(&opts);
+        finish_confined(&opts);
     }
     Ok(ExitCode::from(record::command::exit_code(status)))
 }
 
-/// `finish RUN`: a segment's packets table and summary.json, in the
-/// child process the recorder's finisher starts.
+/// The end of a run where its ends were both traced here: the packets
+/// table, summary.json and the latency summary printed, made by `finish`
+/// in a child confined to the run directory (it parses what the traced
+/// programs sent; the recorder is root). A failure is reported, never
+/// fatal: the stamps are already safe on disk.
+fn finish_confined(opts: &RecordOptions) {
+    let dir = record::segments::final_dir(&opts.output);
+    // What this process printed comes first.
+    let _ = std::io::Write::flush(&mut std::io::stdout());
+    // This very binary, even if a rebuild replaced the file since.
+    let mut cmd = std::process::Command::new("/proc/self/exe");
+    cmd.arg(record::segments::FINISH_COMMAND)
+        .arg(&dir)
+        .arg("--print");
+    if let Some(d) = opts.deadline_ms {
+        cmd.args(["--deadline-ms", &d.to_string()]);
+    }
+    if opts.quiet {
+        cmd.arg("--quiet");
+    }
+    match cmd.stdin(std::process::Stdio::null()).status() {
+        Ok(s) if s.success() => {}
+        Ok(s) => eprintln!(
+            "xlap-trace: warning: finishing the run failed ({s}); `xlap-trace correlate {}` retries",
+            dir.display()
+        ),
+        Err(e) => eprintln!(
+            "xlap-trace: warning: cannot start xlap-trace (/proc/self/exe) to finish the run ({e}); `xlap-trace correlate {}` does it",
+            dir.display()
+        ),
+    }
+    if opts.rotate.is_some() {
+        if let Err(e) = record::segments::refresh(&opts.output) {
+            eprintln!("xlap-trace: warning: {e:#}");
+        }
+    }
+}
+
+/// `finish RUN`: a run's packets table and summary.json, in a child of the
+/// recorder (at the end of the run, `--print`, and for each segment of a
+/// rotated one), confined to the run directory before it reads anything.
 pub fn finish(a: &FinishArgs) -> Result<()> {
+    crate::confine::to_run(&a.run, a.quiet)?;
     let opts = FinishOptions {
         deadline_ms: a.deadline_ms,
-        analysis: false,
+        analysis: a.print,
     };
-    finish_run(&a.run, &opts)?.summary?;
+    if !a.print {
+        finish_run(&a.run, &opts)?.summary?;
+        return Ok(());
+    }
+    match finish_run(&a.run, &opts) {
+        Ok(f) => print_finished(&f, &a.run, a.quiet),
+        Err(e) => eprintln!(
+            "xlap-trace: warning: no packets table ({e:#}); run `xlap-trace correlate {}` to retry",
+            a.run.display()
+        ),
+    }
     Ok(())
 }
 
