@@ -16,6 +16,9 @@ use xlap_tests::trace::{analyze_rows, trace_example};
 
 const PERIOD_US: u64 = 2_000;
 const DEADLINE_US: u64 = 4_000;
+/// How near the deadline a packet may be missed by one account and not
+/// the other (their clock reads lie a marker apart at each end).
+const BORDERLINE_NS: i64 = 100_000;
 const DELIVER_SLOW: [u32; 5] = [300, 600, 900, 1_200, 1_350];
 const LATE_START: std::ops::RangeInclusive<u32> = 500..=504;
 const LATE_START_US: u64 = 1_500;
@@ -89,7 +92,23 @@ fn deadline_misses_and_late_activations_are_found_with_their_cause() {
 
     let rows = query(&dir, "deadline", &[&format!("deadline={DEADLINE_US}")]);
     let first = &rows[0];
-    assert_eq!(first["misses"], own_misses.len() as u64, "{rows:#?}");
+    // The program times a packet from just after its send_start marker to
+    // just after its deliver marker, the tool from marker to marker: a
+    // packet within a few microseconds of the deadline may fall on either
+    // side (CI once: 6 misses against the program's 5). Those may differ,
+    // no other.
+    let borderline = events(&t.received, "delivered")
+        .filter(|e| {
+            let latency = e["latency_ns"].as_i64().unwrap();
+            (latency - DEADLINE_US as i64 * 1000).abs() < BORDERLINE_NS
+        })
+        .count() as i64;
+    let tool_misses = first["misses"].as_i64().unwrap();
+    assert!(
+        (tool_misses - own_misses.len() as i64).abs() <= borderline,
+        "{tool_misses} misses, the program's {}, {borderline} within {BORDERLINE_NS} ns of the deadline: {rows:#?}",
+        own_misses.len()
+    );
     assert!(
         first["cause"].as_str().unwrap().ends_with("__app_deliver"),
         "the stage that ends at delivery first: {rows:#?}"

@@ -44,6 +44,8 @@ const WARMUP: u64 = 10;
 /// moved by less than 6 us.
 const DELAYED_SLACK_US: f64 = 15.0;
 const OTHERS_SLACK_US: f64 = 5.0;
+/// The 95 % intervals widened for three hosts checked at once.
+const FAMILY: f64 = 1.5;
 /// Between the estimate and the stamps of one traced round, besides the
 /// error and the channel time (half of which the estimate holds per host):
 /// the same effect of the peers (seen: up to 7 us on an idle machine). On a
@@ -284,9 +286,14 @@ fn a_delay_on_one_host_shows_in_its_estimate_alone_and_agrees_with_its_stamps() 
             "{}: mean {m0:.1} ± {err0:.1} -> {m1:.1} ± {err1:.1} us: rise {rise:.1} ± {err:.1} (expected {want:.1})",
             name
         );
+        // `err` is each side's 95 % interval; three hosts are checked, so
+        // at 95 % each one in seven runs of an unchanged system would fail
+        // one (CI once: c rose 46.5 us against 31.7 + 5). 1.5 times it is
+        // about 99.7 % each, 99 % for the three; the delay (200 us) stays
+        // far outside.
         assert!(
-            (rise - want).abs() <= err + slack,
-            "{}: the mean rose by {rise:.1} us, expected {want:.1} ± {err:.1} (+ {slack} slack)",
+            (rise - want).abs() <= FAMILY * err + slack,
+            "{}: the mean rose by {rise:.1} us, expected {want:.1} ± {FAMILY} × {err:.1} (+ {slack} slack)",
             name
         );
     }

@@ -43,6 +43,8 @@ fn moved_sends_keep_their_start(boundary: &str, points: &str) {
         .arg(&receiver)
         .arg(PORT.to_string())
         .arg(COUNT.to_string())
+        // The recorder's start (XLAP_TEST_START_SECS), and then some.
+        .arg((xlap_tests::start_secs() + 30).to_string())
         .stdin(Stdio::null())
         .spawn()
         .expect("python3");

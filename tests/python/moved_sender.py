@@ -1,6 +1,6 @@
 """A sender whose sends move from CPU to CPU inside the call.
 
-Usage: moved_sender.py DIR HOST PORT COUNT
+Usage: moved_sender.py DIR HOST PORT COUNT WAIT_S
 
 Sends COUNT datagrams (a u64 little-endian seq, then 1000 bytes) to
 HOST:PORT, each naming its destination (sendto), through a socket whose
@@ -10,7 +10,8 @@ moves the sending thread from CPU to CPU every half millisecond, so a send
 that sleeps goes on on another CPU. Each send is logged in DIR/log as
 `sent SEQ CPU_BEFORE CPU_AFTER` (the CPU the thread ran on just before and
 just after the call: the program's own account of the moves). Starts once
-DIR/start exists (waits up to a minute).
+DIR/start exists (waits up to WAIT_S seconds: a recorder in an emulated
+guest takes more than a minute to attach).
 """
 
 import ctypes
@@ -22,6 +23,7 @@ import threading
 import time
 
 out, host, port, count = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+wait_s = float(sys.argv[5])
 libc = ctypes.CDLL(None, use_errno=True)
 cpus = sorted(os.sched_getaffinity(0))
 if len(cpus) < 2:
@@ -29,10 +31,10 @@ if len(cpus) < 2:
 
 tx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
 tx.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 2048)  # the kernel's least
-deadline = time.monotonic() + 60
+deadline = time.monotonic() + wait_s
 while not os.path.exists(os.path.join(out, "start")):
     if time.monotonic() > deadline:
-        sys.exit("moved_sender.py: no start file in 60 s")
+        sys.exit(f"moved_sender.py: no start file in {wait_s} s")
     time.sleep(0.01)
 
 sender = threading.get_native_id()

@@ -188,17 +188,53 @@ mod caps {
         Ok(data)
     }
 
+    const CAP_SETPCAP: u32 = 8;
+
+    fn any(data: &[Data; 2]) -> bool {
+        data.iter()
+            .any(|d| d.effective | d.permitted | d.inheritable != 0)
+    }
+
     /// Drops every capability for good; true when there were any.
     pub fn drop_all() -> Result<bool, String> {
-        let had = get()?
-            .iter()
-            .any(|d| d.effective | d.permitted | d.inheritable != 0);
-        if !had {
+        let now = get()?;
+        if !any(&now) {
             return Ok(false);
         }
         let fail = |what: &str| format!("cannot {what}: {}", std::io::Error::last_os_error());
-        // Needs CAP_SETPCAP, so before the capabilities go: an exec as uid
-        // 0 grants none, and nothing can change that any more.
+        // Without CAP_SETPCAP (a recorder given only the capabilities it
+        // needs) the bounding set and securebits stay as they are;
+        // no_new_privs, set next, still keeps an exec from granting any
+        // capability back (the kernel caps a new program's at the old,
+        // now empty, set).
+        if now[0].effective & (1 << CAP_SETPCAP) != 0 {
+            lock_out()?;
+        }
+        let clear = libc::PR_CAP_AMBIENT_CLEAR_ALL as libc::c_ulong;
+        // SAFETY: prctl with integer arguments only.
+        if unsafe { libc::prctl(libc::PR_CAP_AMBIENT, clear, 0, 0, 0) } != 0 {
+            return Err(fail("clear the ambient capabilities"));
+        }
+        let mut header = Header {
+            version: VERSION_3,
+            pid: 0,
+        };
+        let none = [Data::default(); 2];
+        // SAFETY: capset reads two Data (version 3) from `none`.
+        if unsafe { libc::syscall(libc::SYS_capset, &mut header, none.as_ptr()) } != 0 {
+            return Err(fail("drop the capabilities"));
+        }
+        if any(&get()?) {
+            return Err("capabilities remain after capset".into());
+        }
+        Ok(true)
+    }
+
+    /// With CAP_SETPCAP, before the capabilities go: an exec as uid 0
+    /// grants none and nothing can change that any more (securebits), and
+    /// the bounding set is empty.
+    fn lock_out() -> Result<(), String> {
+        let fail = |what: &str| format!("cannot {what}: {}", std::io::Error::last_os_error());
         let bits = SECBIT_NOROOT
             | SECBIT_NOROOT_LOCKED
             | SECBIT_NO_SETUID_FIXUP
@@ -219,26 +255,7 @@ mod caps {
                 return Err(fail("empty the capability bounding set"));
             }
         }
-        let clear = libc::PR_CAP_AMBIENT_CLEAR_ALL as libc::c_ulong;
-        if unsafe { libc::prctl(libc::PR_CAP_AMBIENT, clear, 0, 0, 0) } != 0 {
-            return Err(fail("clear the ambient capabilities"));
-        }
-        let mut header = Header {
-            version: VERSION_3,
-            pid: 0,
-        };
-        let none = [Data::default(); 2];
-        // SAFETY: capset reads two Data (version 3) from `none`.
-        if unsafe { libc::syscall(libc::SYS_capset, &mut header, none.as_ptr()) } != 0 {
-            return Err(fail("drop the capabilities"));
-        }
-        if get()?
-            .iter()
-            .any(|d| d.effective | d.permitted | d.inheritable != 0)
-        {
-            return Err("capabilities remain after capset".into());
-        }
-        Ok(true)
+        Ok(())
     }
 }
 
