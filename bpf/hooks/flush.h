@@ -11,6 +11,8 @@
 #ifndef XLAP_CAPTURE_FLUSH_H
 #define XLAP_CAPTURE_FLUSH_H
 
+#include "lib/common.h"
+
 SEC("raw_tp")
 int on_flush_timer(void *ctx) {
   __u32 zero = 0;

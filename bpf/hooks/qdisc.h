@@ -3,7 +3,8 @@
 #ifndef XLAP_CAPTURE_QDISC_H
 #define XLAP_CAPTURE_QDISC_H
 
-#include "dev_tx.h"
+#include "lib/common.h"
+#include "lib/tx.h"
 
 static __always_inline void stamp_qdisc(__u16 point, struct sk_buff *skb) {
   if (!skb)

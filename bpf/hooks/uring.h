@@ -21,7 +21,7 @@
 #include "lib/common.h"
 #include "lib/packet.h"
 #include "lib/task.h"
-#include "syscall.h"
+#include "lib/user_view.h"
 
 /* A send request between submission and completion. Its file is only
  * assigned when it is issued, so whether it is a UDP socket (and its

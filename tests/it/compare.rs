@@ -184,10 +184,24 @@ fn unchanged_runs_pass_and_an_injected_stage_delay_is_a_regression_named_first()
             first["stage"], "app_decode_start__app_decode_end",
             "the injected stage first: {json:#}"
         );
-        // Its change is the injected 50 µs (busy-wait: at least that).
+        // Its median grew by the injected 50 µs (a busy-wait: at least
+        // that). Its p99 is not the size: a busy-wait preempted by the
+        // other tests of a loaded CI machine lasts longer.
+        let median = json["rows"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| {
+                r["stage"] == first["stage"] && r["kind"] == first["kind"] && r["quantile"] == 0.5
+            })
+            .unwrap_or_else(|| panic!("no p50 row of the injected stage: {json:#}"));
+        assert_eq!(median["verdict"], "regression", "{median:#}");
         let added =
-            first["candidate_us"].as_f64().unwrap() - first["baseline_us"].as_f64().unwrap();
-        assert!((45.0..80.0).contains(&added), "{added} µs added: {first:#}");
+            median["candidate_us"].as_f64().unwrap() - median["baseline_us"].as_f64().unwrap();
+        assert!(
+            (45.0..80.0).contains(&added),
+            "{added} µs added: {median:#}"
+        );
     }
     // Markdown for the CI step summary, and JUnit.
     let junit = keep.path("junit.xml");

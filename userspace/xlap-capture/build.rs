@@ -94,6 +94,61 @@ fn main() {
         }
         check_stack(name, &obj, &out);
     }
+    check_hooks_stand_alone(&bpf_dir, &out, &multiarch);
+}
+
+/// Each `bpf/hooks/*.h` includes only `bpf/lib/*` and compiles on its own
+/// (nothing it uses comes from another hook, or from the order in which
+/// `capture.bpf.c` includes them): a hook is its C file and its entry of
+/// the hook table, and nothing else.
+fn check_hooks_stand_alone(bpf_dir: &Path, out: &Path, multiarch: &str) {
+    let hooks = bpf_dir.join("hooks");
+    let mut names: Vec<String> = std::fs::read_dir(&hooks)
+        .expect("read bpf/hooks")
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|n| n.ends_with(".h"))
+        .collect();
+    names.sort();
+    for name in names {
+        let text = std::fs::read_to_string(hooks.join(&name)).expect("read a hook");
+        let foreign: Vec<&str> = text
+            .lines()
+            .filter(|l| l.starts_with("#include \"") && !l.starts_with("#include \"lib/"))
+            .collect();
+        if !foreign.is_empty() {
+            fail(&format!(
+                "bpf/hooks/{name} includes {}: a hook includes only bpf/lib/*.h (move what hooks share into bpf/lib)",
+                foreign.join(", ")
+            ));
+        }
+        let unit = out.join(format!("alone-{name}.c"));
+        std::fs::write(
+            &unit,
+            format!("#include \"hooks/{name}\"\nchar LICENSE[] SEC(\"license\") = \"GPL\";\n"),
+        )
+        .expect("write a hook's test unit");
+        let result = Command::new("clang")
+            .args([
+                "-fsyntax-only",
+                "-O2",
+                "-target",
+                "bpf",
+                "-D__TARGET_ARCH_x86",
+            ])
+            .args(["-Wall", "-Werror", "-Wno-unused-function"])
+            .arg(format!("-I{}", out.display()))
+            .arg(format!("-I{}", bpf_dir.display()))
+            .arg(format!("-I/usr/include/{multiarch}"))
+            .arg(&unit)
+            .output()
+            .unwrap_or_else(|e| fail(&format!("cannot run clang ({e})")));
+        if !result.status.success() {
+            fail(&format!(
+                "bpf/hooks/{name} does not compile on its own (it uses what another hook defines; move that into bpf/lib):\n{}",
+                String::from_utf8_lossy(&result.stderr)
+            ));
+        }
+    }
 }
 
 /// Every program's worst BPF-to-BPF call chain must fit the verifier's

@@ -768,6 +768,38 @@ fn mark_partial(
         return Ok(BTreeMap::new());
     }
     load_cuts(conn, runs)?;
+    let expected = expected_kinds(conn, cols)?;
+    let finals = final_kinds(cols, &expected);
+    let lacks = lack_terms(cols, &expected, &finals);
+    if lacks.is_empty() {
+        return Ok(BTreeMap::new());
+    }
+    mark_cut_packets(conn, cols, &lacks)?;
+    let counts: Vec<String> = lacks
+        .iter()
+        .map(|(i, _)| format!("count(*) FILTER (WHERE lacks_{i})"))
+        .collect();
+    let lacking = conn.query_row(
+        &format!("SELECT {} FROM cut_packets", counts.join(", ")),
+        [],
+        |r| {
+            let mut by_point = BTreeMap::new();
+            for (j, (i, _)) in lacks.iter().enumerate() {
+                let n: i64 = r.get(j)?;
+                if n > 0 {
+                    by_point.insert(cols[*i].0.clone(), n as u64);
+                }
+            }
+            Ok(by_point)
+        },
+    )?;
+    conn.execute_batch("DROP TABLE cut_packets;")?;
+    Ok(lacking)
+}
+
+/// Per point column: the kinds whose packets pass it (nine in ten of the
+/// packets of the kind stamped on the point's side have it).
+fn expected_kinds(conn: &Connection, cols: &[(String, String)]) -> Result<Vec<Vec<i64>>> {
     // Per kind and side: the packets stamped on that side, and how many
     // of them each point of the side has.
     let side_any = |side: &str| {
@@ -788,7 +820,6 @@ fn mark_partial(
         side_any("rx"),
         reach.join(", ")
     ))?;
-    // Per point column: the kinds whose packets pass it.
     let mut expected: Vec<Vec<i64>> = vec![Vec::new(); cols.len()];
     let mut rows = stmt.query([])?;
     while let Some(r) = rows.next()? {
@@ -802,18 +833,12 @@ fn mark_partial(
             }
         }
     }
-    // Under way on a side: stamped there by some point. Under way at a
-    // cut: a cut lies within the kind's longest whole packet of its
-    // stamps.
-    let on_side = |side: &str| {
-        any_of(
-            cols.iter()
-                .filter(|(_, s)| s == side)
-                .map(|(c, _)| format!("p.{} IS NOT NULL", sql::ident(c))),
-        )
-    };
-    // Per point column: the kinds for which it is the last point of its
-    // side that their packets pass (the columns are in path order).
+    Ok(expected)
+}
+
+/// Per point column: the kinds for which it is the last point of its side
+/// that their packets pass (the columns are in path order).
+fn final_kinds(cols: &[(String, String)], expected: &[Vec<i64>]) -> Vec<Vec<i64>> {
     let mut finals: Vec<Vec<i64>> = vec![Vec::new(); cols.len()];
     let kinds: BTreeSet<i64> = expected.iter().flatten().copied().collect();
     for kind in kinds {
@@ -826,6 +851,29 @@ fn mark_partial(
             }
         }
     }
+    finals
+}
+
+/// Per point column its packets pass: the SQL term `lacks_I`, true for a
+/// packet whose lack of the point a cut explains. The end of a point's
+/// recording cut a packet that lacks it when the packet was under way at a
+/// run's or segment's end, or when it is its side's last point and the
+/// packet was under way on that side (the receiver stopped reading); its
+/// start, when the packet was under way at a run's start (a flow's first
+/// packets lacking a point, long after the start, lost it).
+fn lack_terms(
+    cols: &[(String, String)],
+    expected: &[Vec<i64>],
+    finals: &[Vec<i64>],
+) -> Vec<(usize, String)> {
+    // Under way on a side: stamped there by some point.
+    let on_side = |side: &str| {
+        any_of(
+            cols.iter()
+                .filter(|(_, s)| s == side)
+                .map(|(c, _)| format!("p.{} IS NOT NULL", sql::ident(c))),
+        )
+    };
     let list = |kinds: &[i64]| {
         if kinds.is_empty() {
             "NULL".to_string()
@@ -837,13 +885,7 @@ fn mark_partial(
                 .join(", ")
         }
     };
-    // The end of a point's recording cut a packet that lacks it when the
-    // packet was under way at a run's or segment's end, or when it is its
-    // side's last point and the packet was under way on that side (the
-    // receiver stopped reading); its start, when the packet was under way
-    // at a run's start (a flow's first packets lacking a point, long after
-    // the start, lost it).
-    let lacks: Vec<(usize, String)> = expected
+    expected
         .iter()
         .enumerate()
         .filter(|(_, kinds)| !kinds.is_empty())
@@ -862,10 +904,17 @@ fn mark_partial(
                 ),
             )
         })
-        .collect();
-    if lacks.is_empty() {
-        return Ok(BTreeMap::new());
-    }
+        .collect()
+}
+
+/// `cut_packets`: the packets a cut explains (terms `lacks`), marked
+/// partial in `packets`. Under way at a cut: a cut lies within the kind's
+/// longest whole packet of its stamps.
+fn mark_cut_packets(
+    conn: &Connection,
+    cols: &[(String, String)],
+    lacks: &[(usize, String)],
+) -> Result<()> {
     let spans: Vec<String> = lacks
         .iter()
         .map(|(i, _)| {
@@ -919,26 +968,7 @@ fn mark_partial(
         tx = lack_of("tx"),
         rx = lack_of("rx"),
     ))?;
-    let counts: Vec<String> = lacks
-        .iter()
-        .map(|(i, _)| format!("count(*) FILTER (WHERE lacks_{i})"))
-        .collect();
-    let lacking = conn.query_row(
-        &format!("SELECT {} FROM cut_packets", counts.join(", ")),
-        [],
-        |r| {
-            let mut by_point = BTreeMap::new();
-            for (j, (i, _)) in lacks.iter().enumerate() {
-                let n: i64 = r.get(j)?;
-                if n > 0 {
-                    by_point.insert(cols[*i].0.clone(), n as u64);
-                }
-            }
-            Ok(by_point)
-        },
-    )?;
-    conn.execute_batch("DROP TABLE cut_packets;")?;
-    Ok(lacking)
+    Ok(())
 }
 
 /// `cuts`: the instants the runs' recordings began and ended (run.json
@@ -974,70 +1004,32 @@ struct Paths {
     conflicts: Vec<String>,
 }
 
+/// Per kind: (kind, precedence counts over both sides, the point sets its
+/// packets present).
+type KindCounts = (
+    Option<i64>,
+    xlap_records::stages::Precedence<String>,
+    Vec<Vec<bool>>,
+);
+
+/// Positions by name: looked up per pair and per packet's stage, where a
+/// scan of the list grew with a power of the points.
+fn index_of(names: impl Iterator<Item = impl AsRef<str>>) -> HashMap<String, usize> {
+    names
+        .enumerate()
+        .map(|(i, c)| (c.as_ref().to_string(), i))
+        .collect()
+}
+
 /// Path orders from pairwise precedence counts over the packets having
 /// both points (`pk`, one row per packet), and the stages the packets'
 /// sets of points present make along them. `hint` (the point columns with
 /// their sides, by median offset) orders only points that never met.
 fn path_orders(conn: &Connection, hint: &[(String, String)]) -> Result<Paths> {
-    use xlap_records::stages::{self, Precedence};
-    let n = hint.len();
-    let col = |i: usize| format!("p.{}", sql::ident(&hint[i].0));
-    let mask = (0..n)
-        .map(|i| format!("CASE WHEN {} IS NULL THEN '0' ELSE '1' END", col(i)))
-        .collect::<Vec<_>>()
-        .join(" || ");
-    // Positions and sides by name: looked up per pair and per packet's
-    // stage, where a scan of the list grew with a power of the points.
-    let hint_index: HashMap<&str, usize> = hint
-        .iter()
-        .enumerate()
-        .map(|(i, (c, _))| (c.as_str(), i))
-        .collect();
+    use xlap_records::stages::Precedence;
+    let kinds = kind_counts(conn, hint)?;
+    let hint_index = index_of(hint.iter().map(|(c, _)| c));
     let hint_pos = |c: &String| hint_index.get(c.as_str()).copied();
-    let by_hint = |a: &String, b: &String| hint_pos(a).cmp(&hint_pos(b));
-    // Per kind: (kind, counts over both sides, point sets present).
-    type KindCounts = (Option<i64>, Precedence<String>, Vec<Vec<bool>>);
-    let mut kinds: Vec<KindCounts> = Vec::new();
-    {
-        let mut stmt = conn.prepare(&format!(
-            "SELECT p.kind::BIGINT, {mask} FROM pk p GROUP BY ALL ORDER BY 1, 2"
-        ))?;
-        let mut rows = stmt.query([])?;
-        while let Some(r) = rows.next()? {
-            let kind: Option<i64> = r.get(0)?;
-            let m: String = r.get(1)?;
-            if kinds.last().is_none_or(|k| k.0 != kind) {
-                let mut prec = Precedence::default();
-                for (c, _) in hint {
-                    prec.point(c);
-                }
-                kinds.push((kind, prec, Vec::new()));
-            }
-            let k = kinds.last_mut().expect("pushed");
-            k.2.push(m.bytes().map(|b| b == b'1').collect());
-        }
-    }
-    {
-        // Pairs within each packet, from its first stamp at each column:
-        // rows as many as the packets' pairs of points, where a column per
-        // pair (count FILTER) made the engine's plan grow with the fourth
-        // power of the points (40 points: out of memory).
-        let mut stmt = conn.prepare(
-            "WITH l AS (SELECT flow, kind, useq, col, min(t) AS t FROM s5 GROUP BY ALL)
-             SELECT a.kind::BIGINT, a.col, b.col, count(*)
-             FROM l a JOIN l b ON a.flow = b.flow AND a.kind IS NOT DISTINCT FROM b.kind AND a.useq = b.useq AND a.t < b.t
-             GROUP BY ALL",
-        )?;
-        let mut rows = stmt.query([])?;
-        while let Some(r) = rows.next()? {
-            let kind: Option<i64> = r.get(0)?;
-            let (a, b): (String, String) = (r.get(1)?, r.get(2)?);
-            let n: i64 = r.get(3)?;
-            if let Some(k) = kinds.iter_mut().find(|k| k.0 == kind) {
-                k.1.count(&a, &b, n as u64);
-            }
-        }
-    }
     // The table's layout: one order over every kind and both sides.
     let mut all = Precedence::default();
     for (c, _) in hint {
@@ -1050,22 +1042,95 @@ fn path_orders(conn: &Connection, hint: &[(String, String)]) -> Result<Paths> {
             }
         }
     }
-    let layout_order = all.order(by_hint).order;
+    let layout_order = all.order(|a, b| hint_pos(a).cmp(&hint_pos(b))).order;
     let side_of = |c: &String| hint_pos(c).map(|i| hint[i].1.clone());
     let layout: Vec<(String, String)> = layout_order
         .iter()
         .map(|c| (c.clone(), side_of(c).unwrap_or_default()))
         .collect();
-    let layout_index: HashMap<&str, usize> = layout_order
-        .iter()
-        .enumerate()
-        .map(|(i, c)| (c.as_str(), i))
-        .collect();
+    let layout_index = index_of(layout_order.iter());
+    let layout_pos = |c: &String| layout_index.get(c.as_str()).copied();
+    let (mut stages, conflicts) = stage_columns(hint, &kinds, &layout_index);
+    // Sender stages first, then the receiver's, each along the layout.
+    stages.sort_by_key(|s| {
+        (
+            side_of(&s.a).as_deref() != Some("tx"),
+            layout_pos(&s.a),
+            layout_pos(&s.b),
+        )
+    });
+    Ok(Paths {
+        layout,
+        stages,
+        conflicts,
+    })
+}
+
+/// Per kind, the pairwise precedence of its points (from each packet's
+/// first stamp at each column, `s5`) and the point sets of its packets
+/// (`pk`).
+fn kind_counts(conn: &Connection, hint: &[(String, String)]) -> Result<Vec<KindCounts>> {
+    use xlap_records::stages::Precedence;
+    let col = |i: usize| format!("p.{}", sql::ident(&hint[i].0));
+    let mask = (0..hint.len())
+        .map(|i| format!("CASE WHEN {} IS NULL THEN '0' ELSE '1' END", col(i)))
+        .collect::<Vec<_>>()
+        .join(" || ");
+    let mut kinds: Vec<KindCounts> = Vec::new();
+    let mut stmt = conn.prepare(&format!(
+        "SELECT p.kind::BIGINT, {mask} FROM pk p GROUP BY ALL ORDER BY 1, 2"
+    ))?;
+    let mut rows = stmt.query([])?;
+    while let Some(r) = rows.next()? {
+        let kind: Option<i64> = r.get(0)?;
+        let m: String = r.get(1)?;
+        if kinds.last().is_none_or(|k| k.0 != kind) {
+            let mut prec = Precedence::default();
+            for (c, _) in hint {
+                prec.point(c);
+            }
+            kinds.push((kind, prec, Vec::new()));
+        }
+        let k = kinds.last_mut().expect("pushed");
+        k.2.push(m.bytes().map(|b| b == b'1').collect());
+    }
+    // Pairs within each packet, from its first stamp at each column: rows
+    // as many as the packets' pairs of points, where a column per pair
+    // (count FILTER) made the engine's plan grow with the fourth power of
+    // the points (40 points: out of memory).
+    let mut stmt = conn.prepare(
+        "WITH l AS (SELECT flow, kind, useq, col, min(t) AS t FROM s5 GROUP BY ALL)
+         SELECT a.kind::BIGINT, a.col, b.col, count(*)
+         FROM l a JOIN l b ON a.flow = b.flow AND a.kind IS NOT DISTINCT FROM b.kind AND a.useq = b.useq AND a.t < b.t
+         GROUP BY ALL",
+    )?;
+    let mut rows = stmt.query([])?;
+    while let Some(r) = rows.next()? {
+        let kind: Option<i64> = r.get(0)?;
+        let (a, b): (String, String) = (r.get(1)?, r.get(2)?);
+        let n: i64 = r.get(3)?;
+        if let Some(k) = kinds.iter_mut().find(|k| k.0 == kind) {
+            k.1.count(&a, &b, n as u64);
+        }
+    }
+    Ok(kinds)
+}
+
+/// The stages each kind's packets make along its order on each side (ties
+/// broken by the layout), and the conflicts of those orders.
+fn stage_columns(
+    hint: &[(String, String)],
+    kinds: &[KindCounts],
+    layout_index: &HashMap<String, usize>,
+) -> (Vec<StageColumn>, Vec<String>) {
+    use xlap_records::stages::{self, Precedence};
+    let hint_index = index_of(hint.iter().map(|(c, _)| c));
+    let hint_pos = |c: &String| hint_index.get(c.as_str()).copied();
     let layout_pos = |c: &String| layout_index.get(c.as_str()).copied();
     let mut stage_cols: Vec<StageColumn> = Vec::new();
     let mut stage_index: HashMap<(String, String), usize> = HashMap::new();
     let mut conflicts = Vec::new();
-    for (kind, prec, masks) in &kinds {
+    for (kind, prec, masks) in kinds {
         let literal = kind.map_or("NULL".to_string(), |k| k.to_string());
         for side in ["tx", "rx"] {
             // This kind's points of this side: those some packet has.
@@ -1088,12 +1153,7 @@ fn path_orders(conn: &Connection, hint: &[(String, String)]) -> Result<Paths> {
                     c.first, c.then, c.agreeing, c.against
                 ));
             }
-            let order_pos: HashMap<&str, usize> = order
-                .order
-                .iter()
-                .enumerate()
-                .map(|(i, c)| (c.as_str(), i))
-                .collect();
+            let order_pos = index_of(order.order.iter());
             for m in masks {
                 let present = |c: &String| hint_pos(c).is_some_and(|i| m[i]);
                 for (a, b) in stages::stages(&order.order, present) {
@@ -1117,19 +1177,7 @@ fn path_orders(conn: &Connection, hint: &[(String, String)]) -> Result<Paths> {
             }
         }
     }
-    // Sender stages first, then the receiver's, each along the layout.
-    stage_cols.sort_by_key(|s| {
-        (
-            side_of(&s.a).as_deref() != Some("tx"),
-            layout_pos(&s.a),
-            layout_pos(&s.b),
-        )
-    });
-    Ok(Paths {
-        layout,
-        stages: stage_cols,
-        conflicts,
-    })
+    (stage_cols, conflicts)
 }
 
 /// The fallback mapping: both hosts' (monotonic, realtime) pairs, exact only

@@ -286,96 +286,21 @@ fn open_files(conn: &Connection, arg: &Path, how: Opening) -> Result<Dataset> {
         both_ends,
         purpose,
     } = how;
-    if !arg.exists() {
-        return Err(input(
-            arg,
-            "no such file or directory (give a run directory written by `xlap-trace record`, a directory of runs, or a packets.parquet)",
-        ));
-    }
-    // A partitioned dataset (crate::partitioned): every run's packets and
-    // recordings, run_id taken from the partition as Spark takes it.
-    let partitions = crate::partitioned::runs_of(arg);
-    let (packets_file, run_dirs): (Option<PathBuf>, Vec<PathBuf>) = if !partitions.is_empty() {
-        let recorders = partitions
-            .iter()
-            .flat_map(|r| crate::partitioned::recorders_of(r))
-            .collect();
-        (None, recorders)
-    } else if arg.is_file() {
-        let parent = arg
-            .parent()
-            .filter(|p| !p.as_os_str().is_empty())
-            .unwrap_or(Path::new("."));
-        let mut dirs = run_dirs_in(parent);
-        if RunDir::new(parent).is_run() {
-            dirs.insert(0, parent.to_path_buf());
-        }
-        (Some(arg.to_path_buf()), dirs)
-    } else {
-        let own = RunDir::new(arg).packets();
-        let mut dirs = Vec::new();
-        if RunDir::new(arg).is_run() {
-            dirs.push(arg.to_path_buf());
-        }
-        dirs.extend(run_dirs_in(arg));
-        if !own.is_file() && dirs.is_empty() {
-            return Err(input(
-                arg,
-                "not an xlap-trace run: no packets.parquet, no run.json here or in its subdirectories (record one with `xlap-trace record --pid PID -o DIR`)",
-            ));
-        }
-        (own.is_file().then_some(own), dirs)
-    };
-    let run_files: Vec<PathBuf> = run_dirs.iter().map(|d| RunDir::new(d).meta()).collect();
-    load_runs(conn, &run_files)?;
-
-    let hive = if partitions.is_empty() {
-        ""
-    } else {
-        ", hive_partitioning = true, union_by_name = true"
-    };
-    // A dataset's packets: each run's file.
-    let partition_packets: Vec<PathBuf> = partitions
+    let found = Found::at(arg)?;
+    let run_files: Vec<PathBuf> = found
+        .run_dirs
         .iter()
-        .map(|r| RunDir::new(r).packets())
+        .map(|d| RunDir::new(d).meta())
         .collect();
-    let sides: Vec<(String, String)> = match &packets_file {
-        None if !partitions.is_empty() => {
-            let (sides, groups) = check_packets_files(conn, &partition_packets)?;
-            packets_view(conn, &dataset_packets(&groups))?;
-            if progress {
-                eprintln!(
-                    "xlap-trace: a dataset of {} runs, analysed as one population (name one, {}/{}=…, to analyse it alone)",
-                    partitions.len(),
-                    arg.display(),
-                    crate::partitioned::RUN_KEY
-                );
-            }
-            sides
-        }
-        Some(file) => {
-            let sides = check_packets_file(conn, file)?;
-            packets_view(conn, &format!("read_parquet({})", sql::path(file)))?;
-            sides
-        }
-        None => {
-            let runs = run_dirs
-                .iter()
-                .map(|d| Run::open(d))
-                .collect::<Result<Vec<_>>>()?;
-            let c = correlate(conn, &runs, &CorrelateOptions::default(), None)?;
-            conn.execute_batch("ALTER TABLE packets RENAME TO packets_correlated;")?;
-            packets_view(conn, "packets_correlated")?;
-            c.points.into_iter().zip(c.point_sides).collect()
-        }
-    };
+    load_runs(conn, &run_files)?;
+    let sides = found.packets_view(conn, arg, progress)?;
     // A packet is its (run_id, flow, kind, seq): the queries that follow a
     // flow's packets in order partition by run_key(run_id) too. It is the
     // run id in a dataset of runs only: one run has one, and carrying that
     // string through their sorts cost 10 M packets 0.4 s per query.
     conn.execute_batch(&format!(
         "CREATE OR REPLACE TEMP MACRO run_key(r) AS {};",
-        if partitions.is_empty() {
+        if found.partitions.is_empty() {
             "NULL::VARCHAR"
         } else {
             "r"
@@ -385,38 +310,193 @@ fn open_files(conn: &Connection, arg: &Path, how: Opening) -> Result<Dataset> {
     name_kinds(conn)?;
     apply_view(conn, view)?;
     describe_columns(conn, &sides)?;
-    for d in run_dirs
-        .iter()
-        .filter(|d| RunDir::new(d).stamps().is_file())
-    {
-        crate::runs::stamps_whole(d).map_err(|why| input(d, why))?;
-    }
-    let stamp_files: Vec<String> = run_dirs
-        .iter()
-        .map(|d| RunDir::new(d).stamps())
-        .filter(|p| p.is_file())
-        .map(|p| sql::path(&p))
-        .collect();
-    if !stamp_files.is_empty() {
-        conn.execute_batch(&format!(
-            "CREATE OR REPLACE TEMP VIEW stamps AS SELECT * FROM read_parquet([{}]{hive});",
-            stamp_files.join(", ")
-        ))?;
-    }
+    found.stamps_view(conn)?;
     // The stored tables of a packets file read as it is (crate::stored).
     // A dataset's: the runs' stored value counts, summed.
-    let stored = match (&packets_file, purpose) {
+    let stored = match (&found.packets_file, purpose) {
         (Some(file), Purpose::Analyse) if view == View::default() => {
             crate::stored::usable(conn, file)
         }
-        (None, Purpose::Analyse) if view == View::default() && !partitions.is_empty() => {
-            crate::stored::merged(conn, &partition_packets)
+        (None, Purpose::Analyse) if view == View::default() && !found.partitions.is_empty() => {
+            crate::stored::merged(conn, &found.partition_packets())
         }
         _ => Vec::new(),
     };
-    for (name, how) in &stored {
-        if let (Err(why), true) = (how, progress) {
-            match &packets_file {
+    if progress {
+        say_unstored(&stored, found.packets_file.as_deref());
+    }
+    prepare_shared(conn, arg, &stored, shared, progress, purpose)?;
+    // A dataset of runs takes each packet's predecessor partition by
+    // partition (views.sql: one sort of all its packets runs out of the
+    // engine's memory at 100 M); one run sorts its packets once.
+    if !found.partitions.is_empty() {
+        conn.execute_batch(
+            "CREATE OR REPLACE TEMP MACRO send_gaps() AS TABLE FROM send_gaps_partitioned();
+             CREATE OR REPLACE TEMP MACRO wire_gaps() AS TABLE FROM wire_gaps_partitioned();",
+        )?;
+    }
+    let (packets, delivered) = counts_checked(conn, arg, purpose, both_ends)?;
+    Ok(Dataset {
+        source: arg.display().to_string(),
+        run_files,
+        packets,
+        delivered,
+    })
+}
+
+/// What a path given to an analysis holds: a partitioned dataset's runs,
+/// a packets file, and the run directories whose metadata and stamps go
+/// with them.
+struct Found {
+    /// The runs of a partitioned dataset (crate::partitioned), else none.
+    partitions: Vec<PathBuf>,
+    /// The packets file, when there is one to read as it is.
+    packets_file: Option<PathBuf>,
+    run_dirs: Vec<PathBuf>,
+}
+
+impl Found {
+    fn at(arg: &Path) -> Result<Found> {
+        if !arg.exists() {
+            return Err(input(
+                arg,
+                "no such file or directory (give a run directory written by `xlap-trace record`, a directory of runs, or a packets.parquet)",
+            ));
+        }
+        // A partitioned dataset: every run's packets and recordings,
+        // run_id taken from the partition as Spark takes it.
+        let partitions = crate::partitioned::runs_of(arg);
+        if !partitions.is_empty() {
+            let run_dirs = partitions
+                .iter()
+                .flat_map(|r| crate::partitioned::recorders_of(r))
+                .collect();
+            return Ok(Found {
+                partitions,
+                packets_file: None,
+                run_dirs,
+            });
+        }
+        if arg.is_file() {
+            let parent = arg
+                .parent()
+                .filter(|p| !p.as_os_str().is_empty())
+                .unwrap_or(Path::new("."));
+            let mut run_dirs = run_dirs_in(parent);
+            if RunDir::new(parent).is_run() {
+                run_dirs.insert(0, parent.to_path_buf());
+            }
+            return Ok(Found {
+                partitions,
+                packets_file: Some(arg.to_path_buf()),
+                run_dirs,
+            });
+        }
+        let own = RunDir::new(arg).packets();
+        let mut run_dirs = Vec::new();
+        if RunDir::new(arg).is_run() {
+            run_dirs.push(arg.to_path_buf());
+        }
+        run_dirs.extend(run_dirs_in(arg));
+        if !own.is_file() && run_dirs.is_empty() {
+            return Err(input(
+                arg,
+                "not an xlap-trace run: no packets.parquet, no run.json here or in its subdirectories (record one with `xlap-trace record --pid PID -o DIR`)",
+            ));
+        }
+        Ok(Found {
+            partitions,
+            packets_file: own.is_file().then_some(own),
+            run_dirs,
+        })
+    }
+
+    /// A dataset's packets: each run's file.
+    fn partition_packets(&self) -> Vec<PathBuf> {
+        self.partitions
+            .iter()
+            .map(|r| RunDir::new(r).packets())
+            .collect()
+    }
+
+    /// The `packets` view over what was found (its files checked, or the
+    /// runs correlated here); returns each point column's side.
+    fn packets_view(
+        &self,
+        conn: &Connection,
+        arg: &Path,
+        progress: bool,
+    ) -> Result<Vec<(String, String)>> {
+        if let Some(file) = &self.packets_file {
+            let sides = check_packets_file(conn, file)?;
+            packets_view(conn, &format!("read_parquet({})", sql::path(file)))?;
+            return Ok(sides);
+        }
+        if !self.partitions.is_empty() {
+            let (sides, groups) = check_packets_files(conn, &self.partition_packets())?;
+            packets_view(conn, &dataset_packets(&groups))?;
+            if progress {
+                eprintln!(
+                    "xlap-trace: a dataset of {} runs, analysed as one population (name one, {}/{}=…, to analyse it alone)",
+                    self.partitions.len(),
+                    arg.display(),
+                    crate::partitioned::RUN_KEY
+                );
+            }
+            return Ok(sides);
+        }
+        let runs = self
+            .run_dirs
+            .iter()
+            .map(|d| Run::open(d))
+            .collect::<Result<Vec<_>>>()?;
+        let c = correlate(conn, &runs, &CorrelateOptions::default(), None)?;
+        conn.execute_batch("ALTER TABLE packets RENAME TO packets_correlated;")?;
+        packets_view(conn, "packets_correlated")?;
+        Ok(c.points.into_iter().zip(c.point_sides).collect())
+    }
+
+    /// The `stamps` view over the runs' stamps files (each checked whole).
+    fn stamps_view(&self, conn: &Connection) -> Result<()> {
+        let files: Vec<PathBuf> = self
+            .run_dirs
+            .iter()
+            .map(|d| RunDir::new(d).stamps())
+            .filter(|p| p.is_file())
+            .collect();
+        for d in self
+            .run_dirs
+            .iter()
+            .filter(|d| RunDir::new(d).stamps().is_file())
+        {
+            crate::runs::stamps_whole(d).map_err(|why| input(d, why))?;
+        }
+        if files.is_empty() {
+            return Ok(());
+        }
+        let hive = if self.partitions.is_empty() {
+            ""
+        } else {
+            ", hive_partitioning = true, union_by_name = true"
+        };
+        let list: Vec<String> = files.iter().map(|p| sql::path(p)).collect();
+        conn.execute_batch(&format!(
+            "CREATE OR REPLACE TEMP VIEW stamps AS SELECT * FROM read_parquet([{}]{hive});",
+            list.join(", ")
+        ))?;
+        Ok(())
+    }
+}
+
+/// Says which stored tables were not usable, and why (they are computed
+/// from the packets instead).
+fn say_unstored(
+    stored: &[(&str, std::result::Result<String, String>)],
+    packets_file: Option<&Path>,
+) {
+    for (name, how) in stored {
+        if let Err(why) = how {
+            match packets_file {
                 Some(file) => eprintln!(
                     "xlap-trace: {name} computed from the packets, not read from {}: {why}",
                     crate::stored::path(file, name).display()
@@ -427,6 +507,19 @@ fn open_files(conn: &Connection, arg: &Path, how: Opening) -> Result<Dataset> {
             }
         }
     }
+}
+
+/// The shared statements of `views.sql` (tables every analysis reads),
+/// each from its stored table where one is usable; for `Purpose::Store`,
+/// only those up to the last stored table.
+fn prepare_shared(
+    conn: &Connection,
+    arg: &Path,
+    stored: &[(&str, std::result::Result<String, String>)],
+    shared: Shared,
+    progress: bool,
+    purpose: Purpose,
+) -> Result<()> {
     let mut to_store: Vec<&str> = crate::stored::TABLES.to_vec();
     for stmt in shared_statements() {
         let t0 = std::time::Instant::now();
@@ -469,16 +562,17 @@ fn open_files(conn: &Connection, arg: &Path, how: Opening) -> Result<Dataset> {
             break;
         }
     }
+    Ok(())
+}
 
-    // A dataset of runs takes each packet's predecessor partition by
-    // partition (views.sql: one sort of all its packets runs out of the
-    // engine's memory at 100 M); one run sorts its packets once.
-    if !partitions.is_empty() {
-        conn.execute_batch(
-            "CREATE OR REPLACE TEMP MACRO send_gaps() AS TABLE FROM send_gaps_partitioned();
-             CREATE OR REPLACE TEMP MACRO wire_gaps() AS TABLE FROM wire_gaps_partitioned();",
-        )?;
-    }
+/// The packets and the delivered among them; an analysis of no packet, or
+/// (where both ends are needed) of none delivered, is bad input.
+fn counts_checked(
+    conn: &Connection,
+    arg: &Path,
+    purpose: Purpose,
+    both_ends: bool,
+) -> Result<(u64, u64)> {
     let (packets, delivered): (i64, i64) = conn.query_row(
         "SELECT count(*), count(*) FILTER (WHERE e2e_ns IS NOT NULL) FROM packets",
         [],
@@ -498,12 +592,7 @@ fn open_files(conn: &Connection, arg: &Path, how: Opening) -> Result<Dataset> {
             ),
         ));
     }
-    Ok(Dataset {
-        source: arg.display().to_string(),
-        run_files,
-        packets: packets as u64,
-        delivered: delivered as u64,
-    })
+    Ok((packets as u64, delivered as u64))
 }
 
 /// Puts `view` between the packets (a view of the file or of the table
@@ -866,7 +955,7 @@ fn insert_runs(conn: &Connection, files: &[PathBuf], losses: usize) -> Result<()
             m.packets,
             m.stamps,
             m.bpf_ns_per_stamp,
-            m.stop_reason,
+            m.stop_reason.as_str(),
             file.display().to_string(),
         ])?;
         // The protocol's names of its kinds (from the --proto preset);

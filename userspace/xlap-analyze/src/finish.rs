@@ -126,6 +126,18 @@ fn correlate_on(
     Ok(result)
 }
 
+/// Every file `correlate` writes for packets table `out`: the table, its
+/// summary (`.json`) and its stored aggregates.
+pub fn correlation_files(out: &Path) -> Vec<std::path::PathBuf> {
+    let aggregates = crate::stored::TABLES
+        .iter()
+        .map(|t| crate::stored::path(out, t));
+    [out.to_path_buf(), out.with_extension("json")]
+        .into_iter()
+        .chain(aggregates)
+        .collect()
+}
+
 /// Keeps the aggregates every analysis of `packets` reads beside it
 /// (crate::stored). Without them the analyses compute them, as before:
 /// a failure here is said, not the end of the correlation.

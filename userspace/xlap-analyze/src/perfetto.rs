@@ -37,44 +37,7 @@ pub fn export(conn: &Connection, out: &Path, opts: &ExportOptions) -> Result<Exp
         let rows = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?;
         rows.collect::<std::result::Result<_, _>>()?
     };
-    let kind_filter = opts
-        .kind
-        .map_or("true".to_string(), |k| format!("kind = {k}"));
-    let total: i64 = conn.query_row(
-        &format!("SELECT count(*) FROM packets WHERE {kind_filter}"),
-        [],
-        |r| r.get(0),
-    )?;
-    let limit = if opts.max_packets == 0 {
-        String::new()
-    } else {
-        format!("LIMIT {}", opts.max_packets)
-    };
-    let cols = points
-        .iter()
-        .map(|(c, _)| crate::sql::ident(c))
-        .collect::<Vec<_>>()
-        .join(", ");
-    let mut stmt = conn.prepare(&format!(
-        "SELECT flow, kind, seq, coalesce(tx_host, ''), coalesce(rx_host, ''), {cols}
-         FROM packets WHERE {kind_filter}
-         ORDER BY e2e_ns DESC NULLS LAST, flow, kind, seq {limit}"
-    ))?;
-    let mut rows = stmt.query([])?;
-    let mut packets: Vec<Packet> = Vec::new();
-    while let Some(r) = rows.next()? {
-        let stamps = (0..points.len())
-            .map(|i| r.get::<_, Option<i64>>(5 + i))
-            .collect::<std::result::Result<Vec<_>, _>>()?;
-        packets.push((
-            r.get(0)?,
-            r.get(1)?,
-            r.get(2)?,
-            r.get(3)?,
-            r.get(4)?,
-            stamps,
-        ));
-    }
+    let (packets, total) = slowest_packets(conn, &points, opts)?;
     let origin = packets
         .iter()
         .flat_map(|p| p.5.iter().flatten())
@@ -124,23 +87,7 @@ pub fn export(conn: &Connection, out: &Path, opts: &ExportOptions) -> Result<Exp
         let id = format!("{flow}:{kind}:{seq}");
         let cat = format!("kind {kind}");
         for (pid, side) in [(1, "tx"), (2, "rx")] {
-            let mut steps: Vec<(String, i64)> = points
-                .iter()
-                .zip(stamps)
-                .filter(|((_, s), _)| s == side)
-                .filter_map(|((c, _), t)| t.map(|t| (c.trim_end_matches("_ns").to_string(), t)))
-                .collect();
-            steps.sort_by_key(|(_, t)| *t);
-            if side == "rx" {
-                if let (Some(a), Some(b)) = (
-                    tx_wire.and_then(|i| stamps[i]),
-                    rx_wire.and_then(|i| stamps[i]),
-                ) {
-                    if a <= steps.first().map_or(a, |s| s.1) && b >= a {
-                        steps.insert(0, ("sender wire".to_string(), a));
-                    }
-                }
-            }
+            let steps = side_steps(&points, stamps, side, (tx_wire, rx_wire));
             let (Some(start), Some(end)) = (steps.first(), steps.last()) else {
                 continue;
             };
@@ -166,7 +113,84 @@ pub fn export(conn: &Connection, out: &Path, opts: &ExportOptions) -> Result<Exp
     w.flush().map_err(io)?;
     Ok(Exported {
         packets: packets.len() as u64,
-        left_out: (total as u64).saturating_sub(packets.len() as u64),
+        left_out: total.saturating_sub(packets.len() as u64),
         events,
     })
+}
+
+/// The packets to export, the slowest first (at most `max_packets`), and
+/// how many there are of the kind.
+fn slowest_packets(
+    conn: &Connection,
+    points: &[(String, String)],
+    opts: &ExportOptions,
+) -> Result<(Vec<Packet>, u64)> {
+    let kind_filter = opts
+        .kind
+        .map_or("true".to_string(), |k| format!("kind = {k}"));
+    let total: i64 = conn.query_row(
+        &format!("SELECT count(*) FROM packets WHERE {kind_filter}"),
+        [],
+        |r| r.get(0),
+    )?;
+    let limit = if opts.max_packets == 0 {
+        String::new()
+    } else {
+        format!("LIMIT {}", opts.max_packets)
+    };
+    let cols = points
+        .iter()
+        .map(|(c, _)| crate::sql::ident(c))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let mut stmt = conn.prepare(&format!(
+        "SELECT flow, kind, seq, coalesce(tx_host, ''), coalesce(rx_host, ''), {cols}
+         FROM packets WHERE {kind_filter}
+         ORDER BY e2e_ns DESC NULLS LAST, flow, kind, seq {limit}"
+    ))?;
+    let mut rows = stmt.query([])?;
+    let mut packets: Vec<Packet> = Vec::new();
+    while let Some(r) = rows.next()? {
+        let stamps = (0..points.len())
+            .map(|i| r.get::<_, Option<i64>>(5 + i))
+            .collect::<std::result::Result<Vec<_>, _>>()?;
+        packets.push((
+            r.get(0)?,
+            r.get(1)?,
+            r.get(2)?,
+            r.get(3)?,
+            r.get(4)?,
+            stamps,
+        ));
+    }
+    Ok((packets, total.max(0) as u64))
+}
+
+/// A packet's steps on one side, in time order: (point, stamp). The
+/// receiver's begin at the sender's wire point when both wire points are
+/// stamped (the channel between them is a step too).
+fn side_steps(
+    points: &[(String, String)],
+    stamps: &[Option<i64>],
+    side: &str,
+    (tx_wire, rx_wire): (Option<usize>, Option<usize>),
+) -> Vec<(String, i64)> {
+    let mut steps: Vec<(String, i64)> = points
+        .iter()
+        .zip(stamps)
+        .filter(|((_, s), _)| s == side)
+        .filter_map(|((c, _), t)| t.map(|t| (c.trim_end_matches("_ns").to_string(), t)))
+        .collect();
+    steps.sort_by_key(|(_, t)| *t);
+    if side == "rx" {
+        if let (Some(a), Some(b)) = (
+            tx_wire.and_then(|i| stamps[i]),
+            rx_wire.and_then(|i| stamps[i]),
+        ) {
+            if a <= steps.first().map_or(a, |s| s.1) && b >= a {
+                steps.insert(0, ("sender wire".to_string(), a));
+            }
+        }
+    }
+    steps
 }

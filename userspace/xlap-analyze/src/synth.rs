@@ -478,7 +478,7 @@ fn write_run_json(
         },
         points,
         packets,
-        stop_reason: "synthetic".into(),
+        stop_reason: xlap_records::run_meta::StopReason::Synthetic,
         ..RunMeta::default()
     };
     let path = RunDir::new(dir).meta();

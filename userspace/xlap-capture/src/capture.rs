@@ -8,9 +8,7 @@ use aya::programs::links::CgroupAttachMode;
 use aya::programs::uprobe::{
     UProbeAttachLocation, UProbeAttachPoint, UProbeLink, UProbeLinkId, UProbeScope,
 };
-use aya::programs::{
-    BtfTracePoint, CgroupSkb, CgroupSkbAttachType, CgroupSock, CgroupSockAddr, UProbe,
-};
+use aya::programs::{BtfTracePoint, CgroupSkbAttachType, CgroupSockAddr, UProbe};
 use aya::{include_bytes_aligned, Btf, Ebpf, EbpfLoader};
 use aya_obj::btf::BtfKind;
 use std::os::fd::AsFd;
@@ -104,11 +102,6 @@ struct CodeVersion(xlap_abi::xlap_code_version);
 
 // SAFETY: as CodeKey.
 unsafe impl aya::Pod for CodeVersion {}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Kind {
-    TpBtf,
-}
 
 /// Loaded and attached capture programs; dropping it detaches everything.
 pub struct Capture {
@@ -346,129 +339,21 @@ pub const DEFAULT_TUNNEL_PORTS: [u16; 2] = [4789, 8472];
 
 impl Capture {
     pub fn load(settings: &Settings) -> Result<Capture> {
-        let (layouts, win_start, win_len) = settings.layouts.to_abi()?;
-        let mut config = xlap_abi::xlap_config {
-            layouts,
-            win_start,
-            win_len,
-            ..Default::default()
-        };
-        config.wakeup_bytes = settings.ringbuf_bytes / 8;
-        config.per_stamp = settings.per_stamp as u8;
-        config.empty_programs = settings.empty_programs as u8;
-        config.iface_filter = settings.iface_filter as u8;
-        config.points_off = settings.points.off_mask();
-        // Nothing takes the receive notes without the socket-queue point.
-        config.rx_notes = settings.points.needs_program("on_sock_ingress") as u8;
-        config.device_rx_times = settings.device_rx_times as u8;
-        if let Some(sample) = &settings.sample {
-            config.sample_below = sample.below();
-            config.sample_kinds = sample.kind_bits();
-        }
-        if settings.tunnel_ports.len() > config.tunnel_ports.len() {
-            return Err(failure(
-                Code::Usage,
-                format!(
-                    "at most {} tunnel ports (VXLAN's 4789 and 8472 count among them)",
-                    config.tunnel_ports.len()
-                ),
-            ));
-        }
-        for (slot, port) in config.tunnel_ports.iter_mut().zip(&settings.tunnel_ports) {
-            *slot = *port;
-        }
         let btf = Btf::from_sys_fs()
             .map_err(|e| failure(Code::Kernel, format!("cannot read the kernel BTF: {e}")))?;
         let (object, dynptr) = crate::kfunc::resolve_dynptr(CAPTURE_OBJECT, &btf);
-        config.have_dynptr = dynptr.is_ok() as u8;
         let boundary = choose_boundary(settings.boundary, &dynptr, &btf);
-        config.syscall_hooks = matches!(boundary, BoundaryChoice::Syscalls(_)) as u8;
-        config.send_syscalls = (boundary == BoundaryChoice::Auto) as u8;
-        config.hold_connect = (boundary == BoundaryChoice::Auto && settings.hold_connect) as u8;
-        config.send_calls = settings.points.needs_program("on_sock_send_length") as u8;
-        // Without sock_recv_length (Linux < 6.3), a receive syscall finds
-        // its socket from its file descriptor (bpf/hooks/syscall.h).
-        config.recv_by_fd = (config.syscall_hooks == 1
-            && (btf
-                .id_by_type_name_kind("btf_trace_sock_recv_length", BtfKind::Typedef)
-                .is_err()
-                || emulated_absent("on_sock_recv_length").is_some()))
-            as u8;
-        // SAFETY: xlap_config is a plain C struct of integers (no padding
-        // holes with undefined contents: it is zero-initialised by Default).
-        let config_bytes: &[u8] = unsafe {
-            std::slice::from_raw_parts(
-                (&config as *const xlap_abi::xlap_config).cast::<u8>(),
-                std::mem::size_of::<xlap_abi::xlap_config>(),
-            )
-        };
-        let mut bpf = EbpfLoader::new()
-            // TASK_CTX is task local storage: only the BPF side uses it.
-            .allow_unsupported_maps()
-            .override_global("CFG", config_bytes, true)
-            .map_max_entries("STAMPS", settings.ringbuf_bytes)
-            .load(object.bytes())
-            .map_err(|e| {
-                let text = e.to_string();
-                if text.contains("EPERM") || text.contains("Operation not permitted") {
-                    failure(
-                        Code::Privileges,
-                        format!("the kernel refused to load BPF ({text}): run as root"),
-                    )
-                } else {
-                    anyhow::Error::new(e).context("loading the capture BPF object failed")
-                }
-            })?;
+        let config = config_of(settings, &btf, dynptr.is_ok(), &boundary)?;
+        let mut bpf = load_object(object.bytes(), &config, settings.ringbuf_bytes)?;
         let mut unattached = Vec::new();
-        // One plan for the preload and the attach: the boundary's
-        // tracepoints whose points are written, then the holds' (never
-        // required); a program the kernel is emulated to lack is said, not
-        // loaded.
-        let mut planned: Vec<(&'static str, &'static str, bool)> = Vec::new();
-        for (prog, target, required) in crate::hooks::tracepoints(boundary.hooks()) {
-            if !settings.points.needs_program(prog) {
-                continue;
-            }
-            match emulated_absent(prog) {
-                Some(why) => unattached.push(Unattached {
-                    program: prog,
-                    hook: target,
-                    why,
-                }),
-                None => planned.push((prog, target, required)),
-            }
-        }
-        if settings.hold_at_exec {
-            planned.extend(
-                crate::hooks::HOOKS
-                    .iter()
-                    .filter_map(|hook| match hook.attach {
-                        crate::hooks::Attach::TpBtfForHolds(tp) => Some((hook.program, tp, false)),
-                        _ => None,
-                    }),
-            );
-        }
-        let wanted: Vec<(&'static str, &'static str)> = planned
-            .iter()
-            .map(|&(prog, target, _)| (prog, target))
-            .collect();
-        let mut refused = crate::preload::load_tracing(&mut bpf, &btf, object.bytes(), &wanted);
-        for (prog, target, required) in planned {
-            let result = match refused.remove(prog) {
-                Some(e) => Err(e),
-                None => attach(&mut bpf, &btf, prog, Kind::TpBtf, target),
-            };
-            if let Err(e) = result {
-                if required {
-                    return Err(required_refused(prog, target, &e));
-                }
-                unattached.push(Unattached {
-                    program: prog,
-                    hook: target,
-                    why: refusal(prog, &e).unwrap_or_else(|| format!("{e:#}")),
-                });
-            }
-        }
+        attach_tracepoints(
+            &mut bpf,
+            &btf,
+            object.bytes(),
+            settings,
+            boundary.hooks(),
+            &mut unattached,
+        )?;
         let dynptr = dynptr.map(|_| ());
         attach_socket_hooks(&mut bpf, &dynptr, boundary.hooks(), &mut unattached)?;
         let (send_syscalls, connects_held) = if boundary == BoundaryChoice::Auto {
@@ -482,7 +367,7 @@ impl Capture {
         } else {
             crate::batch_export::BatchExport::load(&mut bpf)
         };
-        Ok(Capture {
+        let mut capture = Capture {
             bpf,
             boundary,
             unattached,
@@ -492,14 +377,12 @@ impl Capture {
             uprobes_by_pid: std::collections::HashMap::new(),
             loader_links: Vec::new(),
             send_syscalls,
-        })
-        .and_then(|mut capture| {
-            // Without holds at the connect, from the start.
-            if let Err(why) = connects_held {
-                capture.hook_send_syscalls(&format!("from the start: {why}"))?;
-            }
-            Ok(capture)
-        })
+        };
+        // Without holds at the connect, from the start.
+        if let Err(why) = connects_held {
+            capture.hook_send_syscalls(&format!("from the start: {why}"))?;
+        }
+        Ok(capture)
     }
 
     /// `--boundary auto`: the send syscalls' hook, attached (once) because
@@ -705,7 +588,7 @@ impl Capture {
                     .context("cannot store a USDT spec")?;
             }
         }
-        let program = self.loaded_uprobe("on_usdt")?;
+        let program = self.loaded_uprobe(crate::hooks::USDT)?;
         let mut attached = Vec::with_capacity(sites.len());
         for site in sites {
             let pid = std::num::NonZeroU32::new(site.pid).context("pid 0")?;
@@ -764,7 +647,10 @@ impl Capture {
             ),
         };
         let mut taken = Vec::with_capacity(usdt.len() + loader.len());
-        for (name, ids) in [("on_usdt", usdt), ("on_loader_hook", loader)] {
+        for (name, ids) in [
+            (crate::hooks::USDT, usdt),
+            (crate::hooks::LOADER_HOOK, loader),
+        ] {
             if ids.is_empty() {
                 continue;
             }
@@ -802,7 +688,7 @@ impl Capture {
         offset: u64,
         to_r_debug: i64,
     ) -> Result<()> {
-        let program = self.loaded_uprobe("on_loader_hook")?;
+        let program = self.loaded_uprobe(crate::hooks::LOADER_HOOK)?;
         let link = program.attach(
             UProbeAttachPoint {
                 location: UProbeAttachLocation::AbsoluteOffset(offset),
@@ -1112,116 +998,258 @@ fn recursion_misses(fd: std::os::fd::BorrowedFd) -> Option<u64> {
     (rc == 0).then_some(info.recursion_misses)
 }
 
-/// The socket hooks, at the cgroup2 root: socket creation (follows the
-/// traced processes' new sockets) and socket ingress (the sock.queue point,
-/// which reads the datagram through a dynptr: not on kernels without).
+/// The BPF side's configuration (`CFG`) for a run of `settings` on this
+/// kernel.
+fn config_of(
+    settings: &Settings,
+    btf: &Btf,
+    dynptr: bool,
+    boundary: &BoundaryChoice,
+) -> Result<xlap_abi::xlap_config> {
+    let (layouts, win_start, win_len) = settings.layouts.to_abi()?;
+    let mut config = xlap_abi::xlap_config {
+        layouts,
+        win_start,
+        win_len,
+        ..Default::default()
+    };
+    config.wakeup_bytes = settings.ringbuf_bytes / 8;
+    config.per_stamp = settings.per_stamp as u8;
+    config.empty_programs = settings.empty_programs as u8;
+    config.iface_filter = settings.iface_filter as u8;
+    config.points_off = settings.points.off_mask();
+    // Nothing takes the receive notes without the socket-queue point.
+    config.rx_notes = settings.points.needs_program(crate::hooks::SOCK_INGRESS) as u8;
+    config.device_rx_times = settings.device_rx_times as u8;
+    if let Some(sample) = &settings.sample {
+        config.sample_below = sample.below();
+        config.sample_kinds = sample.kind_bits();
+    }
+    if settings.tunnel_ports.len() > config.tunnel_ports.len() {
+        return Err(failure(
+            Code::Usage,
+            format!(
+                "at most {} tunnel ports (VXLAN's 4789 and 8472 count among them)",
+                config.tunnel_ports.len()
+            ),
+        ));
+    }
+    for (slot, port) in config.tunnel_ports.iter_mut().zip(&settings.tunnel_ports) {
+        *slot = *port;
+    }
+    config.have_dynptr = dynptr as u8;
+    config.syscall_hooks = matches!(boundary, BoundaryChoice::Syscalls(_)) as u8;
+    config.send_syscalls = (*boundary == BoundaryChoice::Auto) as u8;
+    config.hold_connect = (*boundary == BoundaryChoice::Auto && settings.hold_connect) as u8;
+    config.send_calls = settings
+        .points
+        .needs_program(crate::hooks::SOCK_SEND_LENGTH) as u8;
+    // Without sock_recv_length (Linux < 6.3), a receive syscall finds its
+    // socket from its file descriptor (bpf/hooks/syscall.h).
+    config.recv_by_fd = (config.syscall_hooks == 1
+        && (btf
+            .id_by_type_name_kind("btf_trace_sock_recv_length", BtfKind::Typedef)
+            .is_err()
+            || emulated_absent(crate::hooks::SOCK_RECV_LENGTH).is_some()))
+        as u8;
+    Ok(config)
+}
+
+/// The capture object loaded (its maps made, no program yet) with
+/// `config` as `CFG`.
+fn load_object(object: &[u8], config: &xlap_abi::xlap_config, ringbuf_bytes: u32) -> Result<Ebpf> {
+    // SAFETY: xlap_config is a plain C struct of integers (no padding
+    // holes with undefined contents: it is zero-initialised by Default).
+    let config_bytes: &[u8] = unsafe {
+        std::slice::from_raw_parts(
+            (config as *const xlap_abi::xlap_config).cast::<u8>(),
+            std::mem::size_of::<xlap_abi::xlap_config>(),
+        )
+    };
+    EbpfLoader::new()
+        // TASK_CTX is task local storage: only the BPF side uses it.
+        .allow_unsupported_maps()
+        .override_global("CFG", config_bytes, true)
+        .map_max_entries("STAMPS", ringbuf_bytes)
+        .load(object)
+        .map_err(|e| {
+            let text = e.to_string();
+            if text.contains("EPERM") || text.contains("Operation not permitted") {
+                failure(
+                    Code::Privileges,
+                    format!("the kernel refused to load BPF ({text}): run as root"),
+                )
+            } else {
+                anyhow::Error::new(e).context("loading the capture BPF object failed")
+            }
+        })
+}
+
+/// The tracepoints of the table the run needs (`hooks::tracepoints` of
+/// `boundary` whose points are written, then the holds', never required),
+/// loaded side by side and attached; a program the kernel is emulated to
+/// lack is said, not loaded. A required one that fails ends the run.
+fn attach_tracepoints(
+    bpf: &mut Ebpf,
+    btf: &Btf,
+    object: &[u8],
+    settings: &Settings,
+    boundary: crate::hooks::Boundary,
+    unattached: &mut Vec<Unattached>,
+) -> Result<()> {
+    let mut planned: Vec<(&'static str, &'static str, bool)> = Vec::new();
+    for (prog, target, required) in crate::hooks::tracepoints(boundary) {
+        if !settings.points.needs_program(prog) {
+            continue;
+        }
+        match emulated_absent(prog) {
+            Some(why) => unattached.push(Unattached {
+                program: prog,
+                hook: target,
+                why,
+            }),
+            None => planned.push((prog, target, required)),
+        }
+    }
+    if settings.hold_at_exec {
+        planned.extend(
+            crate::hooks::HOOKS
+                .iter()
+                .filter_map(|hook| match hook.attach {
+                    crate::hooks::Attach::TpBtfForHolds(tp) => Some((hook.program, tp, false)),
+                    _ => None,
+                }),
+        );
+    }
+    let wanted: Vec<(&'static str, &'static str)> = planned
+        .iter()
+        .map(|&(prog, target, _)| (prog, target))
+        .collect();
+    let mut refused = crate::preload::load_tracing(bpf, btf, object, &wanted);
+    for (prog, target, required) in planned {
+        let result = match refused.remove(prog) {
+            Some(e) => Err(e),
+            None => attach_tp_btf(bpf, btf, prog, target),
+        };
+        if let Err(e) = result {
+            if required {
+                return Err(required_refused(prog, target, &e));
+            }
+            unattached.push(Unattached {
+                program: prog,
+                hook: target,
+                why: refusal(prog, &e).unwrap_or_else(|| format!("{e:#}")),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// The cgroup hooks of the table (`hooks::cgroup_hooks`), at the cgroup2
+/// root: the traced processes' sockets (creation, bind), the start of a
+/// send at the socket calls, and the socket-queue point (which reads the
+/// datagram through a dynptr: not on kernels without). A required one
+/// that fails ends the run; an optional one is said in `unattached`.
 fn attach_socket_hooks(
     bpf: &mut Ebpf,
     dynptr: &Result<(), String>,
     boundary: crate::hooks::Boundary,
     unattached: &mut Vec<Unattached>,
 ) -> Result<()> {
-    // Attach mode `Single`: aya attaches through a BPF link (Linux >= 5.7),
-    // which coexists with every other program on the cgroup anyway, and
-    // passes the mode on as link flags, where the kernel refuses
-    // BPF_F_ALLOW_MULTI with EINVAL.
     let root = crate::cgroup::open_root().map_err(|e| {
         failure(
             Code::Kernel,
             format!("cannot attach the socket hooks: {e:#}"),
         )
     })?;
-    let create: &mut CgroupSock = bpf
-        .program_mut("on_sock_create")
-        .context("program on_sock_create is missing from the object")?
-        .try_into()?;
-    create
-        .load()
-        .map_err(|e| required_refused("on_sock_create", "cgroup/sock_create", &e.into()))?;
-    create
-        .attach(&root, CgroupAttachMode::Single)
-        .map_err(|e| {
-            failure(
-                Code::Kernel,
-                format!(
-                    "cannot attach to cgroup sock_create: {:#}",
-                    anyhow::Error::from(e)
-                ),
-            )
-        })?;
-    // The start of a send that names its destination (the socket-call
-    // boundary).
-    for (prog, section) in crate::hooks::boundary_cgroup_hooks(boundary) {
-        let hook: &mut CgroupSockAddr = bpf
-            .program_mut(prog)
-            .with_context(|| format!("program {prog} is missing from the object"))?
-            .try_into()?;
-        hook.load()
-            .map_err(|e| required_refused(prog, section, &e.into()))?;
-        hook.attach(&root, CgroupAttachMode::Single).map_err(|e| {
-            failure(
-                Code::Kernel,
-                format!(
-                    "cannot attach to {section}: {:#}; --boundary syscalls stamps the send at the syscall instead",
-                    anyhow::Error::from(e)
-                ),
-            )
-        })?;
-    }
-    // A traced socket's port is registered once its bind succeeded.
-    for (prog, attach_type) in [
-        ("on_post_bind4", "post_bind4"),
-        ("on_post_bind6", "post_bind6"),
-    ] {
-        let hook: &mut CgroupSock = bpf
-            .program_mut(prog)
-            .with_context(|| format!("program {prog} is missing from the object"))?
-            .try_into()?;
-        hook.load()
-            .map_err(|e| required_refused(prog, attach_type, &e.into()))?;
-        hook.attach(&root, CgroupAttachMode::Single).map_err(|e| {
-            failure(
-                Code::Kernel,
-                format!(
-                    "cannot attach to cgroup {attach_type}: {:#}",
-                    anyhow::Error::from(e)
-                ),
-            )
-        })?;
-    }
-    if let Err(why) = dynptr {
-        unattached.push(Unattached {
-            program: "on_sock_ingress",
-            hook: "cgroup_skb/ingress",
-            why: format!("it reads datagrams through skb dynptrs: {why}"),
-        });
-        return Ok(());
-    }
-    let ingress: &mut CgroupSkb = bpf
-        .program_mut("on_sock_ingress")
-        .context("program on_sock_ingress is missing from the object")?
-        .try_into()?;
-    if let Err(e) = ingress.load() {
-        let e = anyhow::Error::from(e);
-        unattached.push(Unattached {
-            program: "on_sock_ingress",
-            hook: "cgroup_skb/ingress",
-            why: refusal("on_sock_ingress", &e).unwrap_or_else(|| format!("{e:#}")),
-        });
-        return Ok(());
-    }
-    if let Err(e) = ingress.attach(
-        &root,
-        CgroupSkbAttachType::Ingress,
-        CgroupAttachMode::Single,
-    ) {
-        unattached.push(Unattached {
-            program: "on_sock_ingress",
-            hook: "cgroup_skb/ingress",
-            why: format!("{:#}", anyhow::Error::from(e)),
-        });
+    for (hook, section) in crate::hooks::cgroup_hooks(boundary) {
+        let program = hook.program;
+        if let (Err(why), Some(crate::kfunc::DYNPTR_TRACING_KERNEL)) = (dynptr, hook.min_kernel) {
+            unattached.push(Unattached {
+                program,
+                hook: section,
+                why: format!("it reads datagrams through skb dynptrs: {why}"),
+            });
+            continue;
+        }
+        let failed = match attach_cgroup(bpf, &root, program, section) {
+            Ok(()) => continue,
+            Err(failed) => failed,
+        };
+        let hint = if hook.boundary == Some(crate::hooks::Boundary::SocketCalls) {
+            "; --boundary syscalls stamps the send at the syscall instead"
+        } else {
+            ""
+        };
+        match (failed, hook.required) {
+            (CgroupFailure::Load(e), true) => return Err(required_refused(program, section, &e)),
+            (CgroupFailure::Attach(e), true) => {
+                return Err(failure(
+                    Code::Kernel,
+                    format!("cannot attach {program} to {section}: {e:#}{hint}"),
+                ))
+            }
+            (CgroupFailure::Load(e) | CgroupFailure::Attach(e), false) => {
+                unattached.push(Unattached {
+                    program,
+                    hook: section,
+                    why: refusal(program, &e).unwrap_or_else(|| format!("{e:#}")),
+                })
+            }
+        }
     }
     Ok(())
+}
+
+/// Where a cgroup hook failed.
+enum CgroupFailure {
+    /// Its program was refused (the verifier, or missing from the object).
+    Load(anyhow::Error),
+    /// The kernel did not attach it.
+    Attach(anyhow::Error),
+}
+
+/// Loads cgroup program `program` and attaches it to cgroup `root`, as the
+/// type of its section (`SEC()`) says.
+fn attach_cgroup(
+    bpf: &mut Ebpf,
+    root: &std::fs::File,
+    program: &str,
+    section: &str,
+) -> std::result::Result<(), CgroupFailure> {
+    use aya::programs::Program;
+    // Attach mode `Single`: aya attaches through a BPF link (Linux >= 5.7),
+    // which coexists with every other program on the cgroup anyway, and
+    // passes the mode on as link flags, where the kernel refuses
+    // BPF_F_ALLOW_MULTI with EINVAL.
+    let mode = CgroupAttachMode::Single;
+    let load = |e: aya::programs::ProgramError| CgroupFailure::Load(e.into());
+    let attach = |e: aya::programs::ProgramError| CgroupFailure::Attach(e.into());
+    match bpf.program_mut(program) {
+        Some(Program::CgroupSock(p)) => {
+            p.load().map_err(load)?;
+            p.attach(root, mode).map(drop).map_err(attach)
+        }
+        Some(Program::CgroupSockAddr(p)) => {
+            p.load().map_err(load)?;
+            p.attach(root, mode).map(drop).map_err(attach)
+        }
+        Some(Program::CgroupSkb(p)) => {
+            let direction = if section.ends_with("egress") {
+                CgroupSkbAttachType::Egress
+            } else {
+                CgroupSkbAttachType::Ingress
+            };
+            p.load().map_err(load)?;
+            p.attach(root, direction, mode).map(drop).map_err(attach)
+        }
+        Some(_) => Err(CgroupFailure::Load(anyhow::anyhow!(
+            "{program} ({section}) is not a cgroup program of a type the recorder attaches"
+        ))),
+        None => Err(CgroupFailure::Load(anyhow::anyhow!(
+            "program {program} is missing from the object"
+        ))),
+    }
 }
 
 /// Why `program` is left out when the run behaves as an older kernel
@@ -1299,10 +1327,10 @@ fn leave_out(program: &str) -> String {
     let hook = crate::hooks::HOOKS.iter().find(|h| h.program == program);
     match hook.and_then(|h| h.boundary) {
         Some(crate::hooks::Boundary::Syscalls) => {
-            return "--boundary socket-calls leaves it out (on Linux 6.12 and later)".into()
+            return "--boundary socket-calls or auto (the default) leaves it out (on Linux 6.12 and later)".into()
         }
         Some(crate::hooks::Boundary::SocketCalls) => {
-            return "--boundary syscalls (the default) leaves it out".into()
+            return "--boundary syscalls leaves it out".into()
         }
         None => {}
     }
@@ -1333,25 +1361,23 @@ fn required_refused(program: &str, target: &str, err: &anyhow::Error) -> anyhow:
     }
 }
 
-fn attach(bpf: &mut Ebpf, btf: &Btf, prog: &str, kind: Kind, target: &str) -> Result<()> {
+/// Loads (unless preloaded) and attaches tracepoint program `prog` at
+/// `target`.
+fn attach_tp_btf(bpf: &mut Ebpf, btf: &Btf, prog: &str, target: &str) -> Result<()> {
     let program = bpf
         .program_mut(prog)
         .with_context(|| format!("program {prog} is missing from the object"))?;
-    match kind {
-        Kind::TpBtf => {
-            let p: &mut BtfTracePoint = program.try_into()?;
-            // Most are loaded already, side by side (preload.rs).
-            if p.fd().is_err() {
-                p.load(target, btf)?;
-            }
-            p.attach()?;
-        }
+    let p: &mut BtfTracePoint = program.try_into()?;
+    // Most are loaded already, side by side (preload.rs).
+    if p.fd().is_err() {
+        p.load(target, btf)?;
     }
+    p.attach()?;
     Ok(())
 }
 
 /// The send syscalls' hook of `--boundary auto` (bpf/hooks/calls.h).
-pub const SEND_SYSCALLS_PROGRAM: &str = "on_send_syscall";
+pub const SEND_SYSCALLS_PROGRAM: &str = crate::hooks::SEND_SYSCALL;
 
 /// `--boundary auto`: loads the send syscalls' hook (attached later, once a
 /// traced UDP socket is connected) and attaches the connect hooks that hold
@@ -1404,7 +1430,7 @@ fn load_send_syscalls(
         }
     }
     for (prog, tp) in crate::hooks::auto_tracepoints() {
-        if let Err(e) = attach(bpf, btf, prog, Kind::TpBtf, tp) {
+        if let Err(e) = attach_tp_btf(bpf, btf, prog, tp) {
             let why = refusal(prog, &e).unwrap_or_else(|| format!("{e:#}"));
             return (
                 SendSyscalls::Waiting,

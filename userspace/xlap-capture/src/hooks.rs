@@ -195,6 +195,20 @@ const fn helper(program: &'static str, attach: Attach, required: bool) -> Hook {
 /// the skb dynptr kfunc when the kernel lacks it for tracing programs.
 pub const SKB_DYNPTR: &str = "bpf_dynptr_from_skb";
 
+/// Programs the recorder also names outside this table (the uprobes it
+/// attaches per traced file, the send syscalls' hook it attaches once a
+/// traced socket connects): one name each, here.
+pub const USDT: &str = "on_usdt";
+pub const LOADER_HOOK: &str = "on_loader_hook";
+pub const SEND_SYSCALL: &str = "on_send_syscall";
+/// The socket-queue point, whose presence the configuration tells the
+/// receive points.
+pub const SOCK_INGRESS: &str = "on_sock_ingress";
+/// The socket calls' send and receive returns, which the configuration
+/// tells the device points about.
+pub const SOCK_SEND_LENGTH: &str = "on_sock_send_length";
+pub const SOCK_RECV_LENGTH: &str = "on_sock_recv_length";
+
 /// Every hook, in the order a datagram meets them.
 pub const HOOKS: &[Hook] = &[
     // The app/socket boundary (required stamps: a run cannot do without):
@@ -215,7 +229,7 @@ pub const HOOKS: &[Hook] = &[
     // stamps its send_enter (CFG.send_calls, bpf/hooks/dev_tx.h), and the
     // hook's run on every send call is saved.
     at_boundary(
-        "on_sock_send_length",
+        SOCK_SEND_LENGTH,
         Attach::TpBtf("sock_send_length"),
         Boundary::SocketCalls,
         &[effect(&[p::XLAP_POINT_SOCK_SEND_EXIT], true, Without::Missing)],
@@ -232,7 +246,7 @@ pub const HOOKS: &[Hook] = &[
     // syscall's entry: hooked once a traced UDP socket is connected (the
     // connect holds the process until then), not before, since the hook
     // costs every syscall of the machine.
-    helper("on_send_syscall", Attach::TpBtfOnConnect("sys_enter"), false),
+    helper(SEND_SYSCALL, Attach::TpBtfOnConnect("sys_enter"), false),
     helper("on_connect4", Attach::CgroupForAuto("cgroup/connect4"), false),
     helper("on_connect6", Attach::CgroupForAuto("cgroup/connect6"), false),
     // The connect noted above is held where it looks its route up: a
@@ -270,7 +284,7 @@ pub const HOOKS: &[Hook] = &[
     ),
     // Measured (tests/vm): absent on Debian 12's 6.1, present on 6.12.
     since(
-        "on_sock_recv_length",
+        SOCK_RECV_LENGTH,
         "sock_recv_length",
         &[effect(
             &[p::XLAP_POINT_SOCK_RECV_EXIT],
@@ -380,7 +394,7 @@ pub const HOOKS: &[Hook] = &[
     ),
     // The datagram handed to its socket.
     Hook {
-        program: "on_sock_ingress",
+        program: SOCK_INGRESS,
         attach: Attach::Cgroup("cgroup_skb/ingress"),
         required: false,
         min_kernel: Some(DYNPTR_TRACING_KERNEL),
@@ -433,13 +447,13 @@ pub const HOOKS: &[Hook] = &[
         &[effect(&[p::XLAP_POINT_SCHED_SWITCH_IN], true, Without::Missing)],
     ),
     // Application markers, and the processes held for them.
-    helper("on_usdt", Attach::Uprobe, false),
+    helper(USDT, Attach::Uprobe, false),
     helper(
         "on_sched_process_exec",
         Attach::TpBtfForHolds("sched_process_exec"),
         false,
     ),
-    helper("on_loader_hook", Attach::Uprobe, false),
+    helper(LOADER_HOOK, Attach::Uprobe, false),
     // The per-CPU batches exported on a timer.
     helper(crate::batch_export::PROGRAM, Attach::Timer, false),
     // Not a program: the kfunc the skb-reading programs call for bytes in
@@ -534,12 +548,12 @@ pub fn auto_tracepoints() -> impl Iterator<Item = (&'static str, &'static str)> 
     })
 }
 
-/// The cgroup hooks of `boundary` alone (program, section).
-pub fn boundary_cgroup_hooks(
-    boundary: Boundary,
-) -> impl Iterator<Item = (&'static str, &'static str)> {
+/// The cgroup hooks attached when the capture loads with `boundary` (the
+/// connect hooks of `--boundary auto` come later, `auto_cgroup_hooks`):
+/// (hook, section), in the table's order.
+pub fn cgroup_hooks(boundary: Boundary) -> impl Iterator<Item = (&'static Hook, &'static str)> {
     HOOKS.iter().filter_map(move |h| match h.attach {
-        Attach::Cgroup(section) if h.boundary == Some(boundary) => Some((h.program, section)),
+        Attach::Cgroup(section) if h.boundary.is_none_or(|b| b == boundary) => Some((h, section)),
         _ => None,
     })
 }

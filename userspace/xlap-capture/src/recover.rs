@@ -119,7 +119,7 @@ pub fn recover(dir: &Path) -> Result<Option<Recovery>> {
     let targets: Vec<u32> = meta.targets.iter().map(|t| t.pid).collect();
     crate::record::shm_file::sweep_after_crash(&targets);
     meta.state = RunState::Recovered;
-    meta.stop_reason = "recorder died".into();
+    meta.stop_reason = xlap_records::run_meta::StopReason::RecorderDied;
     meta.recovery = Some(RecoveryNote {
         by: format!("xlap-trace {}", env!("CARGO_PKG_VERSION")),
         stamps: copy.rows,
@@ -191,6 +191,17 @@ pub fn before_reading(paths: &[&Path]) {
             ),
         }
     }
+}
+
+/// Removes the marker rings dead recorders left in this mount namespace's
+/// /dev/shm, for a process that recovers runs without the privileges the
+/// removal needs (`xlap-trace`'s confine.rs calls it before its confined
+/// child recovers the runs). Reads nothing of any run: a ring's name says
+/// its recorder, which is gone. Rings a dead recorder left in a target's
+/// own /dev/shm (another mount namespace) are named by the run's targets:
+/// only an unconfined recovery reaches them.
+pub fn sweep_dead_recorders_rings() -> usize {
+    crate::record::shm_file::sweep_after_crash(&[])
 }
 
 /// The runs `recover DIR` takes up: DIR, or the segments of a rotated

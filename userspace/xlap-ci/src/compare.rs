@@ -386,11 +386,6 @@ pub fn compare(
     metrics: &[Metric],
     th: Thresholds,
 ) -> Result<Comparison> {
-    let Thresholds {
-        max_regression,
-        min_change_ns,
-        confidence,
-    } = th;
     if base.levels != cand.levels {
         return Err(failure(
             Code::BadInput,
@@ -403,35 +398,7 @@ pub fn compare(
     } else {
         default_metrics(base)
     };
-    let mut not_compared: Vec<String> = Vec::new();
-    let levels = &base.levels;
-    let mut rows = Vec::new();
-    // One generator per comparison, seeded by what is compared: the same
-    // inputs give the same intervals.
-    let mut rng = Rng::new(0x5EED_C0DE);
-    let pooled = base.stages.iter().any(|s| s.runs_ns.len() >= 2);
-    let blocked = base.stages.iter().any(|s| !s.blocks_ns.is_empty())
-        && cand.stages.iter().any(|s| !s.blocks_ns.is_empty());
-    let noise = if pooled {
-        Noise::Runs
-    } else if blocked {
-        Noise::Blocks
-    } else {
-        Noise::Packets
-    };
-    // Whether a metric can decide, from the data alone (never from its
-    // change): enough packets beyond the quantile in both runs, and for a
-    // single-run comparison with blocks, blocks on both sides.
-    let can_decide = |b: &StageSummary, c: &StageSummary, p: f64| -> Option<Limit> {
-        let beyond = |n: u64| n as f64 * p.min(1.0 - p);
-        if beyond(b.packets) < MIN_TAIL_PACKETS || beyond(c.packets) < MIN_TAIL_PACKETS {
-            Some(Limit::Packets)
-        } else if noise == Noise::Blocks && (b.blocks_ns.is_empty() || c.blocks_ns.is_empty()) {
-            Some(Limit::Blocks)
-        } else {
-            None
-        }
-    };
+    let noise = noise_of(base, cand);
     let pairs: Vec<(&Metric, &StageSummary, &StageSummary)> = metrics
         .iter()
         .flat_map(|m| {
@@ -441,148 +408,25 @@ pub fn compare(
                 .filter_map(move |b| cand.stage(b.kind, &b.stage).map(|c| (m, b, c)))
         })
         .collect();
+    let not_compared = uncompared(&metrics, &pairs, named, base)?;
     // Bonferroni over the metrics that can decide: only they can make a
     // false alarm.
     let deciding = pairs
         .iter()
-        .filter(|(m, b, c)| can_decide(b, c, m.p).is_none())
+        .filter(|(m, b, c)| can_decide(noise, b, c, m.p).is_none())
         .count();
-    let family_confidence = confidence;
-    let confidence = 1.0 - (1.0 - family_confidence) / deciding.max(1) as f64;
-    let half = |c: &Change| c.abs_high - c.abs_low;
-    for &(m, b, c) in &pairs {
-        let unfit = can_decide(b, c, m.p);
-        let (ch, width, effect, verdict, limit, wide_because) = if same_data(b, c) {
-            // Exactly no change: no interval to draw, nothing to widen.
-            let q = dist(levels, b).quantile(m.p);
-            let exact = Change {
-                base: q,
-                cand: q,
-                rel: 0.0,
-                low: 0.0,
-                high: 0.0,
-                abs_low: 0.0,
-                abs_high: 0.0,
-            };
-            let verdict = match unfit {
-                Some(_) => Verdict::NotDecided,
-                None => verdict(&exact, max_regression, min_change_ns),
-            };
-            (exact, Width::SameData, 0.0, verdict, unfit, None)
-        } else {
-            let ch: Change =
-                quantile_change(dist(levels, b), dist(levels, c), m.p, confidence, &mut rng);
-            let sampled = ch;
-            let noise = |s: &Summary, st: &StageSummary| {
-                block_noise(
-                    levels,
-                    &st.quantiles_ns,
-                    &s.block_levels,
-                    &st.blocks_ns,
-                    m.p,
-                )
-            };
-            let (ch, width) = if b.runs_ns.len() >= 2 {
-                let per_run: Vec<f64> =
-                    b.runs_ns.iter().map(|g| at_level(levels, g, m.p)).collect();
-                // The spread between the baseline's runs; and the candidate,
-                // one run, also by its own blocks: a stall in one of its
-                // blocks can carry its p99 (1.5 ms in a tenth of a run took a
-                // stage's p99 from 27 to 277 µs), which no spread of the
-                // baseline holds.
-                let by_runs = widen_by_runs(ch, &per_run, confidence);
-                let by_blocks = widen_by_candidate_blocks(by_runs, noise(cand, c), confidence);
-                let width = if half(&by_blocks) > half(&by_runs) {
-                    Width::Blocks
-                } else if half(&by_runs) > half(&sampled) {
-                    Width::Runs
-                } else {
-                    Width::Packets
-                };
-                (by_blocks, width)
-            } else {
-                let by_blocks = widen_by_blocks(ch, noise(base, b), noise(cand, c), confidence);
-                let width = if half(&by_blocks) > half(&sampled) {
-                    Width::Blocks
-                } else {
-                    Width::Packets
-                };
-                (by_blocks, width)
-            };
-            let effect = separation(levels, &b.quantiles_ns, &c.quantiles_ns, m.p);
-            // A pooled baseline measures the spread between runs; a single
-            // run does not, so its change must also stand out of the packets.
-            let overlap = !pooled && effect.abs() < MIN_EFFECT;
-            let (verdict, limit) = match (unfit, verdict(&ch, max_regression, min_change_ns)) {
-                // Too few packets decide nothing, whatever the interval says.
-                (Some(l), _) => (Verdict::NotDecided, Some(l)),
-                (None, Verdict::Regression) if overlap => {
-                    (Verdict::Inconclusive, Some(Limit::Overlap))
-                }
-                // Not worse by more than allowed: a pass, if no improvement.
-                (None, Verdict::Improvement) if overlap => (Verdict::Pass, Some(Limit::Overlap)),
-                (None, v) => (v, None),
-            };
-            let wide_because = (verdict == Verdict::Inconclusive && limit.is_none())
-                .then(|| why_wide(width, m, base, b, cand, c, &ch));
-            (ch, width, effect, verdict, limit, wide_because)
-        };
-        let rel_of = |ns: f64| frac(ns / ch.base.max(1.0));
-        rows.push(Row {
-            metric: m.label(),
-            kind: b.kind,
-            stage: b.stage.clone(),
-            side: b.side.clone(),
-            quantile: m.p,
-            baseline_us: us(ch.base),
-            candidate_us: us(ch.cand),
-            change: frac(ch.rel),
-            ci_low: rel_of(ch.abs_low),
-            ci_high: rel_of(ch.abs_high),
-            relative: relative_means_something(ch.base),
-            ci_low_us: us(ch.abs_low),
-            ci_high_us: us(ch.abs_high),
-            effect: frac(effect),
-            decides: unfit.is_none(),
-            verdict,
-            limit,
-            width,
-            wide_because,
-            baseline: box_of(levels, b),
-            candidate: box_of(levels, c),
-        });
-    }
-    for m in &metrics {
-        if pairs.iter().any(|(pm, _, _)| pm.stage == m.stage) {
-            continue;
-        }
-        if !named {
-            // A stage of the baseline the candidate lacks (its points
-            // differ: a marker that moved, a point set): said, not compared.
-            if !not_compared.contains(&m.stage) {
-                not_compared.push(m.stage.clone());
-            }
-        } else {
-            let mut stages: Vec<&str> = base.stages.iter().map(|s| s.stage.as_str()).collect();
-            stages.sort_unstable();
-            stages.dedup();
-            return Err(failure(
-                Code::Usage,
-                format!(
-                    "no stage {} in both runs; the stages are: {}",
-                    m.stage,
-                    stages.join(", ")
-                ),
-            ));
-        }
-    }
-    let rank = |v: Verdict| match v {
-        Verdict::Regression => 0,
-        Verdict::Inconclusive => 1,
-        Verdict::Pass => 2,
-        Verdict::Improvement => 3,
-        Verdict::NotDecided => 4,
+    let metric_confidence = 1.0 - (1.0 - th.confidence) / deciding.max(1) as f64;
+    let mut judge = Judge {
+        base,
+        cand,
+        th,
+        noise,
+        confidence: metric_confidence,
+        // One generator per comparison, seeded by what is compared: the
+        // same inputs give the same intervals.
+        rng: Rng::new(0x5EED_C0DE),
     };
+    let mut rows: Vec<Row> = pairs.iter().map(|&(m, b, c)| judge.row(m, b, c)).collect();
     // Within a verdict, the change that stands out most first: a delay
     // added to one stage moves its tight packets far past the baseline's,
     // while the stages that queue behind it (e2e, the receiver's total)
@@ -603,6 +447,292 @@ pub fn compare(
             Verdict::Improvement => Verdict::Pass,
             v => v,
         });
+    let notes = notes_of(&rows, noise, base, cand, th.max_regression);
+    Ok(Comparison {
+        format_version: 2,
+        verdict: overall,
+        max_regression: th.max_regression,
+        min_change_us: th.min_change_ns / 1e3,
+        confidence: th.confidence,
+        metric_confidence,
+        deciding,
+        baseline_runs: base.runs.clone(),
+        candidate_runs: cand.runs.clone(),
+        baseline_sample: base.sample.as_ref().map(|s| s.describe()),
+        candidate_sample: cand.sample.as_ref().map(|s| s.describe()),
+        baseline_tracer: base.tracer.clone(),
+        candidate_tracer: cand.tracer.clone(),
+        baseline_run_count: base
+            .stages
+            .iter()
+            .map(|s| s.runs_ns.len().max(1))
+            .max()
+            .unwrap_or(1),
+        noise,
+        not_compared,
+        notes,
+        rows,
+    })
+}
+
+/// What a comparison's intervals hold besides the packets' sampling noise:
+/// the spread between a pooled baseline's runs, else the blocks of single
+/// runs, else nothing more (summaries of an older version).
+fn noise_of(base: &Summary, cand: &Summary) -> Noise {
+    let pooled = base.stages.iter().any(|s| s.runs_ns.len() >= 2);
+    let blocked = base.stages.iter().any(|s| !s.blocks_ns.is_empty())
+        && cand.stages.iter().any(|s| !s.blocks_ns.is_empty());
+    if pooled {
+        Noise::Runs
+    } else if blocked {
+        Noise::Blocks
+    } else {
+        Noise::Packets
+    }
+}
+
+/// Whether a metric can decide, from the data alone (never from its
+/// change): enough packets beyond the quantile in both runs, and for a
+/// single-run comparison with blocks, blocks on both sides. `Some`: what
+/// keeps it from deciding.
+fn can_decide(noise: Noise, b: &StageSummary, c: &StageSummary, p: f64) -> Option<Limit> {
+    let beyond = |n: u64| n as f64 * p.min(1.0 - p);
+    if beyond(b.packets) < MIN_TAIL_PACKETS || beyond(c.packets) < MIN_TAIL_PACKETS {
+        Some(Limit::Packets)
+    } else if noise == Noise::Blocks && (b.blocks_ns.is_empty() || c.blocks_ns.is_empty()) {
+        Some(Limit::Blocks)
+    } else {
+        None
+    }
+}
+
+/// The stages of the metrics that are not in both runs: said (not
+/// compared) when the metrics are the defaults, a usage error when the
+/// user named them.
+fn uncompared(
+    metrics: &[Metric],
+    pairs: &[(&Metric, &StageSummary, &StageSummary)],
+    named: bool,
+    base: &Summary,
+) -> Result<Vec<String>> {
+    let mut not_compared: Vec<String> = Vec::new();
+    for m in metrics {
+        if pairs.iter().any(|(pm, _, _)| pm.stage == m.stage) {
+            continue;
+        }
+        if named {
+            let mut stages: Vec<&str> = base.stages.iter().map(|s| s.stage.as_str()).collect();
+            stages.sort_unstable();
+            stages.dedup();
+            return Err(failure(
+                Code::Usage,
+                format!(
+                    "no stage {} in both runs; the stages are: {}",
+                    m.stage,
+                    stages.join(", ")
+                ),
+            ));
+        }
+        // A stage of the baseline the candidate lacks (its points differ: a
+        // marker that moved, a point set): said, not compared.
+        if !not_compared.contains(&m.stage) {
+            not_compared.push(m.stage.clone());
+        }
+    }
+    Ok(not_compared)
+}
+
+/// The order of verdicts in a comparison's rows and its overall verdict.
+fn rank(v: Verdict) -> u8 {
+    match v {
+        Verdict::Regression => 0,
+        Verdict::Inconclusive => 1,
+        Verdict::Pass => 2,
+        Verdict::Improvement => 3,
+        Verdict::NotDecided => 4,
+    }
+}
+
+/// What judges each metric of one comparison.
+struct Judge<'a> {
+    base: &'a Summary,
+    cand: &'a Summary,
+    th: Thresholds,
+    noise: Noise,
+    /// Each metric's confidence (the family's, over the deciding metrics).
+    confidence: f64,
+    rng: Rng,
+}
+
+impl Judge<'_> {
+    /// The row of metric `m` on baseline stage `b` and candidate stage `c`.
+    fn row(&mut self, m: &Metric, b: &StageSummary, c: &StageSummary) -> Row {
+        let levels = &self.base.levels;
+        let unfit = can_decide(self.noise, b, c, m.p);
+        let judged = if same_data(b, c) {
+            Self::unchanged(levels, m, b, unfit, self.th)
+        } else {
+            self.changed(m, b, c, unfit)
+        };
+        let ch = judged.change;
+        let rel_of = |ns: f64| frac(ns / ch.base.max(1.0));
+        Row {
+            metric: m.label(),
+            kind: b.kind,
+            stage: b.stage.clone(),
+            side: b.side.clone(),
+            quantile: m.p,
+            baseline_us: us(ch.base),
+            candidate_us: us(ch.cand),
+            change: frac(ch.rel),
+            ci_low: rel_of(ch.abs_low),
+            ci_high: rel_of(ch.abs_high),
+            relative: relative_means_something(ch.base),
+            ci_low_us: us(ch.abs_low),
+            ci_high_us: us(ch.abs_high),
+            effect: frac(judged.effect),
+            decides: unfit.is_none(),
+            verdict: judged.verdict,
+            limit: judged.limit,
+            width: judged.width,
+            wide_because: judged.wide_because,
+            baseline: box_of(levels, b),
+            candidate: box_of(levels, c),
+        }
+    }
+
+    /// The same data on both sides: exactly no change, no interval to
+    /// draw, nothing to widen.
+    fn unchanged(
+        levels: &[f64],
+        m: &Metric,
+        b: &StageSummary,
+        unfit: Option<Limit>,
+        th: Thresholds,
+    ) -> Judged {
+        let q = dist(levels, b).quantile(m.p);
+        let exact = Change {
+            base: q,
+            cand: q,
+            rel: 0.0,
+            low: 0.0,
+            high: 0.0,
+            abs_low: 0.0,
+            abs_high: 0.0,
+        };
+        let verdict = match unfit {
+            Some(_) => Verdict::NotDecided,
+            None => verdict(&exact, th.max_regression, th.min_change_ns),
+        };
+        Judged {
+            change: exact,
+            width: Width::SameData,
+            effect: 0.0,
+            verdict,
+            limit: unfit,
+            wide_because: None,
+        }
+    }
+
+    /// A change: its interval from the packets, widened by the noise the
+    /// summaries measured, and its verdict.
+    fn changed(
+        &mut self,
+        m: &Metric,
+        b: &StageSummary,
+        c: &StageSummary,
+        unfit: Option<Limit>,
+    ) -> Judged {
+        let (base, cand, th, confidence) = (self.base, self.cand, self.th, self.confidence);
+        let levels = &base.levels;
+        let half = |c: &Change| c.abs_high - c.abs_low;
+        let sampled: Change = quantile_change(
+            dist(levels, b),
+            dist(levels, c),
+            m.p,
+            confidence,
+            &mut self.rng,
+        );
+        let noise = |s: &Summary, st: &StageSummary| {
+            block_noise(
+                levels,
+                &st.quantiles_ns,
+                &s.block_levels,
+                &st.blocks_ns,
+                m.p,
+            )
+        };
+        let pooled = b.runs_ns.len() >= 2;
+        let (ch, width) = if pooled {
+            let per_run: Vec<f64> = b.runs_ns.iter().map(|g| at_level(levels, g, m.p)).collect();
+            // The spread between the baseline's runs; and the candidate,
+            // one run, also by its own blocks: a stall in one of its blocks
+            // can carry its p99 (1.5 ms in a tenth of a run took a stage's
+            // p99 from 27 to 277 µs), which no spread of the baseline holds.
+            let by_runs = widen_by_runs(sampled, &per_run, confidence);
+            let by_blocks = widen_by_candidate_blocks(by_runs, noise(cand, c), confidence);
+            let width = if half(&by_blocks) > half(&by_runs) {
+                Width::Blocks
+            } else if half(&by_runs) > half(&sampled) {
+                Width::Runs
+            } else {
+                Width::Packets
+            };
+            (by_blocks, width)
+        } else {
+            let by_blocks = widen_by_blocks(sampled, noise(base, b), noise(cand, c), confidence);
+            let width = if half(&by_blocks) > half(&sampled) {
+                Width::Blocks
+            } else {
+                Width::Packets
+            };
+            (by_blocks, width)
+        };
+        let effect = separation(levels, &b.quantiles_ns, &c.quantiles_ns, m.p);
+        // A pooled baseline measures the spread between runs; a single run
+        // does not, so its change must also stand out of the packets.
+        let overlap = self.noise != Noise::Runs && effect.abs() < MIN_EFFECT;
+        let (verdict, limit) = match (unfit, verdict(&ch, th.max_regression, th.min_change_ns)) {
+            // Too few packets decide nothing, whatever the interval says.
+            (Some(l), _) => (Verdict::NotDecided, Some(l)),
+            (None, Verdict::Regression) if overlap => (Verdict::Inconclusive, Some(Limit::Overlap)),
+            // Not worse by more than allowed: a pass, if no improvement.
+            (None, Verdict::Improvement) if overlap => (Verdict::Pass, Some(Limit::Overlap)),
+            (None, v) => (v, None),
+        };
+        let wide_because = (verdict == Verdict::Inconclusive && limit.is_none())
+            .then(|| why_wide(width, m, base, b, cand, c, &ch));
+        Judged {
+            change: ch,
+            width,
+            effect,
+            verdict,
+            limit,
+            wide_because,
+        }
+    }
+}
+
+/// One metric judged.
+struct Judged {
+    change: Change,
+    width: Width,
+    effect: f64,
+    verdict: Verdict,
+    limit: Option<Limit>,
+    wide_because: Option<String>,
+}
+
+/// The notes of a comparison: what it could not decide, and what the
+/// reader should know about its inputs (short runs, samples, the tracer's
+/// own cost).
+fn notes_of(
+    rows: &[Row],
+    noise: Noise,
+    base: &Summary,
+    cand: &Summary,
+    max_regression: f64,
+) -> Vec<String> {
     let mut notes = Vec::new();
     if rows.is_empty() {
         notes.push(
@@ -660,31 +790,7 @@ pub fn compare(
             ));
         }
     }
-    Ok(Comparison {
-        format_version: 2,
-        verdict: overall,
-        max_regression,
-        min_change_us: min_change_ns / 1e3,
-        confidence: family_confidence,
-        metric_confidence: confidence,
-        deciding,
-        baseline_runs: base.runs.clone(),
-        candidate_runs: cand.runs.clone(),
-        baseline_sample: base_sample,
-        candidate_sample: cand_sample,
-        baseline_tracer: base.tracer.clone(),
-        candidate_tracer: cand.tracer.clone(),
-        baseline_run_count: base
-            .stages
-            .iter()
-            .map(|s| s.runs_ns.len().max(1))
-            .max()
-            .unwrap_or(1),
-        noise,
-        not_compared,
-        notes,
-        rows,
-    })
+    notes
 }
 
 /// `--min-change 10us` (also `ns`, `ms`; a bare number is µs), in ns.

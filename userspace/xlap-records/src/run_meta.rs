@@ -493,7 +493,7 @@ pub struct RunMeta {
     #[serde(default)]
     pub reader_cpu_s: Option<f64>,
     #[serde(default)]
-    pub stop_reason: String,
+    pub stop_reason: StopReason,
     /// Which segment of a rotated recording this run is (`--rotate`; the
     /// recording's `segments.json` is in the directory above).
     #[serde(default)]
@@ -823,5 +823,88 @@ mod tests {
             text.contains(r#""port":9000,"seq_offset":0,"seq_size":2"#),
             "{text}"
         );
+    }
+}
+
+/// Why a run ended (run.json `stop_reason`, written as its text).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(from = "String", into = "String")]
+pub enum StopReason {
+    /// Not written yet (run.json as the run begins).
+    #[default]
+    Running,
+    /// Still recording: a checkpoint's run.json (a recorder that dies
+    /// leaves it; `recover` sets `RecorderDied`).
+    StillRunning,
+    /// A segment of a rotated recording, closed by the rotation.
+    Rotated,
+    /// SIGINT or SIGTERM.
+    Signal,
+    /// `--duration` reached.
+    Duration,
+    /// `--count` packets seen.
+    Count,
+    /// `--max-size` reached without `--rotate`.
+    MaxSize,
+    /// Every target process exited.
+    TargetsExited,
+    /// The recorder died; `recover` made the run whole.
+    RecorderDied,
+    /// `xlap-trace synth`.
+    Synthetic,
+    /// Written by another version: kept as it was.
+    Other(String),
+}
+
+impl StopReason {
+    const NAMED: [(StopReason, &'static str); 10] = [
+        (StopReason::Running, ""),
+        (StopReason::StillRunning, "(still running)"),
+        (StopReason::Rotated, "rotated"),
+        (StopReason::Signal, "signal"),
+        (StopReason::Duration, "duration"),
+        (StopReason::Count, "count"),
+        (StopReason::MaxSize, "max-size"),
+        (StopReason::TargetsExited, "targets exited"),
+        (StopReason::RecorderDied, "recorder died"),
+        (StopReason::Synthetic, "synthetic"),
+    ];
+
+    /// The text run.json holds.
+    pub fn as_str(&self) -> &str {
+        match self {
+            StopReason::Other(text) => text,
+            named => Self::NAMED
+                .iter()
+                .find(|(r, _)| r == named)
+                .map_or("", |(_, text)| text),
+        }
+    }
+}
+
+impl From<String> for StopReason {
+    fn from(text: String) -> StopReason {
+        Self::NAMED
+            .iter()
+            .find(|(_, t)| *t == text)
+            .map_or(StopReason::Other(text), |(r, _)| r.clone())
+    }
+}
+
+impl From<StopReason> for String {
+    fn from(r: StopReason) -> String {
+        r.as_str().to_string()
+    }
+}
+
+impl std::fmt::Display for StopReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl PartialEq<&str> for StopReason {
+    fn eq(&self, other: &&str) -> bool {
+        self.as_str() == *other
     }
 }

@@ -145,6 +145,15 @@ impl Policy {
     }
 }
 
+/// Whether this process holds privileges a parser should not have: uid 0
+/// (its files, `/etc/shadow` among them, are open to it by ownership even
+/// without capabilities) or any capability.
+pub fn privileged() -> bool {
+    // SAFETY: geteuid cannot fail.
+    let root = unsafe { libc::geteuid() } == 0;
+    root || caps::held().unwrap_or(true)
+}
+
 /// The capability calls (`capset`, `prctl`); constants from
 /// `linux/capability.h` and `linux/securebits.h`.
 mod caps {
@@ -189,6 +198,12 @@ mod caps {
     }
 
     const CAP_SETPCAP: u32 = 8;
+
+    /// Whether the process has any capability (effective, permitted or
+    /// inheritable).
+    pub fn held() -> Result<bool, String> {
+        get().map(|d| any(&d))
+    }
 
     fn any(data: &[Data; 2]) -> bool {
         data.iter()

@@ -1,9 +1,20 @@
 //! The confinement of the commands that parse what traced programs or a
 //! run directory from elsewhere control (xlap-sandbox): no capabilities,
 //! no_new_privs, and files only where the command reads and writes.
+//!
+//! `finish` (the end of `record` and `run`) confines itself to its run.
+//! An analysis command started with privileges (`analyze`, `report`,
+//! `compare`, ... as root on a CI artifact) runs in a confined child of
+//! itself; the privileged parent parses nothing: it makes the files the
+//! child may write, waits, and moves what the child wrote in a staging
+//! directory into place (module [`outputs`]).
 
+mod outputs;
+
+use crate::cli::{Command, DatasetCommand};
 use anyhow::{anyhow, Result};
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
 
 /// Confines this process to run directory `run` (read and written) and
 /// the system's read-only files. DuckDB spills beneath the run, the one
@@ -21,4 +32,95 @@ pub fn to_run(run: &Path, quiet: bool) -> Result<()> {
         eprintln!("xlap-trace: note: {shortfall}");
     }
     Ok(())
+}
+
+/// Set in the environment of the confined child: it confines itself, and
+/// takes the outputs the parent staged for it.
+const CHILD: &str = "XLAP_CONFINED_ANALYSIS";
+
+/// How an output of a command reaches its place.
+enum Output<'a> {
+    /// A file the command opens by name and writes in place: the parent
+    /// makes it, the child may write that one file.
+    File(&'a mut PathBuf),
+    /// A file the command writes whole through a temporary file beside it
+    /// and a rename, with the other files it writes beside it (all named):
+    /// the child writes in a staging directory beside it, the parent moves
+    /// the named files into place.
+    Staged(&'a mut PathBuf, Vec<PathBuf>),
+    /// A directory the command fills (a dataset): made when missing,
+    /// written beneath by the child.
+    Directory(&'a Path),
+}
+
+/// What an analysis command reads and writes.
+struct Access<'a> {
+    /// Run directories (read and written: a run whose recorder died is
+    /// recovered, a missing packets table is built) or files (read: a
+    /// summary, a packets Parquet file).
+    inputs: Vec<PathBuf>,
+    outputs: Vec<Output<'a>>,
+}
+
+/// The files of an analysis command; None for the others (recording needs
+/// its privileges, `finish` confines itself, `schema`, `synth`, `stage`,
+/// `probe`, `estimate` and `points` read nothing from a run).
+fn access(command: &mut Option<Command>) -> Option<Access<'_>> {
+    let runs = |r: &[PathBuf]| r.to_vec();
+    let (inputs, outputs) = match command.as_mut()? {
+        Command::Analyze(a) => (a.run.iter().cloned().collect(), vec![]),
+        Command::Sql(a) => (vec![a.run.clone()], vec![]),
+        Command::Report(a) => (runs(&a.runs), vec![Output::File(&mut a.output)]),
+        Command::Export(a) => (vec![a.run.clone()], vec![Output::File(&mut a.perfetto)]),
+        Command::Correlate(a) => {
+            let files = xlap_analyze::finish::correlation_files(&a.output);
+            (runs(&a.runs), vec![Output::Staged(&mut a.output, files)])
+        }
+        Command::Summary(a) => (
+            runs(&a.runs),
+            a.output.iter_mut().map(Output::File).collect(),
+        ),
+        Command::Compare(a) => (
+            vec![a.baseline.clone(), a.candidate.clone()],
+            a.junit.iter_mut().map(Output::File).collect(),
+        ),
+        Command::History(a) => (runs(&a.runs), a.svg.iter_mut().map(Output::File).collect()),
+        Command::Recover(a) => (runs(&a.runs), vec![]),
+        Command::Dataset(DatasetCommand::Add(a)) => {
+            (runs(&a.runs), vec![Output::Directory(&a.output)])
+        }
+        _ => return None,
+    };
+    Some(Access { inputs, outputs })
+}
+
+/// What `main` does next.
+pub enum Next {
+    /// Run the command in this process (confined already, or never
+    /// privileged).
+    RunHere,
+    /// The confined child ran it and exited so.
+    Exit(ExitCode),
+}
+
+/// Confines an analysis command: in the child, itself; in a privileged
+/// parent, by running the child. Must come before any thread starts.
+pub fn analysis(command: &mut Option<Command>) -> Result<Next> {
+    let Some(access) = access(command) else {
+        return Ok(Next::RunHere);
+    };
+    if std::env::var_os(CHILD).is_some() {
+        outputs::confine_child(access, CHILD)?;
+        return Ok(Next::RunHere);
+    }
+    if !xlap_sandbox::privileged() {
+        return Ok(Next::RunHere);
+    }
+    outputs::run_child(access, CHILD).map(Next::Exit)
+}
+
+/// The path a message names for `path`: the one the user gave, where the
+/// child writes a staged file instead.
+pub fn shown(path: &Path) -> PathBuf {
+    outputs::shown(path)
 }

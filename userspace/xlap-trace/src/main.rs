@@ -21,10 +21,20 @@ use xlap_exit::{memory, Code};
 static ALLOCATOR: memory::Ceiling = memory::Ceiling;
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let mut cli = Cli::parse();
     if let Err(e) = memory::apply() {
         eprintln!("xlap-trace: error: {e}");
         return ExitCode::from(Code::Usage as u8);
+    }
+    // Before any thread starts: an analysis started with privileges runs
+    // in a confined child.
+    match confine::analysis(&mut cli.command) {
+        Ok(confine::Next::RunHere) => {}
+        Ok(confine::Next::Exit(code)) => return code,
+        Err(e) => {
+            eprintln!("xlap-trace: error: {e:#}");
+            return ExitCode::from(exit_code(&e));
+        }
     }
     match run(cli) {
         Ok(code) => code,

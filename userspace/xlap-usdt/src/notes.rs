@@ -48,6 +48,56 @@ pub fn parse_probes(data: &[u8], path: &str) -> Result<Vec<Probe>, UsdtError> {
     parse_elf(data, path)
 }
 
+/// The loadable segments of an ELF file: (address, size in memory, file
+/// offset, executable).
+struct LoadSegments(Vec<(u64, u64, u64, bool)>);
+
+impl LoadSegments {
+    fn of<'data, R: ReadRef<'data>>(elf: &ElfFile64<'data, Endianness, R>) -> LoadSegments {
+        let endian = elf.endian();
+        LoadSegments(
+            elf.elf_program_headers()
+                .iter()
+                .filter(|ph| ph.p_type(endian) == PT_LOAD)
+                .map(|ph| {
+                    (
+                        ph.p_vaddr(endian),
+                        ph.p_memsz(endian),
+                        ph.p_offset(endian),
+                        ph.p_flags(endian) & PF_X != 0,
+                    )
+                })
+                .collect(),
+        )
+    }
+
+    /// The file offset of address `addr` (in an executable segment when
+    /// `executable`). Checked arithmetic: the headers are untrusted, and a
+    /// segment whose end or file offset overflows u64 panicked here (found
+    /// by fuzzing); such a segment maps nothing.
+    fn offset(&self, addr: u64, executable: bool) -> Option<u64> {
+        self.0
+            .iter()
+            .filter(|(_, _, _, x)| !executable || *x)
+            .find_map(|&(vaddr, memsz, offset, _)| {
+                let into = addr.checked_sub(vaddr).filter(|into| *into < memsz)?;
+                into.checked_add(offset)
+            })
+    }
+}
+
+/// The address of symbol `name` (static or dynamic), if the file defines
+/// it.
+fn symbol_address<'data, R: ReadRef<'data>>(
+    elf: &ElfFile64<'data, Endianness, R>,
+    name: &str,
+) -> Option<u64> {
+    elf.symbols()
+        .chain(elf.dynamic_symbols())
+        .find(|s| s.name() == Ok(name))
+        .map(|s| s.address())
+}
+
 /// `parse_probes` of an ELF file in memory or read on demand.
 fn parse_elf<'data, R: ReadRef<'data>>(data: R, path: &str) -> Result<Vec<Probe>, UsdtError> {
     let shown = path.to_string();
@@ -67,31 +117,8 @@ fn parse_elf<'data, R: ReadRef<'data>>(data: R, path: &str) -> Result<Vec<Probe>
     let bytes = notes
         .data()
         .map_err(|e| note_err(format!("unreadable section: {e}")))?;
-    let segments: Vec<(u64, u64, u64, bool)> = elf
-        .elf_program_headers()
-        .iter()
-        .filter(|ph| ph.p_type(endian) == PT_LOAD)
-        .map(|ph| {
-            (
-                ph.p_vaddr(endian),
-                ph.p_memsz(endian),
-                ph.p_offset(endian),
-                ph.p_flags(endian) & PF_X != 0,
-            )
-        })
-        .collect();
-    // Checked arithmetic: the headers are untrusted, and a segment whose
-    // end or file offset overflows u64 panicked here (found by fuzzing);
-    // such a segment maps nothing.
-    let to_offset = |addr: u64, executable: bool| -> Option<u64> {
-        segments
-            .iter()
-            .filter(|(_, _, _, x)| !executable || *x)
-            .find_map(|&(vaddr, memsz, offset, _)| {
-                let into = addr.checked_sub(vaddr).filter(|into| *into < memsz)?;
-                into.checked_add(offset)
-            })
-    };
+    let segments = LoadSegments::of(&elf);
+    let to_offset = |addr: u64, executable: bool| segments.offset(addr, executable);
 
     let little = endian.is_little_endian();
     let word = |b: &[u8]| -> u64 {
@@ -170,13 +197,9 @@ fn parse_elf<'data, R: ReadRef<'data>>(data: R, path: &str) -> Result<Vec<Probe>
             let mut args = parse_args(&args_spec)?;
             for arg in &mut args {
                 if let crate::ArgLocation::Symbol { name, addend } = &arg.location {
-                    let symbol = elf
-                        .symbols()
-                        .chain(elf.dynamic_symbols())
-                        .find(|s| s.name() == Ok(name.as_str()))
-                        .ok_or_else(|| note_err(format!("{provider}:{name} argument names symbol {name:?}, which the file does not define")))?;
+                    let address = symbol_address(&elf, name).ok_or_else(|| note_err(format!("{provider}:{name} argument names symbol {name:?}, which the file does not define")))?;
                     arg.location = crate::ArgLocation::Global {
-                        address: symbol.address().wrapping_add(*addend as u64),
+                        address: address.wrapping_add(*addend as u64),
                     };
                 }
             }

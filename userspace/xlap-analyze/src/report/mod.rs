@@ -605,6 +605,66 @@ fn kind_label(conn: &Connection, kind: u64) -> String {
     crate::kind_label(kind, name.as_deref())
 }
 
+/// The bars of the outlier causes: each stage's share of the end-to-end
+/// outliers.
+fn cause_bars(causes: &Table) -> Vec<(String, f64, String)> {
+    rows(causes)
+        .iter()
+        .map(|r| {
+            (
+                text(&r("cause")).replace("__", " → "),
+                num(&r("share_of_outliers")),
+                format!(
+                    "{} of {} outliers (e2e fence {:.1} µs)",
+                    cell(&r("packets")),
+                    cell(&r("e2e_outliers")),
+                    us(num(&r("e2e_fence_ns")))
+                ),
+            )
+        })
+        .collect()
+}
+
+/// The bars of the variance shares: each stage's share of the end-to-end
+/// variance (the totals left out).
+fn share_bars<R: Fn(&str) -> Value>(corr_rows: &[R]) -> Vec<(String, f64, String)> {
+    corr_rows
+        .iter()
+        .filter(|r| text(&r("side")) != "total")
+        .map(|r| {
+            (
+                text(&r("stage")).replace("__", " → "),
+                num(&r("variance_share")),
+                format!(
+                    "r = {}, slope {}, share {}",
+                    cell(&r("pearson_r")),
+                    cell(&r("slope_e2e_per_stage")),
+                    cell(&r("variance_share"))
+                ),
+            )
+        })
+        .collect()
+}
+
+/// The other directions of a two-way protocol (sockperf's pong), in brief:
+/// the plots are of `kind` (`--kind` picks).
+fn other_directions(conn: &Connection, kind: u64) -> Result<String> {
+    let mut html = String::new();
+    for other in crate::dataset::direction_kinds(conn)? {
+        if other == kind {
+            continue;
+        }
+        let params = vec![("kind".to_string(), other.to_string())];
+        let _ = writeln!(
+            html,
+            "<h3>The other direction: {}</h3>{}",
+            esc(&kind_label(conn, other)),
+            html_table(&run(conn, "summary", &params)?)
+        );
+    }
+    Ok(html)
+}
+
 /// Builds the report's HTML.
 pub fn build(conn: &Connection, opts: &ReportOptions) -> Result<String> {
     let kind: u64 = match opts.kind {
@@ -623,38 +683,9 @@ pub fn build(conn: &Connection, opts: &ReportOptions) -> Result<String> {
     let trace = run(conn, "trace", &params)?;
     let loss = run(conn, "loss", &[])?;
 
-    let cause_items: Vec<(String, f64, String)> = rows(&causes)
-        .iter()
-        .map(|r| {
-            (
-                text(&r("cause")).replace("__", " → "),
-                num(&r("share_of_outliers")),
-                format!(
-                    "{} of {} outliers (e2e fence {:.1} µs)",
-                    cell(&r("packets")),
-                    cell(&r("e2e_outliers")),
-                    us(num(&r("e2e_fence_ns")))
-                ),
-            )
-        })
-        .collect();
+    let cause_items = cause_bars(&causes);
     let corr_rows = rows(&corr);
-    let share_items: Vec<(String, f64, String)> = corr_rows
-        .iter()
-        .filter(|r| text(&r("side")) != "total")
-        .map(|r| {
-            (
-                text(&r("stage")).replace("__", " → "),
-                num(&r("variance_share")),
-                format!(
-                    "r = {}, slope {}, share {}",
-                    cell(&r("pearson_r")),
-                    cell(&r("slope_e2e_per_stage")),
-                    cell(&r("variance_share"))
-                ),
-            )
-        })
-        .collect();
+    let share_items = share_bars(&corr_rows);
     let top_stages = leading_stages(&corr_rows);
     let mut profile_stages = vec![
         "e2e".to_string(),
@@ -672,20 +703,7 @@ pub fn build(conn: &Connection, opts: &ReportOptions) -> Result<String> {
         v = env!("CARGO_PKG_VERSION")
     );
     let _ = writeln!(html, "<h2>Summary</h2>{}", html_table(&summary));
-    // The other directions of a two-way protocol (sockperf's pong), in
-    // brief: the plots below are of the kind above (`--kind` picks).
-    for other in crate::dataset::direction_kinds(conn)? {
-        if other == kind {
-            continue;
-        }
-        let params = vec![("kind".to_string(), other.to_string())];
-        let _ = writeln!(
-            html,
-            "<h3>The other direction: {}</h3>{}",
-            esc(&kind_label(conn, other)),
-            html_table(&run(conn, "summary", &params)?)
-        );
-    }
+    html.push_str(&other_directions(conn, kind)?);
     let _ = write!(
         html,
         "<h2>Jitter per stage</h2>{}",

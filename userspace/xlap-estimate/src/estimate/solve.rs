@@ -2,6 +2,7 @@
 //! distribution, less twice the pair's hardware time, solved for the hosts
 //! by least squares; a bootstrap over each pair's samples for the error.
 
+use super::linalg::LeastSquares;
 use super::stats::{all_stats, interval, resample, STATS};
 use super::system::{Determined, Refusal, System};
 use serde::Serialize;
@@ -107,58 +108,12 @@ pub fn estimate(pairs: &[PairInput], opts: Options) -> Result<Estimate, (System,
         Ok(s) => s,
         Err(r) => return Err((system, r)),
     };
-    let n_stats = STATS.len();
-    // rhs[stat][pair]: the statistic less 2h.
-    let rhs_of = |samples: &mut [Vec<f64>]| -> Vec<Vec<f64>> {
-        let per_pair: Vec<Vec<f64>> = samples
-            .iter_mut()
-            .zip(pairs)
-            .map(|(s, p)| {
-                all_stats(s)
-                    .into_iter()
-                    .map(|v| v - 2.0 * p.hardware_ns)
-                    .collect()
-            })
-            .collect();
-        (0..n_stats)
-            .map(|k| per_pair.iter().map(|v| v[k]).collect())
-            .collect()
-    };
     let mut own: Vec<Vec<f64>> = pairs.iter().map(|p| p.samples_ns.clone()).collect();
-    let rhs = rhs_of(&mut own);
+    let rhs = rhs_of(pairs, &mut own);
     let solution: Vec<Vec<f64>> = rhs.iter().map(|b| solver.solve(b)).collect();
 
-    // Bootstrap: solution replicates [stat][host][replicate]. A pair
-    // measured from the same end in several files is resampled in two
-    // stages, its files first, then each drawn file's samples: the spread
-    // between the runs enters the interval, not only the sampling error
-    // within one. (The two ends of a pair are not exchangeable: a host's
-    // latency as prober and as responder may differ, and measuring from
-    // both ends averages the two.)
     let hosts = system.hosts.len();
-    let mut reps = vec![vec![Vec::with_capacity(opts.resamples); hosts]; n_stats];
-    let mut rng = Rng::new(opts.seed);
-    let mut drawn: Vec<Vec<f64>> = vec![Vec::new(); pairs.len()];
-    let same_pair: Vec<Vec<usize>> = system
-        .pairs
-        .iter()
-        .map(|p| {
-            (0..pairs.len())
-                .filter(|r| system.pairs[*r] == *p)
-                .collect()
-        })
-        .collect();
-    for _ in 0..opts.resamples {
-        for (d, files) in drawn.iter_mut().zip(&same_pair) {
-            let file = files[rng.below(files.len())];
-            resample(&mut rng, &pairs[file].samples_ns, d);
-        }
-        for (k, b) in rhs_of(&mut drawn).iter().enumerate() {
-            for (h, x) in solver.solve(b).into_iter().enumerate() {
-                reps[k][h].push(x);
-            }
-        }
-    }
+    let mut reps = bootstrap(pairs, &system, &solver, opts);
 
     let us = |ns: f64| ns / 1e3;
     let estimates = (0..hosts)
@@ -196,6 +151,91 @@ pub fn estimate(pairs: &[PairInput], opts: Options) -> Result<Estimate, (System,
         .collect::<Vec<_>>();
 
     let fitted: Vec<Vec<f64>> = solution.iter().map(|x| system.design.mul_vec(x)).collect();
+    let (pair_results, residual_rms_us) = pair_results(pairs, &rhs, &fitted);
+    let notes = notes_of(&estimates);
+    Ok(Estimate {
+        format_version: FORMAT_VERSION,
+        hosts: system.hosts.clone(),
+        equations: pairs.len(),
+        determined,
+        condition_number: system.condition_number(),
+        resamples: opts.resamples,
+        confidence: opts.confidence,
+        seed: opts.seed,
+        stats: STATS.iter().map(|s| s.name()).collect(),
+        estimates,
+        pairs: pair_results,
+        residual_rms_us,
+        notes,
+    })
+}
+
+/// rhs[stat][pair]: each pair's statistics of `samples` less 2h.
+fn rhs_of(pairs: &[PairInput], samples: &mut [Vec<f64>]) -> Vec<Vec<f64>> {
+    let per_pair: Vec<Vec<f64>> = samples
+        .iter_mut()
+        .zip(pairs)
+        .map(|(s, p)| {
+            all_stats(s)
+                .into_iter()
+                .map(|v| v - 2.0 * p.hardware_ns)
+                .collect()
+        })
+        .collect();
+    (0..STATS.len())
+        .map(|k| per_pair.iter().map(|v| v[k]).collect())
+        .collect()
+}
+
+/// Bootstrap: solution replicates [stat][host][replicate]. A pair measured
+/// from the same end in several files is resampled in two stages, its
+/// files first, then each drawn file's samples: the spread between the
+/// runs enters the interval, not only the sampling error within one. (The
+/// two ends of a pair are not exchangeable: a host's latency as prober
+/// and as responder may differ, and measuring from both ends averages the
+/// two.)
+fn bootstrap(
+    pairs: &[PairInput],
+    system: &System,
+    solver: &LeastSquares,
+    opts: Options,
+) -> Vec<Vec<Vec<f64>>> {
+    let hosts = system.hosts.len();
+    let mut reps = vec![vec![Vec::with_capacity(opts.resamples); hosts]; STATS.len()];
+    let mut rng = Rng::new(opts.seed);
+    let mut drawn: Vec<Vec<f64>> = vec![Vec::new(); pairs.len()];
+    let same_pair: Vec<Vec<usize>> = system
+        .pairs
+        .iter()
+        .map(|p| {
+            (0..pairs.len())
+                .filter(|r| system.pairs[*r] == *p)
+                .collect()
+        })
+        .collect();
+    for _ in 0..opts.resamples {
+        for (d, files) in drawn.iter_mut().zip(&same_pair) {
+            let file = files[rng.below(files.len())];
+            resample(&mut rng, &pairs[file].samples_ns, d);
+        }
+        for (k, b) in rhs_of(pairs, &mut drawn).iter().enumerate() {
+            for (h, x) in solver.solve(b).into_iter().enumerate() {
+                reps[k][h].push(x);
+            }
+        }
+    }
+    reps
+}
+
+/// Each pair's RTT statistics and residuals, and the residuals' RMS per
+/// statistic.
+#[allow(clippy::type_complexity)]
+fn pair_results(
+    pairs: &[PairInput],
+    rhs: &[Vec<f64>],
+    fitted: &[Vec<f64>],
+) -> (Vec<PairResult>, BTreeMap<String, f64>) {
+    let us = |ns: f64| ns / 1e3;
     let pair_results = pairs
         .iter()
         .enumerate()
@@ -228,8 +268,14 @@ pub fn estimate(pairs: &[PairInput], opts: Options) -> Result<Estimate, (System,
             (s.name(), us((ss / pairs.len() as f64).sqrt()))
         })
         .collect();
+    (pair_results, residual_rms_us)
+}
+
+/// The model's assumptions, and each host whose estimates came out
+/// negative.
+fn notes_of(estimates: &[HostEstimate]) -> Vec<String> {
     let mut notes: Vec<String> = ASSUMPTIONS.iter().map(|s| s.to_string()).collect();
-    for e in &estimates {
+    for e in estimates {
         let negative: Vec<&str> = e
             .stats
             .iter()
@@ -244,19 +290,5 @@ pub fn estimate(pairs: &[PairInput], opts: Options) -> Result<Estimate, (System,
             ));
         }
     }
-    Ok(Estimate {
-        format_version: FORMAT_VERSION,
-        hosts: system.hosts.clone(),
-        equations: pairs.len(),
-        determined,
-        condition_number: system.condition_number(),
-        resamples: opts.resamples,
-        confidence: opts.confidence,
-        seed: opts.seed,
-        stats: STATS.iter().map(|s| s.name()).collect(),
-        estimates,
-        pairs: pair_results,
-        residual_rms_us,
-        notes,
-    })
+    notes
 }

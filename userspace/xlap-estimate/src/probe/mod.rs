@@ -165,6 +165,17 @@ pub fn decode(buf: &[u8]) -> Option<(u8, u64)> {
     Some((buf[0], seq))
 }
 
+/// An error of a receive that only says no datagram came (yet): its
+/// timeout ran out, or a signal interrupted it.
+pub(crate) fn no_datagram(e: &std::io::Error) -> bool {
+    matches!(
+        e.kind(),
+        std::io::ErrorKind::WouldBlock
+            | std::io::ErrorKind::TimedOut
+            | std::io::ErrorKind::Interrupted
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

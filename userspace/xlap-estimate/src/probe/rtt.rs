@@ -11,24 +11,7 @@ use std::time::{Duration, Instant};
 use xlap_exit::{failure, Code};
 
 pub fn run(a: &RttOptions) -> Result<RttFile> {
-    if a.size < MIN_SIZE || a.size > 65_000 {
-        return Err(failure(
-            Code::Usage,
-            format!("--size must lie in {MIN_SIZE}..=65000 bytes"),
-        ));
-    }
-    if a.count == 0 || a.timeout_ms == 0 {
-        return Err(failure(
-            Code::Usage,
-            "--count and --timeout-ms must be positive",
-        ));
-    }
-    if a.name_from == a.name_to {
-        return Err(failure(
-            Code::Usage,
-            "--name-from and --name-to must name two different hosts",
-        ));
-    }
+    check(a)?;
     let local: SocketAddr = a.bind.unwrap_or_else(|| match a.to {
         SocketAddr::V4(_) => "0.0.0.0:0".parse().expect("addr"),
         SocketAddr::V6(_) => "[::]:0".parse().expect("addr"),
@@ -92,36 +75,16 @@ pub fn run(a: &RttOptions) -> Result<RttFile> {
             Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {}
             Err(e) => return Err(e).with_context(|| format!("send to {}", a.to)),
         }
-        // The socket's receive timeout is the whole timeout unless a stray
-        // datagram or a timeout shortened it: no system call between the
-        // send and the receive of a probe for it.
-        let mut left = timeout;
-        let got = loop {
-            if rcv_timeout != Some(left) {
-                sock.set_read_timeout(Some(left))?;
-                rcv_timeout = Some(left);
-            }
-            match sock.recv(&mut rx) {
-                Ok(n) => match decode(&rx[..n]) {
-                    Some((KIND_ECHO, s)) if s == seq => break true,
-                    Some((KIND_ECHO, s)) if s < seq => out.late += 1,
-                    _ => {}
-                },
-                Err(e)
-                    if matches!(
-                        e.kind(),
-                        std::io::ErrorKind::WouldBlock
-                            | std::io::ErrorKind::TimedOut
-                            | std::io::ErrorKind::Interrupted
-                            | std::io::ErrorKind::ConnectionRefused
-                    ) => {}
-                Err(e) => return Err(e).with_context(|| format!("receive from {}", a.to)),
-            }
-            left = (t0 + timeout).saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                break false;
-            }
-        };
+        let got = await_echo(
+            &sock,
+            &mut rx,
+            seq,
+            t0,
+            timeout,
+            &mut rcv_timeout,
+            &mut out.late,
+        )
+        .with_context(|| format!("receive from {}", a.to))?;
         if !got {
             if i >= a.warmup {
                 out.lost += 1;
@@ -141,6 +104,67 @@ pub fn run(a: &RttOptions) -> Result<RttFile> {
         out.delay_spent_ns = Some(spent.as_nanos() as u64);
     }
     Ok(out)
+}
+
+/// The options' values a probe can run with.
+fn check(a: &RttOptions) -> Result<()> {
+    if a.size < MIN_SIZE || a.size > 65_000 {
+        return Err(failure(
+            Code::Usage,
+            format!("--size must lie in {MIN_SIZE}..=65000 bytes"),
+        ));
+    }
+    if a.count == 0 || a.timeout_ms == 0 {
+        return Err(failure(
+            Code::Usage,
+            "--count and --timeout-ms must be positive",
+        ));
+    }
+    if a.name_from == a.name_to {
+        return Err(failure(
+            Code::Usage,
+            "--name-from and --name-to must name two different hosts",
+        ));
+    }
+    Ok(())
+}
+
+/// Waits for the echo of probe `seq` sent at `t0`, at most `timeout` from
+/// then: true when it came. Echoes of earlier probes are counted `late`.
+/// The socket's receive timeout is the whole timeout unless a stray
+/// datagram or a timeout shortened it: no system call between the send
+/// and the receive of a probe for it.
+fn await_echo(
+    sock: &UdpSocket,
+    rx: &mut [u8],
+    seq: u64,
+    t0: Instant,
+    timeout: Duration,
+    rcv_timeout: &mut Option<Duration>,
+    late: &mut u64,
+) -> std::io::Result<bool> {
+    let mut left = timeout;
+    loop {
+        if *rcv_timeout != Some(left) {
+            sock.set_read_timeout(Some(left))?;
+            *rcv_timeout = Some(left);
+        }
+        match sock.recv(rx) {
+            Ok(n) => match decode(&rx[..n]) {
+                Some((KIND_ECHO, s)) if s == seq => return Ok(true),
+                Some((KIND_ECHO, s)) if s < seq => *late += 1,
+                _ => {}
+            },
+            // An earlier echo's ICMP error: no echo either.
+            Err(e)
+                if super::no_datagram(&e) || e.kind() == std::io::ErrorKind::ConnectionRefused => {}
+            Err(e) => return Err(e),
+        }
+        left = (t0 + timeout).saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Ok(false);
+        }
+    }
 }
 
 /// Writes the file (temp file + rename) and prints a one-line account.

@@ -43,16 +43,7 @@ pub fn run(a: &ServeOptions) -> Result<Served> {
     while !stop.load(Ordering::Relaxed) && end.is_none_or(|e| Instant::now() < e) {
         let (n, peer) = match sock.recv_from(&mut buf) {
             Ok(got) => got,
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    std::io::ErrorKind::WouldBlock
-                        | std::io::ErrorKind::TimedOut
-                        | std::io::ErrorKind::Interrupted
-                ) =>
-            {
-                continue
-            }
+            Err(e) if super::no_datagram(&e) => continue,
             Err(e) => return Err(e).context("receive"),
         };
         let Some((KIND_PROBE, seq)) = decode(&buf[..n]) else {

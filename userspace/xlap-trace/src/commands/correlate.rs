@@ -14,7 +14,7 @@ pub fn correlate(a: &CorrelateArgs) -> Result<()> {
     if a.json {
         println!("{}", serde_json::to_string_pretty(&result)?);
     } else {
-        print_correlation(&result, &a.output);
+        print_correlation(&result, &crate::confine::shown(&a.output));
     }
     Ok(())
 }

@@ -40,6 +40,55 @@ fn wait_for(path: &Path, timeout: Duration) -> Result<()> {
     Ok(())
 }
 
+/// The example protocol's receiver on host b and its sender on host a,
+/// the sender waiting for `OUT/start`.
+fn start_example(
+    stage: &Stage,
+    example: &Path,
+    out: &Path,
+    args: &DemoArgs,
+) -> Result<(std::process::Child, std::process::Child)> {
+    let (a, b) = (stage.host(0), stage.host(1));
+    let files = |n: &str| out.join(n);
+    for f in ["receiver.ready", "start", "tracer.ready"] {
+        let _ = std::fs::remove_file(files(f));
+    }
+    let dest = format!("{}:9000", b.ipv4);
+    let receiver = memory::unbounded(&mut b.command(example))
+        .args(["recv", "--bind", &dest, "--expect", &args.count.to_string()])
+        .arg("--ready-file")
+        .arg(files("receiver.ready"))
+        .arg("--log")
+        .arg(files("receiver.jsonl"))
+        .stdin(Stdio::null())
+        .spawn()
+        .context("cannot start the example receiver")?;
+    wait_for(&files("receiver.ready"), Duration::from_secs(20))?;
+    let sender = memory::unbounded(&mut a.command(example))
+        .args([
+            "send",
+            "--dest",
+            &dest,
+            "--bind",
+            &format!("{}:9001", a.ipv4),
+        ])
+        .args([
+            "--count",
+            &args.count.to_string(),
+            "--period-us",
+            &args.period_us.to_string(),
+        ])
+        .args(["--drop", "0.01"])
+        .arg("--start-file")
+        .arg(files("start"))
+        .arg("--log")
+        .arg(files("sender.jsonl"))
+        .stdin(Stdio::null())
+        .spawn()
+        .context("cannot start the example sender")?;
+    Ok((sender, receiver))
+}
+
 pub fn run(args: &DemoArgs) -> Result<()> {
     preflight::check_privileges(false)?;
     preflight::check_btf()?;
@@ -66,42 +115,7 @@ pub fn run(args: &DemoArgs) -> Result<()> {
         a.ipv4, a.netns, b.ipv4, b.netns
     );
     let files = |n: &str| out.join(n);
-    for f in ["receiver.ready", "start", "tracer.ready"] {
-        let _ = std::fs::remove_file(files(f));
-    }
-    let dest = format!("{}:9000", b.ipv4);
-    let mut receiver = memory::unbounded(&mut b.command(&example))
-        .args(["recv", "--bind", &dest, "--expect", &args.count.to_string()])
-        .arg("--ready-file")
-        .arg(files("receiver.ready"))
-        .arg("--log")
-        .arg(files("receiver.jsonl"))
-        .stdin(Stdio::null())
-        .spawn()
-        .context("cannot start the example receiver")?;
-    wait_for(&files("receiver.ready"), Duration::from_secs(20))?;
-    let mut sender = memory::unbounded(&mut a.command(&example))
-        .args([
-            "send",
-            "--dest",
-            &dest,
-            "--bind",
-            &format!("{}:9001", a.ipv4),
-        ])
-        .args([
-            "--count",
-            &args.count.to_string(),
-            "--period-us",
-            &args.period_us.to_string(),
-        ])
-        .args(["--drop", "0.01"])
-        .arg("--start-file")
-        .arg(files("start"))
-        .arg("--log")
-        .arg(files("sender.jsonl"))
-        .stdin(Stdio::null())
-        .spawn()
-        .context("cannot start the example sender")?;
+    let (mut sender, mut receiver) = start_example(&stage, &example, &out, args)?;
     println!(
         "example protocol: {} data packets every {} µs, FEC k=4, 1 % artificial drop",
         args.count, args.period_us
@@ -145,17 +159,20 @@ pub fn run(args: &DemoArgs) -> Result<()> {
     }
     println!("\n== what the kernel saw ==");
     record::print_summary(&meta, &record_args.output);
+    analyse(&record_args.output, &out)
+}
+
+/// The demo's analysis of its run `run`: the packets table, the main
+/// kind's summary, outlier causes and correlation, and the report in
+/// `out`.
+fn analyse(run_dir: &Path, out: &Path) -> Result<()> {
     println!("\n== the packets table (sender and receiver joined by seq) ==");
-    let packets = xlap_records::RunDir::new(&record_args.output).packets();
-    let correlation =
-        xlap_analyze::finish::correlate_dirs(&[record_args.output.as_path()], &packets, None)?;
+    let packets = xlap_records::RunDir::new(run_dir).packets();
+    let correlation = xlap_analyze::finish::correlate_dirs(&[run_dir], &packets, None)?;
     xlap_analyze::finish::print_correlation(&correlation, &packets);
-    let run = record_args.output.display().to_string();
-    let (conn, _) = xlap_analyze::session::open(
-        &record_args.output,
-        xlap_analyze::dataset::Shared::Materialized,
-        false,
-    )?;
+    let run = run_dir.display().to_string();
+    let (conn, _) =
+        xlap_analyze::session::open(run_dir, xlap_analyze::dataset::Shared::Materialized, false)?;
     // The data packets: the protocol's most common kind.
     let kind = xlap_analyze::dataset::main_kind(&conn)?;
     let kind_arg: String = conn

@@ -1,6 +1,7 @@
 //! A detached session finished: Parquet and the complete run.json.
 
 use super::*;
+use xlap_records::run_meta::StopReason;
 
 /// A session whose programs are gone, with everything they delivered.
 pub struct Detached {
@@ -21,7 +22,7 @@ pub struct Detached {
 impl Detached {
     /// Writes the Parquet stamps (without the by-port stamps of datagrams
     /// that went to other sockets) and `run.json`.
-    pub fn finish(self, plan: &Plan, stop_reason: String) -> Result<RunMeta> {
+    pub fn finish(self, plan: &Plan, stop_reason: StopReason) -> Result<RunMeta> {
         let Detached {
             following,
             marker_sites,
@@ -104,38 +105,7 @@ impl Detached {
         meta.stop_reason = stop_reason;
         meta.write(&files.meta())?;
         if let Some(segments) = segments {
-            // As for every segment: Parquet holds the same stamps.
-            std::fs::remove_file(files.stamps_stream())
-                .with_context(|| format!("cannot remove {}", files.stamps_stream().display()))?;
-            if !args.quiet {
-                eprintln!("xlap-trace: finishing the last segments ...");
-            }
-            let index = segments.end(&meta, files.path())?;
-            let unfinished: Vec<&segments::SegmentEntry> = index
-                .segments
-                .iter()
-                .filter(|s| s.state == segments::SegmentState::Deleted && s.error.is_some())
-                .collect();
-            if !unfinished.is_empty() {
-                eprintln!(
-                    "xlap-trace: warning: {} segments ({} stamps) were deleted before they were finished: the finisher fell behind the budget (--max-size larger, --rotate smaller or fewer points keep them; segments.json)",
-                    unfinished.len(),
-                    unfinished.iter().map(|s| s.stamps).sum::<u64>()
-                );
-            }
-            if !args.quiet {
-                let kept = index
-                    .segments
-                    .iter()
-                    .filter(|s| s.state != segments::SegmentState::Deleted)
-                    .count();
-                eprintln!(
-                    "xlap-trace: {} segments in {} ({kept} kept; {})",
-                    index.segments.len(),
-                    args.output.display(),
-                    segments::INDEX_FILE
-                );
-            }
+            end_segments(segments, &meta, &files, args)?;
         }
         // The run directory is whole: what uprobes are left are closed by
         // a child once we have exited (each close waits ~60 ms).
@@ -155,4 +125,47 @@ impl Detached {
         protocols::refuse_unkeyed(&meta)?;
         Ok(meta)
     }
+}
+
+/// The end of a rotated recording: the last segments finished, what the
+/// finisher could not keep said.
+fn end_segments(
+    segments: Segments,
+    meta: &RunMeta,
+    files: &RunDir,
+    args: &RecordOptions,
+) -> Result<()> {
+    // As for every segment: Parquet holds the same stamps.
+    std::fs::remove_file(files.stamps_stream())
+        .with_context(|| format!("cannot remove {}", files.stamps_stream().display()))?;
+    if !args.quiet {
+        eprintln!("xlap-trace: finishing the last segments ...");
+    }
+    let index = segments.end(meta, files.path())?;
+    let unfinished: Vec<&segments::SegmentEntry> = index
+        .segments
+        .iter()
+        .filter(|s| s.state == segments::SegmentState::Deleted && s.error.is_some())
+        .collect();
+    if !unfinished.is_empty() {
+        eprintln!(
+                "xlap-trace: warning: {} segments ({} stamps) were deleted before they were finished: the finisher fell behind the budget (--max-size larger, --rotate smaller or fewer points keep them; segments.json)",
+                unfinished.len(),
+                unfinished.iter().map(|s| s.stamps).sum::<u64>()
+            );
+    }
+    if !args.quiet {
+        let kept = index
+            .segments
+            .iter()
+            .filter(|s| s.state != segments::SegmentState::Deleted)
+            .count();
+        eprintln!(
+            "xlap-trace: {} segments in {} ({kept} kept; {})",
+            index.segments.len(),
+            args.output.display(),
+            segments::INDEX_FILE
+        );
+    }
+    Ok(())
 }

@@ -3,6 +3,7 @@
 //! the run stops, then the probes detached.
 
 use super::*;
+use xlap_records::run_meta::StopReason;
 
 /// A session attached to its targets.
 pub struct Live {
@@ -32,7 +33,7 @@ pub struct Live {
 impl Live {
     /// Drains the ring buffer and follows the targets until a stop
     /// condition; returns which.
-    pub fn follow(&mut self, plan: &Plan, stop: &Arc<AtomicBool>) -> Result<String> {
+    pub fn follow(&mut self, plan: &Plan, stop: &Arc<AtomicBool>) -> Result<StopReason> {
         let result = self.follow_until_stop(plan, stop);
         // The segment being recorded when it stopped (a rotated recording
         // has moved on from its first); `recover` of the recording's
@@ -46,7 +47,7 @@ impl Live {
         })
     }
 
-    fn follow_until_stop(&mut self, plan: &Plan, stop: &Arc<AtomicBool>) -> Result<String> {
+    fn follow_until_stop(&mut self, plan: &Plan, stop: &Arc<AtomicBool>) -> Result<StopReason> {
         let args = plan.args;
         let mut priority =
             (!args.full_priority).then(|| ReaderPriority::background(plan.ringbuf_bytes));
@@ -85,25 +86,7 @@ impl Live {
                     v.set_app_names(names);
                 }
             }
-            let mut drained = 0usize;
-            while let Some(item) = self.ring.next() {
-                drained += item.len();
-                if drained >= plan.ringbuf_bytes as usize / 4 {
-                    // Behind by a quarter of the buffer in this one drain.
-                    if let Some(p) = priority.as_mut() {
-                        p.adjust(drained);
-                    }
-                    drained = 0;
-                }
-                // One record: a stamp or a per-CPU batch of them.
-                for raw in xlap_stamp::all_from_bytes(&item) {
-                    self.sink.take(&raw);
-                }
-                if self.sink.batcher.len() >= BATCH_ROWS {
-                    self.sink.write_batch()?;
-                    last_flush = Instant::now();
-                }
-            }
+            let drained = self.drain_ring(plan, &mut priority, &mut last_flush)?;
             let sink = &mut self.sink;
             self.markers.drain(|raw| sink.take(raw));
             if let Some(p) = priority.as_mut() {
@@ -152,42 +135,10 @@ impl Live {
                 );
                 last_progress = Instant::now();
             }
-            if stop.load(Ordering::Relaxed) {
-                break "signal";
+            if let Some(reason) = self.stop_due(args, stop, elapsed) {
+                break reason;
             }
-            if args.duration.is_some_and(|d| elapsed >= d) {
-                break "duration";
-            }
-            if args
-                .count
-                .is_some_and(|c| self.sink.packets_total + self.sink.tally.packets.len() >= c)
-            {
-                break "count";
-            }
-            if args.rotate.is_none() && args.max_size.is_some_and(|m| self.sink.stream_bytes >= m) {
-                if !args.quiet {
-                    eprintln!("xlap-trace: warning: the live stream reached --max-size: the run stops here (--rotate keeps recording within the budget)");
-                }
-                break "max-size";
-            }
-            match self.pending_cut {
-                Some((cut, at)) if at.elapsed() >= ROTATION_SETTLE => {
-                    self.attached.capture.export_batches(&self.batches);
-                    self.drain_now();
-                    self.pending_cut = None;
-                    self.rotate(plan, cut)?;
-                }
-                None if self.rotation_due() => {
-                    // The cut is an instant of the stamps' clock, not of
-                    // their arrival: a CPU's batch can come in up to the
-                    // export interval late.
-                    let cut = runmeta::sample_clocks().monotonic_ns;
-                    self.sink.held = Some((cut, Vec::new()));
-                    self.attached.capture.export_batches(&self.batches);
-                    self.pending_cut = Some((cut, Instant::now()));
-                }
-                _ => {}
-            }
+            self.rotation_step(plan)?;
             if last_follow.elapsed() >= FOLLOW_EVERY {
                 last_follow = Instant::now();
                 let all_exited = self
@@ -199,7 +150,7 @@ impl Live {
                     self.markers.release(&mut self.attached.capture, pid);
                 }
                 if all_exited {
-                    break "targets exited";
+                    break StopReason::TargetsExited;
                 }
             }
         };
@@ -209,7 +160,90 @@ impl Live {
         // A rotation the end overtook: its segment takes the held stamps.
         self.pending_cut = None;
         self.sink.release_held();
-        Ok(reason.to_string())
+        Ok(reason)
+    }
+
+    /// Takes what the ring buffer holds, writing batches as they fill;
+    /// returns the bytes taken since the reader's priority last adjusted.
+    fn drain_ring(
+        &mut self,
+        plan: &Plan,
+        priority: &mut Option<ReaderPriority>,
+        last_flush: &mut Instant,
+    ) -> Result<usize> {
+        let mut drained = 0usize;
+        while let Some(item) = self.ring.next() {
+            drained += item.len();
+            if drained >= plan.ringbuf_bytes as usize / 4 {
+                // Behind by a quarter of the buffer in this one drain.
+                if let Some(p) = priority.as_mut() {
+                    p.adjust(drained);
+                }
+                drained = 0;
+            }
+            // One record: a stamp or a per-CPU batch of them.
+            for raw in xlap_stamp::all_from_bytes(&item) {
+                self.sink.take(&raw);
+            }
+            if self.sink.batcher.len() >= BATCH_ROWS {
+                self.sink.write_batch()?;
+                *last_flush = Instant::now();
+            }
+        }
+        Ok(drained)
+    }
+
+    /// Why the run stops now, if it does: a signal, `--duration`,
+    /// `--count`, or `--max-size` without `--rotate`.
+    fn stop_due(
+        &self,
+        args: &RecordOptions,
+        stop: &Arc<AtomicBool>,
+        elapsed: f64,
+    ) -> Option<StopReason> {
+        if stop.load(Ordering::Relaxed) {
+            return Some(StopReason::Signal);
+        }
+        if args.duration.is_some_and(|d| elapsed >= d) {
+            return Some(StopReason::Duration);
+        }
+        if args
+            .count
+            .is_some_and(|c| self.sink.packets_total + self.sink.tally.packets.len() >= c)
+        {
+            return Some(StopReason::Count);
+        }
+        if args.rotate.is_none() && args.max_size.is_some_and(|m| self.sink.stream_bytes >= m) {
+            if !args.quiet {
+                eprintln!("xlap-trace: warning: the live stream reached --max-size: the run stops here (--rotate keeps recording within the budget)");
+            }
+            return Some(StopReason::MaxSize);
+        }
+        None
+    }
+
+    /// A rotation: its cut taken when due, and made once the stamps up to
+    /// it have settled.
+    fn rotation_step(&mut self, plan: &Plan) -> Result<()> {
+        match self.pending_cut {
+            Some((cut, at)) if at.elapsed() >= ROTATION_SETTLE => {
+                self.attached.capture.export_batches(&self.batches);
+                self.drain_now();
+                self.pending_cut = None;
+                self.rotate(plan, cut)?;
+            }
+            None if self.rotation_due() => {
+                // The cut is an instant of the stamps' clock, not of
+                // their arrival: a CPU's batch can come in up to the
+                // export interval late.
+                let cut = runmeta::sample_clocks().monotonic_ns;
+                self.sink.held = Some((cut, Vec::new()));
+                self.attached.capture.export_batches(&self.batches);
+                self.pending_cut = Some((cut, Instant::now()));
+            }
+            _ => {}
+        }
+        Ok(())
     }
 
     /// Takes what the ring buffer and the markers' rings hold now.
@@ -273,7 +307,7 @@ impl Live {
         });
         meta.reader_cpu_s = Some(thread_cpu_s() - self.info.cpu_start);
         meta.window = Some(self.sink.window.meta());
-        meta.stop_reason = "(still running)".into();
+        meta.stop_reason = StopReason::StillRunning;
         Ok(meta.write(&self.files.meta())?)
     }
 
@@ -329,7 +363,7 @@ impl Live {
         closed.state = RunState::Complete;
         closed.checkpoint = None;
         closed.clock_end = Some(clock);
-        closed.stop_reason = "rotated".into();
+        closed.stop_reason = StopReason::Rotated;
         let mut window = self.sink.window;
         window.until_ns = cut;
         closed.window = Some(window.meta());

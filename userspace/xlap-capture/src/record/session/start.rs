@@ -130,19 +130,7 @@ impl Session {
         if let Some(m) = crate::hwts::message(&timestamping) {
             plan.note(m);
         }
-        let view = (args.live || args.metrics.is_some())
-            .then(|| {
-                LiveView::new(
-                    markers.sites.usdt.app_names.clone(),
-                    args.live,
-                    args.metrics,
-                )
-                .map(|mut v| {
-                    v.set_sample(args.sample.as_ref());
-                    v
-                })
-            })
-            .transpose()?;
+        let view = live_view(args, &markers)?;
         let meta = initial_meta(
             &self.capture,
             plan,
@@ -162,21 +150,15 @@ impl Session {
             batches,
             losses,
             flow_maps,
-            sink: Sink {
-                batcher: StampBatcher::new(&run_id, &host, markers.sites.usdt.app_names.clone()),
-                stream: StampStream::create(&files.stamps_stream())?,
-                streamed: 0,
-                stream_bytes: 0,
-                stamps_total: 0,
-                packets_total: 0,
-                tally: Tally::default(),
-                foreign: ForeignFlows::default(),
-                stats: StatsSampler::start(args.stats_mode),
+            sink: new_sink(
+                args,
+                &run_id,
+                &host,
+                &markers,
+                &files,
                 view,
-                sample: args.sample.clone(),
-                window: Window::from(clock_start.monotonic_ns),
-                held: None,
-            },
+                clock_start.monotonic_ns,
+            )?,
             files,
             segments,
             segment_started: Instant::now(),
@@ -205,6 +187,51 @@ impl Session {
         announce_ready(plan, &live)?;
         Ok(live)
     }
+}
+
+/// The live view and metrics server (`--live`, `--metrics`), if asked for.
+fn live_view(args: &RecordOptions, markers: &Markers) -> Result<Option<LiveView>> {
+    (args.live || args.metrics.is_some())
+        .then(|| {
+            LiveView::new(
+                markers.sites.usdt.app_names.clone(),
+                args.live,
+                args.metrics,
+            )
+            .map(|mut v| {
+                v.set_sample(args.sample.as_ref());
+                v
+            })
+        })
+        .transpose()
+}
+
+/// Where the run's stamps go: batched into the Arrow stream of `files`,
+/// tallied, shown in `view`, windowed from `start_monotonic_ns`.
+fn new_sink(
+    args: &RecordOptions,
+    run_id: &str,
+    host: &str,
+    markers: &Markers,
+    files: &RunDir,
+    view: Option<LiveView>,
+    start_monotonic_ns: u64,
+) -> Result<Sink> {
+    Ok(Sink {
+        batcher: StampBatcher::new(run_id, host, markers.sites.usdt.app_names.clone()),
+        stream: StampStream::create(&files.stamps_stream())?,
+        streamed: 0,
+        stream_bytes: 0,
+        stamps_total: 0,
+        packets_total: 0,
+        tally: Tally::default(),
+        foreign: ForeignFlows::default(),
+        stats: StatsSampler::start(args.stats_mode),
+        view,
+        sample: args.sample.clone(),
+        window: Window::from(start_monotonic_ns),
+        held: None,
+    })
 }
 
 /// The run's directory, or the first segment's of a rotated recording.
@@ -298,7 +325,7 @@ fn initial_meta(
         }),
         bpf_ns_per_stamp: None,
         reader_cpu_s: Some(0.0),
-        stop_reason: String::new(),
+        stop_reason: xlap_records::run_meta::StopReason::Running,
         segment,
         device_timestamping: timestamping,
         capabilities_missing: plan.caps_missing.iter().map(|n| n.name.into()).collect(),
