@@ -145,6 +145,16 @@ fn compare_bad_input_is_said_with_its_code() {
         err.contains("no stage nope in both runs; the stages are:"),
         "{err}"
     );
+    // A JUnit file that cannot be written (as root, before the confined
+    // child starts): an error, never 1, which is a regression.
+    let junit = scratch.path("no-such-dir").join("junit.xml");
+    let out = xlap(&["compare", a, a, "--junit", junit.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("cannot write") && err.contains("junit.xml"),
+        "{err}"
+    );
 }
 
 #[test]

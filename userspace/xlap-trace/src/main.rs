@@ -33,7 +33,11 @@ fn main() -> ExitCode {
         Ok(confine::Next::Exit(code)) => return code,
         Err(e) => {
             eprintln!("xlap-trace: error: {e:#}");
-            return ExitCode::from(exit_code(&e));
+            // compare's 1 is a regression: its other failures exit 2.
+            return match (&cli.command, exit_code(&e)) {
+                (Some(Command::Compare(_)), 1) => ExitCode::from(Code::Usage as u8),
+                (_, code) => ExitCode::from(code),
+            };
         }
     }
     match run(cli) {
