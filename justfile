@@ -27,11 +27,16 @@ test: lint build
     @# anywhere in a test's name, hence the skip: capture:: would also take
     @# usdt_capture::). Last, the kernel matrix: Debian's own 6.1 and 6.12
     @# in QEMU guests, and 5.10's refusal (docs/testing.md).
-    status=0; cargo test --workspace --no-fail-fast || status=$?; \
+    @# A failing test's own words are repeated last (a CI log is often
+    @# shown by its ends only).
+    status=0; log={{target}}/test-output.log; : > "$log"; \
+    cargo test --workspace --no-fail-fast 2>&1 | tee -a "$log" || status=$?; \
     XLAP_KERNEL_AS=6.1 cargo test -p xlap-tests --no-fail-fast --test it -- attribution:: \
-        event_loops:: io_uring:: iperf3:: path_matrix:: capture:: least_privilege:: --skip usdt_capture:: || status=$?; \
+        event_loops:: io_uring:: iperf3:: path_matrix:: capture:: least_privilege:: --skip usdt_capture:: \
+        2>&1 | tee -a "$log" || status=$?; \
     {{xlap}} stage sweep --check || status=$?; \
-    just vm-matrix || status=$?; exit $status
+    just vm-matrix || status=$?; \
+    if [ $status -ne 0 ]; then tests/failures.sh "$log"; fi; exit $status
 
 # The conformance matrix: programs we did not write (iperf3, sockperf, Go,
 # tokio, C sendmmsg/recvmmsg, Python asyncio, ...) traced and checked

@@ -339,11 +339,13 @@ pub const DEFAULT_TUNNEL_PORTS: [u16; 2] = [4789, 8472];
 
 impl Capture {
     pub fn load(settings: &Settings) -> Result<Capture> {
+        // The user's mistakes are said before what this kernel lacks.
+        let mut config = config_of(settings)?;
         let btf = Btf::from_sys_fs()
             .map_err(|e| failure(Code::Kernel, format!("cannot read the kernel BTF: {e}")))?;
         let (object, dynptr) = crate::kfunc::resolve_dynptr(CAPTURE_OBJECT, &btf);
         let boundary = choose_boundary(settings.boundary, &dynptr, &btf);
-        let config = config_of(settings, &btf, dynptr.is_ok(), &boundary)?;
+        fit_to_kernel(&mut config, settings, &btf, dynptr.is_ok(), &boundary);
         let mut bpf = load_object(object.bytes(), &config, settings.ringbuf_bytes)?;
         let mut unattached = Vec::new();
         attach_tracepoints(
@@ -394,7 +396,7 @@ impl Capture {
         }
         let program: &mut BtfTracePoint = self
             .bpf
-            .program_mut(SEND_SYSCALLS_PROGRAM)
+            .program_mut(crate::hooks::SEND_SYSCALL)
             .context("program on_send_syscall is missing from the object")?
             .try_into()?;
         if let Err(e) = program.attach() {
@@ -998,14 +1000,9 @@ fn recursion_misses(fd: std::os::fd::BorrowedFd) -> Option<u64> {
     (rc == 0).then_some(info.recursion_misses)
 }
 
-/// The BPF side's configuration (`CFG`) for a run of `settings` on this
-/// kernel.
-fn config_of(
-    settings: &Settings,
-    btf: &Btf,
-    dynptr: bool,
-    boundary: &BoundaryChoice,
-) -> Result<xlap_abi::xlap_config> {
+/// The BPF side's configuration (`CFG`) for a run of `settings`, before
+/// the kernel is known (usage errors only).
+fn config_of(settings: &Settings) -> Result<xlap_abi::xlap_config> {
     let (layouts, win_start, win_len) = settings.layouts.to_abi()?;
     let mut config = xlap_abi::xlap_config {
         layouts,
@@ -1037,6 +1034,17 @@ fn config_of(
     for (slot, port) in config.tunnel_ports.iter_mut().zip(&settings.tunnel_ports) {
         *slot = *port;
     }
+    Ok(config)
+}
+
+/// What `CFG` takes from this kernel and the boundary chosen on it.
+fn fit_to_kernel(
+    config: &mut xlap_abi::xlap_config,
+    settings: &Settings,
+    btf: &Btf,
+    dynptr: bool,
+    boundary: &BoundaryChoice,
+) {
     config.have_dynptr = dynptr as u8;
     config.syscall_hooks = matches!(boundary, BoundaryChoice::Syscalls(_)) as u8;
     config.send_syscalls = (*boundary == BoundaryChoice::Auto) as u8;
@@ -1052,7 +1060,6 @@ fn config_of(
             .is_err()
             || emulated_absent(crate::hooks::SOCK_RECV_LENGTH).is_some()))
         as u8;
-    Ok(config)
 }
 
 /// The capture object loaded (its maps made, no program yet) with
@@ -1376,9 +1383,6 @@ fn attach_tp_btf(bpf: &mut Ebpf, btf: &Btf, prog: &str, target: &str) -> Result<
     Ok(())
 }
 
-/// The send syscalls' hook of `--boundary auto` (bpf/hooks/calls.h).
-pub const SEND_SYSCALLS_PROGRAM: &str = crate::hooks::SEND_SYSCALL;
-
 /// `--boundary auto`: loads the send syscalls' hook (attached later, once a
 /// traced UDP socket is connected) and attaches the connect hooks that hold
 /// a process connecting one until then. Returns the hook's state, and
@@ -1390,7 +1394,7 @@ fn load_send_syscalls(
     hold_connect: bool,
 ) -> (SendSyscalls, Result<(), String>) {
     let loaded = bpf
-        .program_mut(SEND_SYSCALLS_PROGRAM)
+        .program_mut(crate::hooks::SEND_SYSCALL)
         .context("program on_send_syscall is missing from the object")
         .and_then(|p| -> Result<()> {
             let p: &mut BtfTracePoint = p.try_into()?;
@@ -1398,7 +1402,7 @@ fn load_send_syscalls(
             Ok(())
         });
     if let Err(e) = loaded {
-        let why = refusal(SEND_SYSCALLS_PROGRAM, &e).unwrap_or_else(|| format!("{e:#}"));
+        let why = refusal(crate::hooks::SEND_SYSCALL, &e).unwrap_or_else(|| format!("{e:#}"));
         return (SendSyscalls::Refused(why), Ok(()));
     }
     if !hold_connect {

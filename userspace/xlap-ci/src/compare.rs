@@ -11,6 +11,7 @@ use super::summary::{StageSummary, Summary};
 use anyhow::Result;
 use serde::Serialize;
 use xlap_exit::{failure, Code};
+use xlap_records::tracer_cost::TracerCost;
 
 /// A metric: `e2e.p99`, `stage:NAME.p50` (p with up to two decimals, e.g.
 /// `p99.9`).
@@ -781,16 +782,41 @@ fn notes_of(
             say(&cand_sample)
         ));
     }
-    let bpf = |s: &Summary| s.tracer.as_ref().and_then(|t| t.bpf_ns_per_datagram);
-    if let (Some(b), Some(c)) = (bpf(base), bpf(cand)) {
-        if b > 0.0 && c > b * (1.0 + max_regression.max(TRACER_COST_NOISE)) {
-            notes.push(format!(
-                "tracing itself got dearer: the capture's BPF time per datagram went from {b:.0} to {c:.0} ns (×{:.2}); on a path that runs on one CPU that much of a stage's growth is the tracer's",
-                c / b
+    notes.extend(tracer_note(base, cand, max_regression));
+    notes
+}
+
+/// What the tracer's own cost says of a comparison: that tracing got
+/// dearer (its BPF time per datagram grew, and so did each program run's),
+/// or that the programs ran more often per traced datagram at the same
+/// cost per run (other traffic on the machine, or more points), which
+/// tells nothing of the latency tracing added to the traced datagrams.
+fn tracer_note(base: &Summary, cand: &Summary, max_regression: f64) -> Option<String> {
+    let figure = |s: &Summary, f: fn(&TracerCost) -> Option<f64>| s.tracer.as_ref().and_then(f);
+    let grew = |b: f64, c: f64| b > 0.0 && c > b * (1.0 + max_regression.max(TRACER_COST_NOISE));
+    let (b, c) = (
+        figure(base, |t| t.bpf_ns_per_datagram)?,
+        figure(cand, |t| t.bpf_ns_per_datagram)?,
+    );
+    if !grew(b, c) {
+        return None;
+    }
+    let per_run = (
+        figure(base, |t| t.bpf_ns_per_run),
+        figure(cand, |t| t.bpf_ns_per_run),
+    );
+    if let (Some(rb), Some(rc)) = per_run {
+        if !grew(rb, rc) {
+            return Some(format!(
+                "the capture's programs ran ×{:.2} as often per traced datagram (BPF time per datagram {b:.0} → {c:.0} ns, per program run {rb:.0} → {rc:.0} ns): other traffic on the machine or more points ran them, each run did not get dearer",
+                (c / rc) / (b / rb)
             ));
         }
     }
-    notes
+    Some(format!(
+        "tracing itself got dearer: the capture's BPF time per datagram went from {b:.0} to {c:.0} ns (×{:.2}); on a path that runs on one CPU that much of a stage's growth is the tracer's",
+        c / b
+    ))
 }
 
 /// `--min-change 10us` (also `ns`, `ms`; a bare number is µs), in ns.
@@ -990,5 +1016,25 @@ mod tests {
         );
         let worse = compare(&traced_at(2_000.0), &traced_at(3_100.0), &[], th).unwrap();
         assert!(dearer(&worse), "{:?}", worse.notes);
+        // The same growth at the same cost per run: other traffic ran the
+        // programs more often; not dearer, and said so.
+        let per_run = |bpf_ns: f64, run_ns: f64| {
+            let mut s = traced_at(bpf_ns);
+            s.tracer.as_mut().unwrap().bpf_ns_per_run = Some(run_ns);
+            s
+        };
+        let busier = compare(&per_run(2_000.0, 150.0), &per_run(3_100.0, 160.0), &[], th).unwrap();
+        assert!(!dearer(&busier), "{:?}", busier.notes);
+        assert!(
+            busier
+                .notes
+                .iter()
+                .any(|n| n.contains("ran ×1.45 as often")),
+            "{:?}",
+            busier.notes
+        );
+        let each_run =
+            compare(&per_run(2_000.0, 150.0), &per_run(3_100.0, 240.0), &[], th).unwrap();
+        assert!(dearer(&each_run), "{:?}", each_run.notes);
     }
 }

@@ -273,6 +273,9 @@ fn tracer_line(c: &Comparison) -> Option<String> {
     if let Some(p) = pair(&|t| t.bpf_ns_per_datagram, &|v| format!("{v:.0}")) {
         parts.push(format!("BPF {p} ns per datagram"));
     }
+    if let Some(p) = pair(&|t| t.bpf_ns_per_run, &|v| format!("{v:.0}")) {
+        parts.push(format!("{p} ns per program run"));
+    }
     if let Some(p) = pair(&|t| t.recorder_cpu_share, &|v| {
         format!("{:.1} %", v * 100.0)
     }) {

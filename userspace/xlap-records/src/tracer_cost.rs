@@ -17,6 +17,12 @@ pub struct TracerCost {
     /// datagram, sampled or not.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bpf_ns_per_datagram: Option<f64>,
+    /// The capture's BPF run time per program run (every program's time
+    /// over every program's runs), ns. A per-datagram figure grows when
+    /// other traffic on the machine runs the programs more often; this one
+    /// grows when each run got dearer (the tracer's code, the kernel).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bpf_ns_per_run: Option<f64>,
     /// The same per capture program (`on_net_dev_queue`, ...).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub program_ns_per_datagram: BTreeMap<String, f64>,
@@ -48,12 +54,21 @@ impl TracerCost {
         };
         let bpf_ns_per_datagram =
             (!program_ns_per_datagram.is_empty()).then(|| program_ns_per_datagram.values().sum());
+        let (time, runs) = meta.bpf_programs.values().fold((0u64, 0u64), |(t, n), p| {
+            (
+                t.saturating_add(p.run_time_ns),
+                n.saturating_add(p.run_count),
+            )
+        });
+        let bpf_ns_per_run =
+            (datagrams.is_some() && time > 0 && runs > 0).then(|| time as f64 / runs as f64);
         let recorder_cpu_share = match (meta.reader_cpu_s, meta.duration_s()) {
             (Some(cpu), Some(s)) if s > 0.0 => Some(cpu / s),
             _ => None,
         };
         let cost = TracerCost {
             bpf_ns_per_datagram,
+            bpf_ns_per_run,
             program_ns_per_datagram,
             recorder_cpu_share,
         };
@@ -72,6 +87,12 @@ impl TracerCost {
         Self::combine(parts, |v| v.iter().sum())
     }
 
+    /// The mean of one figure over the runs of `parts` that have it.
+    fn combine_mean(parts: &[&TracerCost], f: fn(&TracerCost) -> Option<f64>) -> Option<f64> {
+        let v: Vec<f64> = parts.iter().filter_map(|c| f(c)).collect();
+        (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64)
+    }
+
     /// Each figure of `parts` reduced by `reduce` over the runs that have it.
     fn combine(parts: &[&TracerCost], reduce: fn(&[f64]) -> f64) -> Option<TracerCost> {
         let over = |f: &dyn Fn(&TracerCost) -> Option<f64>| {
@@ -86,6 +107,8 @@ impl TracerCost {
         }
         let cost = TracerCost {
             bpf_ns_per_datagram: over(&|c| c.bpf_ns_per_datagram),
+            // Each recorder's programs run on their own: a mean either way.
+            bpf_ns_per_run: Self::combine_mean(parts, |c| c.bpf_ns_per_run),
             program_ns_per_datagram: programs
                 .into_iter()
                 .map(|(name, v)| (name, reduce(&v)))
@@ -101,9 +124,9 @@ mod tests {
     use super::*;
     use crate::run_meta::{BpfStats, ClockPair, ProgramStats};
 
-    fn program(ns: u64) -> ProgramStats {
+    fn program(ns: u64, runs: u64) -> ProgramStats {
         ProgramStats {
-            run_count: 1,
+            run_count: runs,
             run_time_ns: ns,
             recursion_misses: None,
             verified_insns: None,
@@ -131,13 +154,15 @@ mod tests {
             ..RunMeta::default()
         };
         meta.bpf_programs
-            .insert("on_net_dev_queue".into(), program(40_000));
+            .insert("on_net_dev_queue".into(), program(40_000, 200));
         meta.bpf_programs
-            .insert("on_netif_rx".into(), program(20_000));
+            .insert("on_netif_rx".into(), program(20_000, 400));
         let cost = TracerCost::of_run(&meta).unwrap();
         assert_eq!(cost.bpf_ns_per_datagram, Some(600.0));
         assert_eq!(cost.program_ns_per_datagram["on_netif_rx"], 200.0);
         assert_eq!(cost.recorder_cpu_share, Some(0.05));
+        // 60 µs over 600 runs, whatever the datagrams.
+        assert_eq!(cost.bpf_ns_per_run, Some(100.0));
         meta.options.sample = crate::sample::Sample::parse("1/4", vec![]).unwrap();
         let sampled = TracerCost::of_run(&meta).unwrap();
         assert_eq!(sampled.bpf_ns_per_datagram, Some(150.0));
@@ -146,6 +171,7 @@ mod tests {
         let ends = TracerCost::sum(&[&cost, &sampled]).unwrap();
         assert_eq!(ends.bpf_ns_per_datagram, Some(750.0));
         assert_eq!(ends.recorder_cpu_share, Some(0.1));
+        assert_eq!(ends.bpf_ns_per_run, Some(100.0));
         assert_eq!(TracerCost::of_run(&RunMeta::default()), None);
     }
 }

@@ -62,36 +62,51 @@ struct Access<'a> {
     outputs: Vec<Output<'a>>,
 }
 
-/// The files of an analysis command; None for the others (recording needs
-/// its privileges, `finish` confines itself, `schema`, `synth`, `stage`,
-/// `probe`, `estimate` and `points` read nothing from a run).
-fn access(command: &mut Option<Command>) -> Option<Access<'_>> {
-    let runs = |r: &[PathBuf]| r.to_vec();
-    let (inputs, outputs) = match command.as_mut()? {
-        Command::Analyze(a) => (a.run.iter().cloned().collect(), vec![]),
-        Command::Sql(a) => (vec![a.run.clone()], vec![]),
-        Command::Report(a) => (runs(&a.runs), vec![Output::File(&mut a.output)]),
-        Command::Export(a) => (vec![a.run.clone()], vec![Output::File(&mut a.perfetto)]),
+/// What an analysis command reads: run directories, or files in them (a
+/// summary, a packets Parquet file); None for the other commands
+/// (recording needs its privileges, `finish` confines itself, `schema`,
+/// `synth`, `stage`, `probe`, `estimate` and `points` read no run).
+pub fn inputs(command: &Command) -> Option<Vec<PathBuf>> {
+    Some(match command {
+        Command::Analyze(a) => a.run.iter().cloned().collect(),
+        Command::Sql(a) => vec![a.run.clone()],
+        Command::Report(a) => a.runs.clone(),
+        Command::Export(a) => vec![a.run.clone()],
+        Command::Correlate(a) => a.runs.clone(),
+        Command::Summary(a) => a.runs.clone(),
+        Command::Compare(a) => vec![a.baseline.clone(), a.candidate.clone()],
+        Command::History(a) => a.runs.clone(),
+        Command::Recover(a) => a.runs.clone(),
+        Command::Dataset(DatasetCommand::Add(a)) => a.runs.clone(),
+        _ => return None,
+    })
+}
+
+/// What an analysis command writes.
+fn outputs(command: &mut Command) -> Vec<Output<'_>> {
+    match command {
+        Command::Report(a) => vec![Output::File(&mut a.output)],
+        Command::Export(a) => vec![Output::File(&mut a.perfetto)],
         Command::Correlate(a) => {
             let files = xlap_analyze::finish::correlation_files(&a.output);
-            (runs(&a.runs), vec![Output::Staged(&mut a.output, files)])
+            vec![Output::Staged(&mut a.output, files)]
         }
-        Command::Summary(a) => (
-            runs(&a.runs),
-            a.output.iter_mut().map(Output::File).collect(),
-        ),
-        Command::Compare(a) => (
-            vec![a.baseline.clone(), a.candidate.clone()],
-            a.junit.iter_mut().map(Output::File).collect(),
-        ),
-        Command::History(a) => (runs(&a.runs), a.svg.iter_mut().map(Output::File).collect()),
-        Command::Recover(a) => (runs(&a.runs), vec![]),
-        Command::Dataset(DatasetCommand::Add(a)) => {
-            (runs(&a.runs), vec![Output::Directory(&a.output)])
-        }
-        _ => return None,
-    };
-    Some(Access { inputs, outputs })
+        Command::Summary(a) => a.output.iter_mut().map(Output::File).collect(),
+        Command::Compare(a) => a.junit.iter_mut().map(Output::File).collect(),
+        Command::History(a) => a.svg.iter_mut().map(Output::File).collect(),
+        Command::Dataset(DatasetCommand::Add(a)) => vec![Output::Directory(&a.output)],
+        _ => vec![],
+    }
+}
+
+/// The files of an analysis command; None for the others.
+fn access(command: &mut Option<Command>) -> Option<Access<'_>> {
+    let command = command.as_mut()?;
+    let inputs = inputs(command)?;
+    Some(Access {
+        inputs,
+        outputs: outputs(command),
+    })
 }
 
 /// What `main` does next.

@@ -88,21 +88,12 @@ fn exit_code(e: &anyhow::Error) -> u8 {
     }
 }
 
-/// The runs a command reads (recovered first when their recorder died).
-fn runs_read(command: &Option<Command>) -> Vec<&std::path::Path> {
+/// The runs a command reads, recovered first when their recorder died
+/// (`recover` itself says what it recovers).
+fn runs_read(command: &Option<Command>) -> Vec<std::path::PathBuf> {
     match command {
-        Some(Command::Analyze(a)) => a.run.iter().map(|p| p.as_path()).collect(),
-        Some(Command::Sql(a)) => vec![a.run.as_path()],
-        Some(Command::Report(a)) => a.runs.iter().map(|p| p.as_path()).collect(),
-        Some(Command::Export(a)) => vec![a.run.as_path()],
-        Some(Command::Correlate(a)) => a.runs.iter().map(|p| p.as_path()).collect(),
-        Some(Command::Summary(a)) => a.runs.iter().map(|p| p.as_path()).collect(),
-        Some(Command::Compare(a)) => vec![a.baseline.as_path(), a.candidate.as_path()],
-        Some(Command::History(a)) => a.runs.iter().map(|p| p.as_path()).collect(),
-        Some(Command::Dataset(DatasetCommand::Add(a))) => {
-            a.runs.iter().map(|p| p.as_path()).collect()
-        }
-        _ => Vec::new(),
+        None | Some(Command::Recover(_)) => Vec::new(),
+        Some(c) => confine::inputs(c).unwrap_or_default(),
     }
 }
 
@@ -130,7 +121,8 @@ fn step_of(command: &Option<Command>) -> &'static str {
 
 fn run(cli: Cli) -> Result<ExitCode> {
     memory::step("recovering the runs read");
-    xlap_capture::recover::before_reading(&runs_read(&cli.command));
+    let runs = runs_read(&cli.command);
+    xlap_capture::recover::before_reading(&runs.iter().map(|p| p.as_path()).collect::<Vec<_>>());
     memory::step(step_of(&cli.command));
     let done = match cli.command {
         None => record::record(&cli.record),

@@ -88,6 +88,9 @@ pub fn print_summary(meta: &RunMeta, dir: &std::path::Path) {
         if let Some(ns) = cost.bpf_ns_per_datagram {
             parts.push(format!("BPF {ns:.0} ns per datagram"));
         }
+        if let Some(ns) = cost.bpf_ns_per_run {
+            parts.push(format!("{ns:.0} ns per program run"));
+        }
         if let Some(share) = cost.recorder_cpu_share {
             parts.push(format!("the recorder {:.1} % of a CPU", share * 100.0));
         }

@@ -7,7 +7,7 @@ use super::stats::{all_stats, interval, resample, STATS};
 use super::system::{Determined, Refusal, System};
 use serde::Serialize;
 use std::collections::BTreeMap;
-use xlap_ci::stats::Rng;
+use xlap_random::Rng;
 
 /// One measured pair: the samples of one `probe rtt` file.
 #[derive(Clone, Debug)]

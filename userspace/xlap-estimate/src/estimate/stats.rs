@@ -1,7 +1,7 @@
 //! The statistics estimated per host, and the resampling behind their
 //! intervals (with the CI comparison's generator, `ci::stats::Rng`).
 
-use xlap_ci::stats::Rng;
+use xlap_random::Rng;
 
 /// A statistic of an RTT distribution and of a host's latency.
 #[derive(Clone, Copy, Debug, PartialEq)]

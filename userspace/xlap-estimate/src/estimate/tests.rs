@@ -3,8 +3,8 @@
 use super::solve::{estimate, Options, PairInput};
 use super::system::{Determined, Refusal};
 use super::{apply_hardware, refusal_error};
-use xlap_ci::stats::Rng;
 use xlap_exit::{code_of, Code};
+use xlap_random::Rng;
 
 const OPTS: Options = Options {
     resamples: 200,
