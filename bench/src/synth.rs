@@ -65,7 +65,7 @@ pub fn fresh_aggregates(packets: &[PathBuf]) -> Result<()> {
     let t0 = Instant::now();
     let mut stale = 0;
     for p in packets {
-        stale += usize::from(xlap_analyze::stored::refresh(p)?);
+        stale += usize::from(xlap_analyze::store::refresh(p)?);
     }
     if stale > 0 {
         eprintln!(

@@ -74,7 +74,7 @@ const REQUIRED: &[&str] = &[
 ];
 
 /// The helper views over `packets` (long format of stages, path order).
-pub const VIEWS_SQL: &str = include_str!("../../../queries/views.sql");
+pub use crate::views::VIEWS_SQL;
 
 /// An opened dataset: what was found, for messages and reports.
 #[derive(Clone, Debug)]
@@ -91,73 +91,6 @@ fn input(path: &Path, what: impl Into<String>) -> AnalyzeError {
         path: path.display().to_string(),
         what: what.into(),
     }
-}
-
-pub(crate) fn run_dirs_in(dir: &Path) -> Vec<PathBuf> {
-    let mut out: Vec<PathBuf> = std::fs::read_dir(dir)
-        .map(|rd| {
-            rd.filter_map(|e| e.ok().map(|e| e.path()))
-                .filter(|p| RunDir::new(p).is_run())
-                .collect()
-        })
-        .unwrap_or_default();
-    out.sort();
-    out
-}
-
-/// The statements of a SQL file: each ends with `;` at the end of a line.
-fn statements(sql: &str) -> Vec<&str> {
-    let mut out = Vec::new();
-    let mut start = 0;
-    for (i, _) in sql.match_indices(";\n") {
-        out.push(&sql[start..=i]);
-        start = i + 2;
-    }
-    if !sql[start..].trim().is_empty() {
-        out.push(&sql[start..]);
-    }
-    out
-}
-
-/// The statements of `queries/views.sql` that make something (comments
-/// alone are skipped).
-fn shared_statements() -> Vec<&'static str> {
-    statements(VIEWS_SQL)
-        .into_iter()
-        .filter(|s| s.lines().any(is_code))
-        .collect()
-}
-
-/// Whether a line of `views.sql` is code: neither blank nor a comment.
-pub(crate) fn is_code(line: &str) -> bool {
-    !line.trim().is_empty() && !line.trim_start().starts_with("--")
-}
-
-/// The statements of `views.sql` that make the stored tables
-/// (crate::stored::TABLES): those up to the last of them. The stored
-/// tables are named by these alone, so a change to the statements after
-/// them (the outliers) leaves the tables runs keep valid.
-pub(crate) fn statements_of_stored_tables() -> Vec<&'static str> {
-    let all = shared_statements();
-    let last = all
-        .iter()
-        .rposition(|s| statement_name(s).is_some_and(|n| crate::stored::TABLES.contains(&n)))
-        .unwrap_or(all.len() - 1);
-    all[..=last].to_vec()
-}
-
-/// The name a `views.sql` statement creates (`CREATE OR REPLACE TEMP
-/// TABLE name AS`) or sets (`SET VARIABLE name =`).
-pub(crate) fn statement_name(stmt: &str) -> Option<&str> {
-    stmt.lines().find_map(|l| {
-        if l.starts_with("CREATE") {
-            l.split_whitespace().nth(5)
-        } else if l.starts_with("SET VARIABLE") {
-            l.split_whitespace().nth(2)
-        } else {
-            None
-        }
-    })
 }
 
 /// Why a dataset is opened.
@@ -248,7 +181,7 @@ pub fn open_one_end_ok(
 }
 
 /// Opens the packets file `packets` to compute its stored tables
-/// (crate::stored::store): the statements of `views.sql` up to them, a run
+/// (crate::store::store): the statements of `views.sql` up to them, a run
 /// with one end only included (its tables are empty).
 pub(crate) fn open_for_store(conn: &Connection, packets: &Path) -> Result<Dataset> {
     let how = Opening {
@@ -365,11 +298,11 @@ impl Found {
         }
         // A partitioned dataset: every run's packets and recordings,
         // run_id taken from the partition as Spark takes it.
-        let partitions = crate::partitioned::runs_of(arg);
+        let partitions = crate::layout::runs_of(arg);
         if !partitions.is_empty() {
             let run_dirs = partitions
                 .iter()
-                .flat_map(|r| crate::partitioned::recorders_of(r))
+                .flat_map(|r| crate::layout::recorders_of(r))
                 .collect();
             return Ok(Found {
                 partitions,
@@ -382,7 +315,7 @@ impl Found {
                 .parent()
                 .filter(|p| !p.as_os_str().is_empty())
                 .unwrap_or(Path::new("."));
-            let mut run_dirs = run_dirs_in(parent);
+            let mut run_dirs = crate::layout::run_dirs_in(parent);
             if RunDir::new(parent).is_run() {
                 run_dirs.insert(0, parent.to_path_buf());
             }
@@ -397,7 +330,7 @@ impl Found {
         if RunDir::new(arg).is_run() {
             run_dirs.push(arg.to_path_buf());
         }
-        run_dirs.extend(run_dirs_in(arg));
+        run_dirs.extend(crate::layout::run_dirs_in(arg));
         if !own.is_file() && run_dirs.is_empty() {
             return Err(input(
                 arg,
@@ -440,7 +373,7 @@ impl Found {
                     "xlap-trace: a dataset of {} runs, analysed as one population (name one, {}/{}=…, to analyse it alone)",
                     self.partitions.len(),
                     arg.display(),
-                    crate::partitioned::RUN_KEY
+                    crate::layout::RUN_KEY
                 );
             }
             return Ok(sides);
@@ -521,9 +454,9 @@ fn prepare_shared(
     purpose: Purpose,
 ) -> Result<()> {
     let mut to_store: Vec<&str> = crate::stored::TABLES.to_vec();
-    for stmt in shared_statements() {
+    for stmt in crate::views::shared_statements() {
         let t0 = std::time::Instant::now();
-        let name = statement_name(stmt);
+        let name = crate::views::statement_name(stmt);
         let from = stored
             .iter()
             .find(|(n, _)| Some(*n) == name)

@@ -142,13 +142,13 @@ pub fn correlation_files(out: &Path) -> Vec<std::path::PathBuf> {
 /// (crate::stored). Without them the analyses compute them, as before:
 /// a failure here is said, not the end of the correlation.
 pub fn store_aggregates(packets: &Path) {
-    say_unstored(packets, crate::stored::store(packets));
+    say_unstored(packets, crate::store::store(packets));
 }
 
 /// The same for packets that may have them already: computed again only
 /// when one is missing or does not match them (crate::stored::refresh).
 pub fn refresh_aggregates(packets: &Path) {
-    say_unstored(packets, crate::stored::refresh(packets).map(|_| ()));
+    say_unstored(packets, crate::store::refresh(packets).map(|_| ()));
 }
 
 fn say_unstored(packets: &Path, stored: crate::Result<()>) {

@@ -11,6 +11,7 @@ pub mod correlate;
 pub mod dataset;
 pub mod finish;
 pub mod format;
+pub mod layout;
 pub mod packets_table;
 pub mod partitioned;
 pub mod perfetto;
@@ -19,9 +20,11 @@ pub mod report;
 pub mod runs;
 pub mod session;
 pub mod sql;
+pub mod store;
 pub mod stored;
 pub mod summary;
 pub mod synth;
+pub mod views;
 
 pub use correlate::{correlate, CorrelateOptions, Correlation};
 

@@ -29,11 +29,9 @@ use crate::{sql, AnalyzeError, Result};
 use std::path::{Path, PathBuf};
 use xlap_records::RunDir;
 
-/// The partition key of a run, and of a recorder within it.
-pub const RUN_KEY: &str = "run_id";
-pub const RECORDER_KEY: &str = "recorder";
-/// The run's metadata table, beside its packets.
-pub const RUNS_TABLE: &str = "runs.parquet";
+pub use crate::layout::{
+    is_dataset, recorders_of, runs_by_start, runs_of, RECORDER_KEY, RUNS_TABLE, RUN_KEY,
+};
 
 /// A run added to a dataset.
 #[derive(Debug, Clone, serde::Serialize)]
@@ -47,62 +45,6 @@ pub struct Added {
     pub copied: usize,
     /// A run of that id was there and is replaced.
     pub replaced: bool,
-}
-
-/// Whether `dir` is a dataset: it holds run partitions.
-pub fn is_dataset(dir: &Path) -> bool {
-    !runs_of(dir).is_empty()
-}
-
-/// The run partitions of dataset `dir` (`run_id=*` holding packets), in
-/// name order.
-pub fn runs_of(dir: &Path) -> Vec<PathBuf> {
-    partitions(dir, RUN_KEY)
-        .into_iter()
-        .filter(|p| RunDir::new(p).packets().is_file())
-        .collect()
-}
-
-/// The run partitions of dataset `dir`, oldest first (by their first
-/// recording's start; a run whose recordings do not read goes last).
-pub fn runs_by_start(dir: &Path) -> Vec<PathBuf> {
-    let mut runs: Vec<(u64, PathBuf)> = runs_of(dir)
-        .into_iter()
-        .map(|run| {
-            let start = recorders_of(&run)
-                .iter()
-                .filter_map(|r| crate::runs::read_meta(&RunDir::new(r).meta()).ok())
-                .map(|m| m.clock_start.realtime_ns)
-                .min()
-                .unwrap_or(u64::MAX);
-            (start, run)
-        })
-        .collect();
-    runs.sort();
-    runs.into_iter().map(|(_, r)| r).collect()
-}
-
-/// The recorders' runs of run partition `run`.
-pub fn recorders_of(run: &Path) -> Vec<PathBuf> {
-    partitions(run, RECORDER_KEY)
-        .into_iter()
-        .filter(|p| RunDir::new(p).is_run())
-        .collect()
-}
-
-fn partitions(dir: &Path, key: &str) -> Vec<PathBuf> {
-    let prefix = format!("{key}=");
-    let mut out: Vec<PathBuf> = std::fs::read_dir(dir)
-        .map(|rd| {
-            rd.filter_map(|e| e.ok())
-                .filter(|e| e.file_type().map(|t| t.is_dir()).unwrap_or(false))
-                .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
-                .map(|e| e.path())
-                .collect()
-        })
-        .unwrap_or_default();
-    out.sort();
-    out
 }
 
 /// A run id as a directory name: ids come from the files (a run.json, a
@@ -185,7 +127,7 @@ pub fn add(run: &Path, dataset: &Path, replace: bool) -> Result<Added> {
         recorders.push(run.to_path_buf());
     }
     // (A run partition of another dataset: its recorder=… directories.)
-    recorders.extend(crate::dataset::run_dirs_in(run));
+    recorders.extend(crate::layout::run_dirs_in(run));
     if recorders.is_empty() {
         return Err(input(
             run,

@@ -8,6 +8,8 @@ use crate::queries::{self, Query, Table};
 use crate::{AnalyzeError, Result};
 use duckdb::Connection;
 use std::path::Path;
+
+pub use crate::layout::run_root;
 use std::time::Instant;
 
 /// An in-memory DuckDB with the run's views, within a memory bound (DuckDB
@@ -40,18 +42,6 @@ pub fn open_unconfined(
     open_engine(run, shared, progress, view, false)
 }
 
-/// Where `dataset::open` looks for a run's files: the directory given, or
-/// the directory of the packets file given (its runs are beside it).
-pub fn run_root(run: &Path) -> &Path {
-    if run.is_file() {
-        run.parent()
-            .filter(|p| !p.as_os_str().is_empty())
-            .unwrap_or(Path::new("."))
-    } else {
-        run
-    }
-}
-
 fn open_engine(
     run: &Path,
     shared: Shared,
@@ -63,7 +53,7 @@ fn open_engine(
     // The analyses order what they print themselves.
     conn.execute_batch("SET preserve_insertion_order = false;")?;
     if confined {
-        crate::confine(&conn, &[run_root(run)])?;
+        crate::confine(&conn, &[crate::layout::run_root(run)])?;
     }
     let ds = if confined {
         dataset::open_view(&conn, run, shared, progress, view)

@@ -1,4 +1,5 @@
-//! Per-run aggregates kept beside a packets file: the shared tables of
+//! Per-run aggregates kept beside a packets file (this module names and
+//! checks them and reads them back; crate::store computes and writes them): the shared tables of
 //! `queries/views.sql` that cost a full pass over the packets each
 //! (`stage_counts`, `stage_moments`: together two thirds of a default
 //! analysis of 10 M packets, which every analysis reads; `send_schedule`:
@@ -19,7 +20,6 @@
 //! packets uses them: `--e2e xlap` and `--inliers` change what the tables
 //! hold.
 
-use crate::dataset;
 use crate::{sql, AnalyzeError, Result};
 use duckdb::Connection;
 use std::io::{Read, Seek, SeekFrom};
@@ -29,13 +29,13 @@ use std::path::{Path, PathBuf};
 pub const TABLES: &[&str] = &["stage_counts", "stage_moments", "send_schedule"];
 
 /// Metadata keys of a stored table.
-const PACKETS_KEY: &str = "xlap.packets";
-const STATEMENTS_KEY: &str = "xlap.statements";
+pub(crate) const PACKETS_KEY: &str = "xlap.packets";
+pub(crate) const STATEMENTS_KEY: &str = "xlap.statements";
 /// The table's own rows: their count and the sum of their hashes. The
 /// other two keys name where the rows came from, not what they are: a
 /// table edited by hand with its keys kept was trusted (counts 1 740 000
 /// for 1 740).
-const CONTENT_KEY: &str = "xlap.content";
+pub(crate) const CONTENT_KEY: &str = "xlap.content";
 
 /// The bytes of a packets file's end hashed: its Parquet footer (the
 /// metadata of every row group and column chunk) lies there.
@@ -60,7 +60,7 @@ fn fnv1a(bytes: &[u8], mut h: u64) -> u64 {
 const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
 
 /// Names the packets file's content: its size and the hash of its footer.
-fn packets_id(packets: &Path) -> std::io::Result<String> {
+pub(crate) fn packets_id(packets: &Path) -> std::io::Result<String> {
     let mut f = xlap_records::run_file::open(packets)?;
     let size = f.metadata()?.len();
     let from = size.saturating_sub(FOOTER_BYTES);
@@ -77,8 +77,8 @@ const FORMAT: u32 = 2;
 
 /// Names the statements that make the tables: those of `views.sql` up to
 /// the last stored table, not the whole file.
-fn statements_id() -> String {
-    let hash = code_hash(&dataset::statements_of_stored_tables());
+pub(crate) fn statements_id() -> String {
+    let hash = code_hash(&crate::views::statements_making(TABLES));
     format!("{}:{FORMAT}:{hash:016x}", env!("CARGO_PKG_VERSION"))
 }
 
@@ -88,82 +88,14 @@ fn code_hash(statements: &[&str]) -> u64 {
     statements
         .iter()
         .flat_map(|s| s.lines())
-        .filter(|l| dataset::is_code(l))
+        .filter(|l| crate::views::is_code(l))
         .fold(FNV_OFFSET, |h, l| fnv1a(b"\n", fnv1a(l.as_bytes(), h)))
-}
-
-/// Computes the stored tables of the packets file `packets` (just written)
-/// and writes them beside it, on an engine confined to its directory.
-pub fn store(packets: &Path) -> Result<()> {
-    let conn = crate::engine()?;
-    conn.execute_batch("SET preserve_insertion_order = false;")?;
-    crate::confine(&conn, &[crate::session::run_root(packets)])?;
-    dataset::open_for_store(&conn, packets)?;
-    write(&conn, packets)
-}
-
-/// Computes the stored tables of `packets` again when one is missing or
-/// does not match it (made by another release, or from other packets);
-/// whether it did. For the kept runs of `dataset add` and the benchmarks,
-/// which would otherwise analyse them without their tables.
-pub fn refresh(packets: &Path) -> Result<bool> {
-    let conn = crate::engine()?;
-    crate::confine(&conn, &[crate::session::run_root(packets)])?;
-    let found = usable(&conn, packets);
-    if found.len() == TABLES.len() && found.iter().all(|(_, how)| how.is_ok()) {
-        return Ok(false);
-    }
-    drop(conn);
-    // None of the old ones stays beside the new (a link into another
-    // run's directory is replaced, not written through).
-    for t in TABLES {
-        let _ = std::fs::remove_file(path(packets, t));
-    }
-    store(packets)?;
-    Ok(true)
-}
-
-/// Writes the tables, already made in `conn` from `packets`, beside it.
-fn write(conn: &Connection, packets: &Path) -> Result<()> {
-    let id = packets_id(packets).map_err(|e| io_error(packets, e))?;
-    for name in TABLES {
-        let out = path(packets, name);
-        let tmp = xlap_records::run_file::engine_target(&out).map_err(|e| io_error(&out, e))?;
-        // The rows' digest is of the rows as Parquet gives them back (its
-        // types, not the engine's), so the table goes through a file once
-        // before the file that carries the digest.
-        let rows = out.with_extension("parquet.rows");
-        let _ = std::fs::remove_file(&rows); // a link left there, not followed
-        conn.execute_batch(&format!(
-            "COPY {name} TO {} (FORMAT PARQUET, COMPRESSION ZSTD);",
-            sql::path(&rows)
-        ))?;
-        let content = content_id(conn, &rows);
-        let copied = content.map_err(AnalyzeError::Other).and_then(|content| {
-            conn.execute_batch(&format!(
-                "COPY (FROM read_parquet({})) TO {} (FORMAT PARQUET, COMPRESSION ZSTD, KV_METADATA {{{}: {}, {}: {}, {}: {}}});",
-                sql::path(&rows),
-                sql::path(&tmp),
-                sql::literal(PACKETS_KEY),
-                sql::literal(&id),
-                sql::literal(STATEMENTS_KEY),
-                sql::literal(&statements_id()),
-                sql::literal(CONTENT_KEY),
-                sql::literal(&content),
-            ))
-            .map_err(AnalyzeError::from)
-        });
-        let _ = std::fs::remove_file(&rows);
-        copied?;
-        std::fs::rename(&tmp, &out).map_err(|e| io_error(&out, e))?;
-    }
-    Ok(())
 }
 
 /// A table file's rows: their count and the sum of their hashes (order
 /// free: the engine writes them in any order), the file's own columns only
 /// (a dataset's path says `run_id=…`, which the engine would add).
-fn content_id(conn: &Connection, file: &Path) -> std::result::Result<String, String> {
+pub(crate) fn content_id(conn: &Connection, file: &Path) -> std::result::Result<String, String> {
     conn.query_row(
         &format!(
             "SELECT count(*)::VARCHAR || ':' || coalesce(sum(hash(t)::HUGEINT), 0)::VARCHAR
@@ -189,7 +121,7 @@ fn rows_match(
     }
 }
 
-fn io_error(path: &Path, e: std::io::Error) -> AnalyzeError {
+pub(crate) fn io_error(path: &Path, e: std::io::Error) -> AnalyzeError {
     AnalyzeError::Input {
         path: path.display().to_string(),
         what: e.to_string(),
@@ -348,9 +280,9 @@ mod tests {
 
     #[test]
     fn the_stored_tables_are_named_by_the_statements_that_make_them_only() {
-        let names: Vec<&str> = crate::dataset::statements_of_stored_tables()
+        let names: Vec<&str> = crate::views::statements_making(TABLES)
             .iter()
-            .filter_map(|s| crate::dataset::statement_name(s))
+            .filter_map(|s| crate::views::statement_name(s))
             .collect();
         for t in TABLES {
             assert!(names.contains(t), "{t} not among {names:?}");

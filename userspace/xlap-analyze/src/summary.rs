@@ -549,7 +549,7 @@ impl Summary {
 /// The run.json of each run a directory of runs (or a packets file beside
 /// them) holds.
 fn metas_of_runs_in(dir: &Path) -> Vec<xlap_records::run_meta::RunMeta> {
-    crate::dataset::run_dirs_in(session::run_root(dir))
+    crate::layout::run_dirs_in(crate::layout::run_root(dir))
         .iter()
         .filter_map(|d| crate::runs::read_meta(&xlap_records::RunDir::new(d).meta()).ok())
         .collect()
