@@ -20,7 +20,7 @@
 //! packets uses them: `--e2e xlap` and `--inliers` change what the tables
 //! hold.
 
-use crate::{sql, AnalyzeError, Result};
+use crate::{sql, AnalyzeError};
 use duckdb::Connection;
 use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
