@@ -7,6 +7,9 @@
 #                                        stamps per point against their own counts
 #   guest.sh OUT XLAP refuse             `record` refuses this kernel: exit 4,
 #                                        naming what is missing, no verifier dump
+#   guest.sh OUT XLAP confine            an analysis as root without Landlock
+#                                        runs as the owner of its run: a link
+#                                        in it to a root-only file is refused
 #   guest.sh OUT XLAP it IT [FILTER...]  areas of the `it` test binary, by name
 #
 # Steps can be chained: guest.sh OUT XLAP record it IT FILTER... (`it` takes
@@ -93,6 +96,42 @@ refuse() {
 	echo "${why:-ok}" | sed 's/^; //' >"$out/refuse.status"
 }
 
+# A kernel without Landlock (5.10): `analyze` as root on a run owned by
+# nobody runs as nobody (said once), and a packets table linked to a
+# root-only copy is refused (exit 6); the same crafted run owned by root
+# is read through the link (uid 0 without capabilities owns the file):
+# the switch is what refuses it.
+confine() {
+	local d=$out/confine work
+	rm -rf "$d" && mkdir -p "$d"
+	# The guest's own tmpfs: ownership there is the guest's to give.
+	work=$(mktemp -d /tmp/xlap-confine.XXXXXX)
+	chmod 755 "$work"
+	local why="" rc
+	"$xlap" synth --packets 500 -o "$work/run" >"$d/synth.log" 2>&1 || why="synth failed: $(tail -n 3 "$d/synth.log")"
+	chown -R 65534:65534 "$work/run"
+	"$xlap" analyze "$work/run" >"$d/plain.out" 2>"$d/plain.err"
+	rc=$?
+	cat "$d/plain.err"
+	[ "$rc" = 0 ] || why="$why; analyze of nobody's run exited $rc"
+	[ "$(grep -c 'runs as uid 65534' "$d/plain.err")" = 1 ] || why="$why; the uid switch was not said once"
+	# The crafted run: its packets table a link to a root-only copy.
+	cp "$work/run/packets.parquet" "$work/secret.parquet"
+	chown 0:0 "$work/secret.parquet" && chmod 600 "$work/secret.parquet"
+	ln -sf "$work/secret.parquet" "$work/run/packets.parquet"
+	"$xlap" analyze "$work/run" >"$d/link.out" 2>"$d/link.err"
+	rc=$?
+	cat "$d/link.err"
+	[ "$rc" = 6 ] || why="$why; the link to a root-only file: exit $rc, not 6"
+	chown -h 0:0 "$work/run" "$work/run/packets.parquet"
+	"$xlap" analyze "$work/run" >"$d/root.out" 2>"$d/root.err"
+	rc=$?
+	[ "$rc" = 0 ] || why="$why; control: the root-owned crafted run exited $rc (the check above proves nothing)"
+	grep -q 'keeps its uid' "$d/root.err" || why="$why; control: keeping uid 0 was not said"
+	rm -rf "$work"
+	echo "${why:-ok}" | sed 's/^; //' >"$out/confine.status"
+}
+
 # One test at a time, each timed (OUT/it.times: seconds, verdict, name).
 it() {
 	local bin=$1 failed=() t0 t1 rc
@@ -119,7 +158,7 @@ while (($#)); do
 	step=$1
 	shift
 	case "$step" in
-	record | refuse) "$step" >"$out/$step.log" 2>&1 ;;
+	record | refuse | confine) "$step" >"$out/$step.log" 2>&1 ;;
 	it) it "$@" >"$out/it.log" 2>&1
 		set --
 		;;

@@ -4,7 +4,8 @@
 # kernels. On 6.1 (Debian 12) and 6.12 (bookworm-backports): a real
 # recording of two UDP programs, its stamps per point against their own
 # counts, then areas of the `it` binary by name. On 5.10 (Debian 11, below
-# the minimum): `record` must refuse with exit 4, naming what is missing.
+# the minimum): `record` must refuse with exit 4, naming what is missing,
+# and an analysis as root without Landlock runs as the owner of its run.
 #
 #   tests/vm/matrix.sh [SUITE...]   default: bookworm bookworm-backports bullseye
 #
@@ -43,7 +44,7 @@ failed=0
 # docs/testing.md): each guest is slower beside another.
 steps_of() {
 	case "$1" in
-	bullseye) echo refuse ;;
+	bullseye) echo refuse confine ;;
 	*) echo record it "$it" "${filters[@]}" ;;
 	esac
 }
@@ -80,7 +81,7 @@ for suite in "${suites[@]}"; do
 	boot=$(mark start)
 	row="| $kernel | $(cat "$out/wall" 2>/dev/null || echo "?") | ${boot%.*}"
 	prev=start
-	for step in record refuse it; do
+	for step in record refuse confine it; do
 		if [[ " ${steps[*]} " == *" $step "* ]]; then
 			status=$(cat "$out/$step.status" 2>/dev/null || echo "did not finish (console.log)")
 			[ "$status" = ok ] || failed=1
@@ -89,7 +90,7 @@ for suite in "${suites[@]}"; do
 		fi
 	done
 	rows+=("$row |")
-	for step in record refuse; do
+	for step in record refuse confine; do
 		[ -f "$out/$step.log" ] && sed "s/^/  $suite $step: /" "$out/$step.log" | tail -n 40
 	done
 	[ -f "$out/it.log" ] && grep -E '^test result|FAILED|panicked' "$out/it.log" | sed "s/^/  $suite it: /" | tail -n 20

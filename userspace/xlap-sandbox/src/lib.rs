@@ -26,6 +26,9 @@ use std::path::{Path, PathBuf};
 pub struct Policy {
     reads: Vec<PathBuf>,
     writes: Vec<PathBuf>,
+    /// The uid and gid to run as from now on (where Landlock is missing:
+    /// the files' owner keeps the process to what that user may touch).
+    user: Option<(u32, u32)>,
 }
 
 /// How far the confinement went: said by the caller when it is partial.
@@ -36,14 +39,22 @@ pub struct Confined {
     pub landlock: Result<u32, String>,
     /// The process had capabilities, and has none now.
     pub capabilities_dropped: bool,
+    /// The uid the process switched to ([`Policy::as_user`]).
+    pub user: Option<u32>,
 }
 
 impl Confined {
     /// One line for the user when the file confinement is missing, None
     /// when it is complete.
     pub fn shortfall(&self) -> Option<String> {
+        let user = match self.user {
+            Some(uid) => format!("it runs as uid {uid}, the owner of its files"),
+            None => "it keeps its uid (its files belong to root or to several users)".into(),
+        };
         self.landlock.as_ref().err().map(|why| {
-            format!("the analysis runs without capabilities but not confined to its files: {why}")
+            format!(
+                "the analysis runs without capabilities but not confined to its files: {why}; {user}"
+            )
         })
     }
 }
@@ -93,6 +104,14 @@ impl Policy {
         self
     }
 
+    /// Runs as `uid` and `gid` (no supplementary groups) from now on: for
+    /// a kernel without Landlock, where the owner of the files a process
+    /// works on is what keeps it from the rest ([`user_for`]).
+    pub fn as_user(mut self, uid: u32, gid: u32) -> Policy {
+        self.user = Some((uid, gid));
+        self
+    }
+
     /// Confines the calling process for the rest of its life (and its
     /// children's). Paths that do not exist are left out (nothing there can
     /// be read; a directory to write in must exist first). Errors when the
@@ -108,7 +127,13 @@ impl Policy {
                 "the confinement must come before any thread starts ({threads} threads): it would not reach the others"
             ));
         }
-        let capabilities_dropped = caps::drop_all()?;
+        // The uid first: it needs CAP_SETUID, and leaving uid 0 clears the
+        // capabilities the dropping below then finds gone.
+        let had_capabilities = caps::held()?;
+        if let Some((uid, gid)) = self.user {
+            switch_user(uid, gid)?;
+        }
+        let capabilities_dropped = caps::drop_all()? || (had_capabilities && self.user.is_some());
         // SAFETY: prctl with integer arguments only.
         if unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) } != 0 {
             return Err(format!(
@@ -126,6 +151,7 @@ impl Policy {
         Ok(Confined {
             landlock,
             capabilities_dropped,
+            user: self.user.map(|(uid, _)| uid),
         })
     }
 
@@ -143,6 +169,50 @@ impl Policy {
         }
         ruleset.restrict_self()
     }
+}
+
+/// The kernel's Landlock ABI, or why there is none (the same answer
+/// [`Policy::apply`] gets).
+pub fn landlock_abi() -> Result<u32, String> {
+    landlock::abi()
+}
+
+/// The user a confined process runs as where Landlock is missing: the one
+/// non-root owner (uid, gid) of every path in `paths` (the directories it
+/// works in), None when one of them belongs to root, their owners differ,
+/// or one cannot be read. Root's own files keep uid 0: another uid could
+/// not read them, and root gains nothing from running as itself.
+pub fn user_for(paths: &[&Path]) -> Option<(u32, u32)> {
+    use std::os::unix::fs::MetadataExt;
+    let mut owner = None;
+    for path in paths {
+        let meta = std::fs::metadata(path).ok()?;
+        let this = (meta.uid(), meta.gid());
+        if this.0 == 0 || owner.is_some_and(|o| o != this) {
+            return None;
+        }
+        owner = Some(this);
+    }
+    owner
+}
+
+/// Leaves uid 0 for `uid`/`gid` for good (real, effective and saved ids),
+/// without supplementary groups.
+fn switch_user(uid: u32, gid: u32) -> Result<(), String> {
+    let fail = |what: &str| format!("cannot {what}: {}", std::io::Error::last_os_error());
+    // SAFETY: setgroups with no list; setresgid/setresuid take integers.
+    unsafe {
+        if libc::setgroups(0, std::ptr::null()) != 0 {
+            return Err(fail("drop the supplementary groups"));
+        }
+        if libc::setresgid(gid, gid, gid) != 0 {
+            return Err(fail(&format!("switch to gid {gid}")));
+        }
+        if libc::setresuid(uid, uid, uid) != 0 {
+            return Err(fail(&format!("switch to uid {uid}")));
+        }
+    }
+    Ok(())
 }
 
 /// Whether this process holds privileges a parser should not have: uid 0
@@ -433,5 +503,37 @@ mod landlock {
             }
             Ok(())
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_user_is_the_one_non_root_owner_of_every_directory() {
+        // SAFETY: geteuid cannot fail.
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("needs root to give directories away: left out");
+            return;
+        }
+        let base = std::env::temp_dir().join(format!("xlap-user-for-{}", std::process::id()));
+        let dir = |name: &str, owner: Option<(u32, u32)>| {
+            let d = base.join(name);
+            std::fs::create_dir_all(&d).unwrap();
+            if let Some((uid, gid)) = owner {
+                std::os::unix::fs::chown(&d, Some(uid), Some(gid)).unwrap();
+            }
+            d
+        };
+        let a = dir("a", Some((65534, 65534)));
+        let b = dir("b", Some((65534, 65534)));
+        let other = dir("other", Some((65533, 65534)));
+        let roots = dir("root", None);
+        assert_eq!(user_for(&[&a, &b]), Some((65534, 65534)));
+        assert_eq!(user_for(&[&a, &other]), None, "two owners");
+        assert_eq!(user_for(&[&a, &roots]), None, "root's files keep uid 0");
+        assert_eq!(user_for(&[&a, &base.join("missing")]), None);
+        let _ = std::fs::remove_dir_all(&base);
     }
 }

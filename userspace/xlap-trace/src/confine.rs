@@ -24,8 +24,14 @@ pub fn to_run(run: &Path, quiet: bool) -> Result<()> {
     // Still one thread (apply checks): no other thread reads the
     // environment while it changes.
     std::env::set_var("TMPDIR", run);
-    let confined = xlap_sandbox::Policy::new()
-        .write(run)
+    let mut policy = xlap_sandbox::Policy::new().write(run);
+    // Without Landlock, the run's owner where it is not root's.
+    if xlap_sandbox::landlock_abi().is_err() {
+        if let Some((uid, gid)) = xlap_sandbox::user_for(&[run]) {
+            policy = policy.as_user(uid, gid);
+        }
+    }
+    let confined = policy
         .apply()
         .map_err(|e| anyhow!("cannot confine the analysis of {}: {e}", run.display()))?;
     if let (Some(shortfall), false) = (confined.shortfall(), quiet) {

@@ -19,6 +19,36 @@ pub fn shown(path: &Path) -> PathBuf {
         .map_or_else(|| path.to_path_buf(), |(_, given)| given.clone())
 }
 
+/// The variable that hands the child the user to run as ("uid:gid"),
+/// where Landlock is missing.
+const USER_VAR: &str = "XLAP_CONFINED_USER";
+
+/// The directories an analysis works in: each input directory, and the
+/// directory of each input file.
+fn input_dirs(inputs: &[PathBuf]) -> Vec<&Path> {
+    inputs
+        .iter()
+        .map(|i| if i.is_dir() { i.as_path() } else { parent_of(i) })
+        .collect()
+}
+
+/// The user the child runs as: where Landlock is missing, the one
+/// non-root owner of the runs it reads (xlap_sandbox::user_for); None
+/// where Landlock confines it to its files.
+fn child_user(inputs: &[PathBuf]) -> Option<(u32, u32)> {
+    xlap_sandbox::landlock_abi().err()?;
+    xlap_sandbox::user_for(&input_dirs(inputs))
+}
+
+/// Gives what the parent made for the child to its user.
+fn give(path: &Path, user: Option<(u32, u32)>) -> Result<()> {
+    if let Some((uid, gid)) = user {
+        std::os::unix::fs::lchown(path, Some(uid), Some(gid))
+            .with_context(|| format!("cannot give {} to uid {uid}", path.display()))?;
+    }
+    Ok(())
+}
+
 /// The variable that hands output `i`'s staged path to the child.
 fn staged_var(i: usize) -> String {
     format!("XLAP_CONFINED_OUTPUT_{i}")
@@ -60,6 +90,16 @@ pub fn confine_child(access: Access, child: &str) -> Result<()> {
     if let Some(tmp) = std::env::var_os("TMPDIR") {
         policy = policy.write(tmp);
     }
+    if let Some(user) = std::env::var_os(USER_VAR) {
+        let parsed = user
+            .to_str()
+            .and_then(|u| u.split_once(':'))
+            .and_then(|(uid, gid)| Some((uid.parse().ok()?, gid.parse().ok()?)));
+        let (uid, gid) = parsed.ok_or_else(|| {
+            anyhow!("{USER_VAR} is not uid:gid: it is set by xlap-trace for its confined child, not by hand")
+        })?;
+        policy = policy.as_user(uid, gid);
+    }
     let confined = policy
         .apply()
         .map_err(|e| anyhow!("cannot confine the analysis: {e}"))?;
@@ -79,18 +119,34 @@ pub fn run_child(access: Access, child: &str) -> Result<ExitCode> {
     cmd.args(std::env::args_os().skip(1))
         .env(child, "1")
         .env("TMPDIR", tmp.path());
+    let user = child_user(&access.inputs);
+    if let Some((uid, gid)) = user {
+        cmd.env(USER_VAR, format!("{uid}:{gid}"));
+    }
+    give(tmp.path(), user)?;
     let mut made = Vec::new();
     let mut stages = Vec::new();
     for (i, output) in access.outputs.iter().enumerate() {
         match output {
-            Output::File(path) => made.extend(make_file(path)?),
-            Output::Directory(dir) => std::fs::create_dir_all(dir)
-                .with_context(|| format!("cannot make {}", dir.display()))?,
+            Output::File(path) => {
+                if let Some(file) = make_file(path)? {
+                    give(&file, user)?;
+                    made.push(file);
+                }
+            }
+            Output::Directory(dir) => {
+                if !dir.exists() {
+                    std::fs::create_dir_all(dir)
+                        .with_context(|| format!("cannot make {}", dir.display()))?;
+                    give(dir, user)?;
+                }
+            }
             Output::Staged(path, files) => {
                 let name = path
                     .file_name()
                     .ok_or_else(|| anyhow!("{}: not a file name", path.display()))?;
                 let stage = PrivateDir::new(parent_of(path), ".xlap-output")?;
+                give(stage.path(), user)?;
                 cmd.env(staged_var(i), stage.path().join(name));
                 stages.push((stage, files));
             }
