@@ -28,7 +28,13 @@ const USER_VAR: &str = "XLAP_CONFINED_USER";
 fn input_dirs(inputs: &[PathBuf]) -> Vec<&Path> {
     inputs
         .iter()
-        .map(|i| if i.is_dir() { i.as_path() } else { parent_of(i) })
+        .map(|i| {
+            if i.is_dir() {
+                i.as_path()
+            } else {
+                parent_of(i)
+            }
+        })
         .collect()
 }
 
