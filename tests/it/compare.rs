@@ -107,13 +107,16 @@ fn unchanged_runs_pass_and_an_injected_stage_delay_is_a_regression_named_first()
             let out = compare(base, cand, &["--json"]);
             let json = json(&out);
             assert_eq!(json["noise"], "blocks", "{json:#}");
-            // Runs long enough; tracing not dearer (other tests' traffic
-            // may run the programs more often per datagram, which is said).
+            // Runs long enough. The tracer's own cost may be noted: its
+            // BPF time per datagram and per program run move with the other
+            // tests' load (×1.53 and ×1.73 between unchanged runs here,
+            // docs/ci.md); it decides no verdict.
             let notes = json["notes"].as_array().unwrap();
             assert!(
                 notes.iter().all(|n| {
                     let n = n.as_str().unwrap();
-                    n.contains("ran ×") && n.contains("as often per traced datagram")
+                    n.contains("tracing itself got dearer")
+                        || n.contains("as often per traced datagram")
                 }),
                 "run {i} -> run {j}: {notes:?}"
             );
