@@ -124,10 +124,10 @@ impl Waiter {
     }
 }
 
-/// Runs `command` traced with `args` (whose `pids` must be empty); returns
+/// Runs `command` traced with `args` (whose targets must be empty); returns
 /// the run and the command's status.
 pub fn run(args: &RecordOptions, command: &[String]) -> Result<(RunMeta, ExitStatus)> {
-    if !args.pids.is_empty() {
+    if !args.targets.pids.is_empty() {
         return Err(failure(
             Code::Usage,
             "run traces the command it starts: no --pid (use `xlap-trace record --pid PID` for running processes)",
@@ -135,7 +135,7 @@ pub fn run(args: &RecordOptions, command: &[String]) -> Result<(RunMeta, ExitSta
     }
     // Before the command starts: a tracer that cannot trace says so
     // without running it.
-    crate::preflight::check_privileges(args.skip_capability_check)?;
+    crate::preflight::check_privileges(args.recorder.skip_capability_check)?;
     crate::preflight::check_btf()?;
     crate::preflight::check_kernel()?;
     let stop = Arc::new(AtomicBool::new(false));
@@ -144,8 +144,10 @@ pub fn run(args: &RecordOptions, command: &[String]) -> Result<(RunMeta, ExitSta
     }
     let stopped = Stopped::start(command)?;
     let mut args = args.clone();
-    args.pids = vec![stopped.pid];
-    args.started_here = true;
+    args.targets = super::options::Targets {
+        pids: vec![stopped.pid],
+        started_here: true,
+    };
     let attached = Plan::new(&args).and_then(|plan| {
         let live = Session::load(&plan)?.attach(&plan)?;
         Ok((plan, live))

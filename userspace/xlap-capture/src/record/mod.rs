@@ -10,7 +10,7 @@ mod connects;
 mod follow;
 mod live_view;
 mod markers;
-mod options;
+pub mod options;
 mod protocols;
 pub mod segments;
 mod session;

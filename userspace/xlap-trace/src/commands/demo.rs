@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 use xlap_capture::preflight;
+use xlap_capture::record::options::{Output, Targets, View};
 use xlap_capture::record::{self, RecordOptions};
 use xlap_exit::{failure, memory, Code};
 use xlap_stage::{Qdisc, Stage, StageConfig};
@@ -122,12 +123,21 @@ pub fn run(args: &DemoArgs) -> Result<()> {
     );
 
     let record_args = RecordOptions {
-        pids: vec![sender.id(), receiver.id()],
-        output: out.join("run"),
-        ready_file: Some(files("tracer.ready")),
-        quiet: true,
-        // The demo correlates and prints the table itself.
-        no_correlate: true,
+        targets: Targets {
+            pids: vec![sender.id(), receiver.id()],
+            ..Targets::default()
+        },
+        output: Output {
+            dir: out.join("run"),
+            ready_file: Some(files("tracer.ready")),
+            // The demo correlates and prints the table itself.
+            no_correlate: true,
+            ..Output::default()
+        },
+        view: View {
+            quiet: true,
+            ..View::default()
+        },
         ..RecordOptions::default()
     };
     let starter = {
@@ -158,8 +168,8 @@ pub fn run(args: &DemoArgs) -> Result<()> {
         }
     }
     println!("\n== what the kernel saw ==");
-    record::print_summary(&meta, &record_args.output);
-    analyse(&record_args.output, &out)
+    record::print_summary(&meta, &record_args.output.dir);
+    analyse(&record_args.output.dir, &out)
 }
 
 /// The demo's analysis of its run `run`: the packets table, the main

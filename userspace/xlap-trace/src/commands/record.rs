@@ -6,7 +6,9 @@ use anyhow::Result;
 use std::process::ExitCode;
 use xlap_analyze::finish::{finish_run, print_finished, FinishOptions};
 use xlap_capture::capture::BoundaryRequest;
+use xlap_capture::point_sets::PointSet;
 use xlap_capture::proto::{self, Layout, Layouts};
+use xlap_capture::record::options::{Output, Recorder, Stamping, Stop, Targets, View};
 use xlap_capture::record::{self, RecordOptions, StatsMode};
 use xlap_exit::{failure, Code};
 use xlap_records::sample::Sample;
@@ -22,44 +24,58 @@ impl TryFrom<&RecordArgs> for RecordOptions {
         layouts.to_abi()?; // the limits, checked before anything starts
         let sample = sample(a, &layouts.default)?;
         Ok(RecordOptions {
-            pids: a.pids.clone(),
-            started_here: a.started_here,
-            output: a.output.clone(),
-            duration: a.duration,
-            count: a.count,
-            rotate: a.rotate,
-            max_size: a.max_size,
-            ready_file: a.ready_file.clone(),
-            umask: a.umask,
-            skip_capability_check: a.skip_capability_check,
-            layouts,
-            usdt: a.usdt.clone(),
-            points: a.points.clone(),
-            no_usdt: a.no_usdt,
-            marker_path: a.marker_path.into(),
-            ringbuf_kib: a.ringbuf_kib,
-            host: a.host.clone(),
-            full_priority: a.full_priority,
-            per_stamp_records: a.per_stamp_records,
-            empty_programs: a.empty_programs,
-            boundary: match a.boundary {
-                crate::cli::BoundaryArg::Auto => BoundaryRequest::Auto,
-                crate::cli::BoundaryArg::SocketCalls => BoundaryRequest::SocketCalls,
-                crate::cli::BoundaryArg::Syscalls => BoundaryRequest::Syscalls,
+            targets: Targets {
+                pids: a.pids.clone(),
+                started_here: a.started_here,
             },
-            sample,
-            stats_mode: match (a.no_bpf_stats, a.bpf_stats) {
-                (true, _) | (false, BpfStats::Off) => StatsMode::Off,
-                (false, BpfStats::Sampled) => StatsMode::Sampled,
-                (false, BpfStats::Full) => StatsMode::Full,
+            stop: Stop {
+                duration: a.duration,
+                count: a.count,
             },
-            quiet: a.quiet,
-            live: a.live,
-            metrics: a.metrics,
-            ifaces: a.ifaces.clone(),
-            tunnel_ports: a.tunnel_ports.clone(),
-            no_correlate: a.no_correlate,
-            deadline_ms: a.deadline_ms,
+            output: Output {
+                dir: a.output.clone(),
+                rotate: a.rotate,
+                max_size: a.max_size,
+                ready_file: a.ready_file.clone(),
+                umask: a.umask,
+                no_correlate: a.no_correlate,
+                deadline_ms: a.deadline_ms,
+            },
+            stamping: Stamping {
+                // A wrong --points is a usage error before anything starts
+                // (with `run`, before the command).
+                points: PointSet::parse(&a.points)?,
+                no_usdt: a.no_usdt,
+                usdt: a.usdt.clone(),
+                marker_path: a.marker_path.into(),
+                boundary: match a.boundary {
+                    crate::cli::BoundaryArg::Auto => BoundaryRequest::Auto,
+                    crate::cli::BoundaryArg::SocketCalls => BoundaryRequest::SocketCalls,
+                    crate::cli::BoundaryArg::Syscalls => BoundaryRequest::Syscalls,
+                },
+                sample,
+                ifaces: a.ifaces.clone(),
+                tunnel_ports: a.tunnel_ports.clone(),
+                layouts,
+                empty_programs: a.empty_programs,
+                per_stamp_records: a.per_stamp_records,
+            },
+            recorder: Recorder {
+                ringbuf_kib: a.ringbuf_kib,
+                full_priority: a.full_priority,
+                stats_mode: match (a.no_bpf_stats, a.bpf_stats) {
+                    (true, _) | (false, BpfStats::Off) => StatsMode::Off,
+                    (false, BpfStats::Sampled) => StatsMode::Sampled,
+                    (false, BpfStats::Full) => StatsMode::Full,
+                },
+                host: a.host.clone(),
+                skip_capability_check: a.skip_capability_check,
+            },
+            view: View {
+                quiet: a.quiet,
+                live: a.live,
+                metrics: a.metrics,
+            },
         })
     }
 }
@@ -138,8 +154,8 @@ fn layout(a: &RecordArgs) -> Result<Layout> {
 pub fn record(args: &RecordArgs) -> Result<()> {
     let opts = RecordOptions::try_from(args)?;
     let meta = record::run(&opts)?;
-    record::print_summary(&meta, &record::segments::final_dir(&opts.output));
-    if !opts.no_correlate {
+    record::print_summary(&meta, &record::segments::final_dir(&opts.output.dir));
+    if !opts.output.no_correlate {
         finish_confined(&opts);
     }
     Ok(())
@@ -149,13 +165,13 @@ pub fn record(args: &RecordArgs) -> Result<()> {
 pub fn run(a: &RunArgs) -> Result<ExitCode> {
     let opts = RecordOptions::try_from(&a.record)?;
     let (meta, status) = record::command::run(&opts, &a.command)?;
-    record::print_summary(&meta, &record::segments::final_dir(&opts.output));
-    if meta.packets == 0 && meta.stamps == 0 && !opts.empty_programs {
+    record::print_summary(&meta, &record::segments::final_dir(&opts.output.dir));
+    if meta.packets == 0 && meta.stamps == 0 && !opts.stamping.empty_programs {
         eprintln!(
             "xlap-trace: {} sent and received no UDP datagram on a traced socket: nothing was stamped",
             a.command[0]
         );
-    } else if !opts.no_correlate {
+    } else if !opts.output.no_correlate {
         finish_confined(&opts);
     }
     Ok(ExitCode::from(record::command::exit_code(status)))
@@ -167,7 +183,7 @@ pub fn run(a: &RunArgs) -> Result<ExitCode> {
 /// programs sent; the recorder is root). A failure is reported, never
 /// fatal: the stamps are already safe on disk.
 fn finish_confined(opts: &RecordOptions) {
-    let dir = record::segments::final_dir(&opts.output);
+    let dir = record::segments::final_dir(&opts.output.dir);
     // What this process printed comes first.
     let _ = std::io::Write::flush(&mut std::io::stdout());
     // This very binary, even if a rebuild replaced the file since.
@@ -175,10 +191,10 @@ fn finish_confined(opts: &RecordOptions) {
     cmd.arg(record::segments::FINISH_COMMAND)
         .arg(&dir)
         .arg("--print");
-    if let Some(d) = opts.deadline_ms {
+    if let Some(d) = opts.output.deadline_ms {
         cmd.args(["--deadline-ms", &d.to_string()]);
     }
-    if opts.quiet {
+    if opts.view.quiet {
         cmd.arg("--quiet");
     }
     match cmd.stdin(std::process::Stdio::null()).status() {
@@ -192,8 +208,8 @@ fn finish_confined(opts: &RecordOptions) {
             dir.display()
         ),
     }
-    if opts.rotate.is_some() {
-        if let Err(e) = record::segments::refresh(&opts.output) {
+    if opts.output.rotate.is_some() {
+        if let Err(e) = record::segments::refresh(&opts.output.dir) {
             eprintln!("xlap-trace: warning: {e:#}");
         }
     }
@@ -240,16 +256,19 @@ mod tests {
 
     #[test]
     fn no_bpf_stats_turns_them_off() {
-        assert_eq!(options(&["--no-bpf-stats"]).stats_mode, StatsMode::Off);
         assert_eq!(
-            options(&["--bpf-stats", "full"]).stats_mode,
+            options(&["--no-bpf-stats"]).recorder.stats_mode,
+            StatsMode::Off
+        );
+        assert_eq!(
+            options(&["--bpf-stats", "full"]).recorder.stats_mode,
             StatsMode::Full
         );
     }
 
     #[test]
     fn explicit_seq_options_alone_give_no_kind() {
-        let layout = |args: &[&str]| options(args).layouts.default;
+        let layout = |args: &[&str]| options(args).stamping.layouts.default;
         let default = layout(&[]);
         assert_eq!((default.kind_offset, default.kind_size), (0, 1));
         let third_party = layout(&["--seq-offset", "8", "--seq-size", "4"]);

@@ -50,7 +50,7 @@ impl Detached {
         let dropped =
             stream_to_parquet_with(&files.stamps_stream(), &files.stamps(), &drop, &flows.table)?
                 .removed;
-        if (flows.collided > 0 || flows.not_noted > 0) && !args.quiet {
+        if (flows.collided > 0 || flows.not_noted > 0) && !args.view.quiet {
             eprintln!(
                 "xlap-trace: warning: the addresses of some flows are unknown ({} flow keys shared by two address pairs, {} flows found the flow table full): their stamps have no src_addr/dst_addr (run.json: flows)",
                 flows.collided, flows.not_noted
@@ -70,7 +70,7 @@ impl Detached {
             .values()
             .filter_map(|p| p.recursion_misses)
             .sum();
-        if recursion_misses > 0 && !args.quiet {
+        if recursion_misses > 0 && !args.view.quiet {
             eprintln!(
                 "xlap-trace: warning: the kernel skipped {recursion_misses} runs of the capture programs (recursion on a CPU); their stamps are missing (run.json: bpf_programs.*.recursion_misses)"
             );
@@ -79,7 +79,7 @@ impl Detached {
         let mut meta = info.meta;
         meta.state = RunState::Complete;
         meta.checkpoint = None;
-        note_clock_step(&mut meta, clock_end, args.quiet);
+        note_clock_step(&mut meta, clock_end, args.view.quiet);
         meta.clock_end = Some(clock_end);
         meta.foreign_stamps_dropped = dropped.values().sum();
         meta.window = Some(sink.window.meta());
@@ -110,12 +110,12 @@ impl Detached {
         // The run directory is whole: what uprobes are left are closed by
         // a child once we have exited (each close waits ~60 ms).
         let mut uprobe_closer = uprobe_closer;
-        if let (Some((count, pid)), false) = (uprobe_closer.hand_over(), args.quiet) {
+        if let (Some((count, pid)), false) = (uprobe_closer.hand_over(), args.view.quiet) {
             eprintln!(
                 "xlap-trace: {count} uprobes are closed in the background by pid {pid} (xlap-closer), each close taking the kernel tens of milliseconds"
             );
         }
-        if meta.lost > 0 && !args.quiet {
+        if meta.lost > 0 && !args.view.quiet {
             eprintln!(
                 "xlap-trace: warning: {} stamps were lost (see the loss columns below and run.json)",
                 meta.lost
@@ -138,7 +138,7 @@ fn end_segments(
     // As for every segment: Parquet holds the same stamps.
     std::fs::remove_file(files.stamps_stream())
         .with_context(|| format!("cannot remove {}", files.stamps_stream().display()))?;
-    if !args.quiet {
+    if !args.view.quiet {
         eprintln!("xlap-trace: finishing the last segments ...");
     }
     let index = segments.end(meta, files.path())?;
@@ -154,7 +154,7 @@ fn end_segments(
                 unfinished.iter().map(|s| s.stamps).sum::<u64>()
             );
     }
-    if !args.quiet {
+    if !args.view.quiet {
         let kept = index
             .segments
             .iter()
@@ -163,7 +163,7 @@ fn end_segments(
         eprintln!(
             "xlap-trace: {} segments in {} ({kept} kept; {})",
             index.segments.len(),
-            args.output.display(),
+            args.output.dir.display(),
             segments::INDEX_FILE
         );
     }

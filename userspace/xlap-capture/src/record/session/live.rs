@@ -39,7 +39,7 @@ impl Live {
         // has moved on from its first); `recover` of the recording's
         // directory takes up every segment left running.
         let segment = self.files.path().display().to_string();
-        let recording = plan.args.output.display().to_string();
+        let recording = plan.args.output.dir.display().to_string();
         result.with_context(|| {
             format!(
                 "the recording stopped ({segment}/stamps.arrows keeps every batch written; `xlap-trace recover {recording}` makes it whole, on a disk with room)"
@@ -50,14 +50,14 @@ impl Live {
     fn follow_until_stop(&mut self, plan: &Plan, stop: &Arc<AtomicBool>) -> Result<StopReason> {
         let args = plan.args;
         let mut priority =
-            (!args.full_priority).then(|| ReaderPriority::background(plan.ringbuf_bytes));
+            (!args.recorder.full_priority).then(|| ReaderPriority::background(plan.ringbuf_bytes));
         let mut last_flush = Instant::now();
         let mut last_checkpoint = Instant::now();
         let mut last_batch_export = Instant::now();
         let mut last_follow = Instant::now();
         let mut last_progress = Instant::now();
-        let mut layout_watch = LayoutWatch::new(&plan.layouts);
-        let progress = !args.quiet && !args.live && std::io::stderr().is_terminal();
+        let mut layout_watch = LayoutWatch::new(&args.stamping.layouts);
+        let progress = !args.view.quiet && !args.view.live && std::io::stderr().is_terminal();
         let ring_fd = self.ring.as_raw_fd();
         let holds_fd = self.markers.holds_fd();
         let connects_fd = self.connects.fd();
@@ -121,7 +121,7 @@ impl Live {
                     .max()
                     .unwrap_or(0);
                 if let Some(warning) = layout_watch.check(packets, unparsed) {
-                    if !args.quiet {
+                    if !args.view.quiet {
                         eprintln!("xlap-trace: warning: {warning}");
                     }
                 }
@@ -204,17 +204,19 @@ impl Live {
         if stop.load(Ordering::Relaxed) {
             return Some(StopReason::Signal);
         }
-        if args.duration.is_some_and(|d| elapsed >= d) {
+        if args.stop.duration.is_some_and(|d| elapsed >= d) {
             return Some(StopReason::Duration);
         }
         if args
+            .stop
             .count
             .is_some_and(|c| self.sink.packets_total + self.sink.tally.packets.len() >= c)
         {
             return Some(StopReason::Count);
         }
-        if args.rotate.is_none() && args.max_size.is_some_and(|m| self.sink.stream_bytes >= m) {
-            if !args.quiet {
+        let output = &args.output;
+        if output.rotate.is_none() && output.max_size.is_some_and(|m| self.sink.stream_bytes >= m) {
+            if !args.view.quiet {
                 eprintln!("xlap-trace: warning: the live stream reached --max-size: the run stops here (--rotate keeps recording within the budget)");
             }
             return Some(StopReason::MaxSize);
@@ -298,7 +300,7 @@ impl Live {
         );
         let clock = runmeta::sample_clocks();
         let meta = &mut self.info.meta;
-        note_clock_step(meta, clock, plan.args.quiet);
+        note_clock_step(meta, clock, plan.args.view.quiet);
         meta.clock_end = Some(clock);
         meta.checkpoint = Some(Checkpoint {
             clock,
@@ -358,7 +360,7 @@ impl Live {
         );
         let flows = capture::flows(&self.flow_maps)?;
         let meta = &mut self.info.meta;
-        note_clock_step(meta, clock, plan.args.quiet);
+        note_clock_step(meta, clock, plan.args.view.quiet);
         let mut closed = meta.clone();
         closed.state = RunState::Complete;
         closed.checkpoint = None;
@@ -398,7 +400,7 @@ impl Live {
             foreign,
             flows: flows.table,
         })?;
-        if !deleted.is_empty() && !plan.args.quiet {
+        if !deleted.is_empty() && !plan.args.view.quiet {
             eprintln!("xlap-trace: note: deleted segments {deleted:?} to stay within --max-size");
         }
         self.checkpoint(plan)

@@ -27,7 +27,6 @@ use super::tally::{ForeignFlows, Tally, BY_PORT_POINTS};
 use super::RecordOptions;
 use super::{brief_reason, protocols};
 use crate::capture::{self, Batch, Capture, Settings};
-use crate::proto::Layouts;
 use crate::reader_priority::{thread_cpu_s, ReaderPriority};
 use crate::runmeta::{
     self, Checkpoint, ClockPair, Exited, PointStats, ProgramStats, RunMeta, RunOptions, RunState,
@@ -65,8 +64,6 @@ const POLL_MS: i32 = 20;
 /// What the user asked for, checked before anything is loaded.
 pub struct Plan<'a> {
     pub args: &'a RecordOptions,
-    layouts: Layouts,
-    points: crate::point_sets::PointSet,
     ringbuf_bytes: u32,
     tunnel_ports: Vec<u16>,
     /// Targets holding only TCP sockets at attach.
@@ -77,34 +74,32 @@ pub struct Plan<'a> {
 
 impl<'a> Plan<'a> {
     pub fn new(args: &'a RecordOptions) -> Result<Plan<'a>> {
-        if args.pids.is_empty() {
+        let (targets, output) = (&args.targets, &args.output);
+        if targets.pids.is_empty() {
             return Err(failure(
                 Code::Usage,
                 "name the process to trace with --pid PID (repeatable)",
             ));
         }
-        let layouts = args.layouts.clone();
-        let points = crate::point_sets::PointSet::parse(&args.points)?;
-        let ringbuf_bytes = args
-            .ringbuf_kib
+        let ringbuf_kib = args.recorder.ringbuf_kib;
+        let ringbuf_bytes = ringbuf_kib
             .checked_mul(1024)
             .filter(|b| b.is_power_of_two() && *b >= 4096)
             .ok_or_else(|| {
                 failure(
                     Code::Usage,
                     format!(
-                        "--ringbuf-kib must be a power of two of at least 4, not {}",
-                        args.ringbuf_kib
+                        "--ringbuf-kib must be a power of two of at least 4, not {ringbuf_kib}"
                     ),
                 )
             })?;
         // SAFETY: umask only sets this process's file mode mask.
-        unsafe { libc::umask(args.umask as libc::mode_t) };
-        let caps_missing = preflight::check_privileges(args.skip_capability_check)?;
+        unsafe { libc::umask(output.umask as libc::mode_t) };
+        let caps_missing = preflight::check_privileges(args.recorder.skip_capability_check)?;
         preflight::check_btf()?;
         crate::preflight::check_kernel()?;
-        preflight::check_pids(&args.pids)?;
-        if let (Some(Rotate::Bytes(segment)), Some(max)) = (args.rotate, args.max_size) {
+        preflight::check_pids(&targets.pids)?;
+        if let (Some(Rotate::Bytes(segment)), Some(max)) = (output.rotate, output.max_size) {
             if max < 2 * segment {
                 return Err(failure(
                     Code::Usage,
@@ -112,28 +107,26 @@ impl<'a> Plan<'a> {
                 ));
             }
         }
-        std::fs::create_dir_all(&args.output).with_context(|| {
+        std::fs::create_dir_all(&output.dir).with_context(|| {
             format!(
                 "cannot create the output directory {}",
-                args.output.display()
+                output.dir.display()
             )
         })?;
         let mut tunnel_ports = capture::DEFAULT_TUNNEL_PORTS.to_vec();
-        for port in &args.tunnel_ports {
+        for port in &args.stamping.tunnel_ports {
             if !tunnel_ports.contains(port) {
                 tunnel_ports.push(*port);
             }
         }
         Ok(Plan {
             args,
-            layouts,
-            points,
             ringbuf_bytes,
             tunnel_ports,
-            tcp_only: if args.started_here {
+            tcp_only: if targets.started_here {
                 Vec::new()
             } else {
-                protocols::check(&args.pids, args.quiet)
+                protocols::check(&targets.pids, args.view.quiet)
             },
             caps_missing,
         })
@@ -143,7 +136,7 @@ impl<'a> Plan<'a> {
     /// for their markers: markers are traced, and a held process of
     /// another user can be resumed.
     fn holds(&self) -> bool {
-        !self.args.no_usdt && self.can_resume()
+        !self.args.stamping.no_usdt && self.can_resume()
     }
 
     /// Whether a process the BPF side stopped can be resumed (SIGCONT to a
@@ -153,7 +146,7 @@ impl<'a> Plan<'a> {
     }
 
     fn note(&self, text: impl std::fmt::Display) {
-        if !self.args.quiet {
+        if !self.args.view.quiet {
             eprintln!("xlap-trace: note: {text}");
         }
     }
@@ -307,28 +300,34 @@ impl RunInfo {
         foreign_flows: &HashSet<u64>,
     ) {
         let args = plan.args;
+        let stamping = &args.stamping;
         let usdt = &markers.usdt;
         let ring_sites = &markers.ring_sites;
         let meta = &mut self.meta;
         meta.holds = Some(markers.holds.clone()).filter(|h| *h != Holds::default());
         meta.options = RunOptions {
-            pids: args.pids.clone(),
-            layout: plan.layouts.default.into(),
-            port_layouts: plan.layouts.ports.iter().map(Into::into).collect(),
-            points: plan.points.names().into_iter().map(String::from).collect(),
+            pids: args.targets.pids.clone(),
+            layout: stamping.layouts.default.into(),
+            port_layouts: stamping.layouts.ports.iter().map(Into::into).collect(),
+            points: stamping
+                .points
+                .names()
+                .into_iter()
+                .map(String::from)
+                .collect(),
             ringbuf_bytes: Some(plan.ringbuf_bytes),
-            per_stamp_records: args.per_stamp_records,
-            empty_programs: args.empty_programs,
+            per_stamp_records: stamping.per_stamp_records,
+            empty_programs: stamping.empty_programs,
             boundary: meta.options.boundary.clone(),
-            sample: args.sample.clone(),
-            duration_s: args.duration,
-            count: args.count,
+            sample: stamping.sample.clone(),
+            duration_s: args.stop.duration,
+            count: args.stop.count,
             exited: following
                 .exited
                 .iter()
                 .map(|&(pid, after_s)| Exited { pid, after_s })
                 .collect(),
-            marker_path: Some(args.marker_path),
+            marker_path: Some(stamping.marker_path),
             usdt_sites: usdt
                 .sites
                 .iter()
@@ -353,6 +352,7 @@ impl RunInfo {
             other: BTreeMap::new(),
         };
         meta.targets = args
+            .targets
             .pids
             .iter()
             .zip(&self.comms)

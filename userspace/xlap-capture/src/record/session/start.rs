@@ -13,24 +13,24 @@ pub struct Session {
 
 impl Session {
     pub fn load(plan: &Plan) -> Result<Session> {
-        let args = plan.args;
-        let timestamping = crate::hwts::survey(&args.pids);
+        let (pids, stamping) = (&plan.args.targets.pids, &plan.args.stamping);
+        let timestamping = crate::hwts::survey(pids);
         let mut capture = Capture::load(&Settings {
-            layouts: plan.layouts.clone(),
-            points: plan.points.clone(),
+            layouts: stamping.layouts.clone(),
+            points: stamping.points.clone(),
             ringbuf_bytes: plan.ringbuf_bytes,
-            per_stamp: args.per_stamp_records,
-            empty_programs: args.empty_programs,
+            per_stamp: stamping.per_stamp_records,
+            empty_programs: stamping.empty_programs,
             tunnel_ports: plan.tunnel_ports.clone(),
-            iface_filter: !args.ifaces.is_empty(),
+            iface_filter: !stamping.ifaces.is_empty(),
             hold_at_exec: plan.holds(),
-            boundary: args.boundary,
+            boundary: stamping.boundary,
             hold_connect: plan.can_resume(),
-            sample: args.sample.clone(),
+            sample: stamping.sample.clone(),
             device_rx_times: timestamping.iter().any(|d| d.hardware_rx),
         })?;
-        if !args.ifaces.is_empty() {
-            let devices = crate::ifaces::resolve(&args.pids, &args.ifaces)?;
+        if !stamping.ifaces.is_empty() {
+            let devices = crate::ifaces::resolve(pids, &stamping.ifaces)?;
             capture.set_ifaces(&devices)?;
         }
         for need in &plan.caps_missing {
@@ -43,10 +43,10 @@ impl Session {
                 ));
             }
         }
-        if let (Err(why), false) = (&capture.batch_export, args.per_stamp_records) {
+        if let (Err(why), false) = (&capture.batch_export, stamping.per_stamp_records) {
             plan.note(format!("per-CPU batches are exported only by later stamps and idle CPUs, not every {} ms: a recorder that dies may lose more ({why})", xlap_abi::XLAP_FLUSH_INTERVAL_MS));
         }
-        if args.empty_programs {
+        if stamping.empty_programs {
             plan.note("--empty-programs: every BPF program on a datagram's path returns at once, so nothing is stamped (what the hooks' dispatch alone costs)");
         }
         if let Some((major, minor)) = preflight::kernel_as() {
@@ -77,6 +77,7 @@ impl Session {
     /// marks their sockets, and signals readiness.
     pub fn attach(mut self, plan: &Plan) -> Result<Live> {
         let args = plan.args;
+        let (pids, quiet) = (&args.targets.pids, args.view.quiet);
         let holds = if plan.holds() {
             Some(self.capture.take_holds()?)
         } else {
@@ -86,20 +87,20 @@ impl Session {
         // (no trap per hit); every other site gets a uprobe.
         let markers = Markers::start(
             &mut self.capture,
-            &args.pids,
+            pids,
             MarkerOptions {
-                selections: &args.usdt,
-                traced: !args.no_usdt,
-                ring_path: args.marker_path == xlap_records::run_meta::SitePath::Ring,
-                started_here: args.started_here,
-                quiet: args.quiet,
+                selections: &args.stamping.usdt,
+                traced: !args.stamping.no_usdt,
+                ring_path: args.stamping.marker_path == xlap_records::run_meta::SitePath::Ring,
+                started_here: args.targets.started_here,
+                quiet,
             },
             holds,
             &|why| plan.note(why),
         )?;
-        self.capture.set_targets(&args.pids)?;
+        self.capture.set_targets(pids)?;
         let connects = ConnectHolds::start(&mut self.capture)?;
-        let following = Following::start(&mut self.capture, &args.pids, args.quiet)?;
+        let following = Following::start(&mut self.capture, pids, quiet)?;
         if let Some(note) = self.capture.send_syscalls_note() {
             plan.note(note);
         }
@@ -124,8 +125,8 @@ impl Session {
             .set_stamp_window(clock_start.monotonic_ns, u64::MAX)?;
         let (segments, files, segment) = open_output(args, &run_id, clock_start.monotonic_ns)?;
         let run_id = segment.as_ref().map_or(run_id, SegmentOf::run_id);
-        let host = args.host.clone().unwrap_or_else(runmeta::hostname);
-        let comms = args.pids.iter().map(|&p| targets::comm(p)).collect();
+        let host = args.recorder.host.clone().unwrap_or_else(runmeta::hostname);
+        let comms = pids.iter().map(|&p| targets::comm(p)).collect();
         let timestamping = std::mem::take(&mut self.timestamping);
         if let Some(m) = crate::hwts::message(&timestamping) {
             plan.note(m);
@@ -191,15 +192,16 @@ impl Session {
 
 /// The live view and metrics server (`--live`, `--metrics`), if asked for.
 fn live_view(args: &RecordOptions, markers: &Markers) -> Result<Option<LiveView>> {
-    (args.live || args.metrics.is_some())
+    let view = &args.view;
+    (view.live || view.metrics.is_some())
         .then(|| {
             LiveView::new(
                 markers.sites.usdt.app_names.clone(),
-                args.live,
-                args.metrics,
+                view.live,
+                view.metrics,
             )
             .map(|mut v| {
-                v.set_sample(args.sample.as_ref());
+                v.set_sample(args.stamping.sample.as_ref());
                 v
             })
         })
@@ -226,9 +228,9 @@ fn new_sink(
         packets_total: 0,
         tally: Tally::default(),
         foreign: ForeignFlows::default(),
-        stats: StatsSampler::start(args.stats_mode),
+        stats: StatsSampler::start(args.recorder.stats_mode),
         view,
-        sample: args.sample.clone(),
+        sample: args.stamping.sample.clone(),
         window: Window::from(start_monotonic_ns),
         held: None,
     })
@@ -240,16 +242,17 @@ fn open_output(
     run_id: &str,
     start_monotonic_ns: u64,
 ) -> Result<(Option<Segments>, RunDir, Option<SegmentOf>)> {
-    Ok(match args.rotate {
+    let output = &args.output;
+    Ok(match output.rotate {
         Some(rotate) => {
             let segments = Segments::start(
-                &args.output,
+                &output.dir,
                 rotate,
-                args.max_size,
+                output.max_size,
                 segments::FinishOptions {
-                    correlate: !args.no_correlate,
-                    deadline_ms: args.deadline_ms,
-                    quiet: args.quiet,
+                    correlate: !output.no_correlate,
+                    deadline_ms: output.deadline_ms,
+                    quiet: args.view.quiet,
                 },
             )?;
             let segment = SegmentOf {
@@ -260,7 +263,7 @@ fn open_output(
             let files = segments.open(1, &segment.run_id(), start_monotonic_ns)?;
             (Some(segments), files, Some(segment))
         }
-        None => (None, RunDir::new(args.output.clone()), None),
+        None => (None, RunDir::new(output.dir.clone()), None),
     })
 }
 
@@ -297,7 +300,7 @@ fn initial_meta(
         clock_steps: Vec::new(),
         options: RunOptions {
             boundary: Some(capture.describe_boundary(clock_start.monotonic_ns)),
-            sample: args.sample.clone(),
+            sample: args.stamping.sample.clone(),
             ..RunOptions::default()
         },
         targets: Vec::new(),
@@ -320,7 +323,7 @@ fn initial_meta(
         lost: 0,
         bpf_programs: BTreeMap::new(),
         bpf_stats: Some(runmeta::BpfStats {
-            mode: args.stats_mode,
+            mode: args.recorder.stats_mode,
             ..runmeta::BpfStats::default()
         }),
         bpf_ns_per_stamp: None,
@@ -351,14 +354,15 @@ fn announce_ready(plan: &Plan, live: &Live) -> Result<()> {
             "cannot drop the capabilities the run no longer needs: {e}"
         ));
     }
-    if let Some(ready) = &args.ready_file {
+    if let Some(ready) = &args.output.ready_file {
         std::fs::write(ready, format!("{}\n", std::process::id()))
             .with_context(|| format!("cannot write the ready file {}", ready.display()))?;
     }
-    if !args.quiet {
+    if !args.view.quiet {
         eprintln!(
             "xlap-trace: tracing pid {} (UDP ports {:?}); Ctrl-C to stop",
-            args.pids
+            args.targets
+                .pids
                 .iter()
                 .map(u32::to_string)
                 .collect::<Vec<_>>()
