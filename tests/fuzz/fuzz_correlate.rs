@@ -27,7 +27,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use xlap_abi::xlap_point as xp;
 use xlap_analyze::{correlate, CorrelateOptions, Run};
 use xlap_records::points::kernel_point;
-use xlap_records::Stamp;
+use xlap_records::{RunDir, Stamp};
 use xlap_tests::run_files::{write_run, RunFiles};
 use xlap_tests::Scratch;
 
@@ -513,7 +513,7 @@ fn check(sc: &Scenario, case: &str) -> Result<(), TestCaseError> {
                 realtime_ns: REALTIME_NS,
             };
             write_run(&dir, &files, &g.stamps[&host]);
-            runs.push(Run::open(&dir).unwrap());
+            runs.push(Run::open(&RunDir::new(&dir)).unwrap());
         }
     } else {
         let mut all: Vec<Stamp> = g.stamps.values().flatten().cloned().collect();
@@ -529,7 +529,7 @@ fn check(sc: &Scenario, case: &str) -> Result<(), TestCaseError> {
             realtime_ns: REALTIME_NS,
         };
         write_run(&dir, &files, &all);
-        runs.push(Run::open(&dir).unwrap());
+        runs.push(Run::open(&RunDir::new(&dir)).unwrap());
     }
     let conn = duckdb::Connection::open_in_memory().unwrap();
     let c = correlate(&conn, &runs, &CorrelateOptions::default(), None);

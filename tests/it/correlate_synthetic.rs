@@ -7,7 +7,7 @@
 use std::path::Path;
 use xlap_abi::xlap_point;
 use xlap_analyze::{correlate, CorrelateOptions, Run};
-use xlap_records::Stamp;
+use xlap_records::{RunDir, Stamp};
 use xlap_tests::run_files::{self, RunFiles};
 use xlap_tests::Scratch;
 
@@ -149,7 +149,7 @@ fn the_packets_table_matches_the_synthetic_truth() {
     let scratch = Scratch::new("synthetic");
     let dir = scratch.path("run");
     write_run(&dir, &synthetic());
-    let run = Run::open(&dir).unwrap();
+    let run = Run::open(&RunDir::new(&dir)).unwrap();
     let conn = duckdb::Connection::open_in_memory().unwrap();
     let out = scratch.path("packets.parquet");
     let c = correlate(
@@ -253,10 +253,10 @@ fn the_packets_table_matches_the_synthetic_truth() {
 #[test]
 fn a_directory_that_is_not_a_run_is_a_clear_error() {
     let scratch = Scratch::new("notarun");
-    let e = Run::open(&scratch.0).unwrap_err().to_string();
+    let e = Run::open(&RunDir::new(&scratch.0)).unwrap_err().to_string();
     assert!(e.contains("not an xlap-trace run directory"), "{e}");
     std::fs::write(scratch.path("run.json"), r#"{"schema_version": "9"}"#).unwrap();
-    let e = Run::open(&scratch.0).unwrap_err().to_string();
+    let e = Run::open(&RunDir::new(&scratch.0)).unwrap_err().to_string();
     assert!(e.contains("schema version 9"), "{e}");
     // A run.json of the right version without what pairs runs and clocks.
     std::fs::write(
@@ -267,7 +267,7 @@ fn a_directory_that_is_not_a_run_is_a_clear_error() {
     )
     .unwrap();
     std::fs::write(scratch.path("stamps.parquet"), b"").unwrap();
-    let e = Run::open(&scratch.0).unwrap_err().to_string();
+    let e = Run::open(&RunDir::new(&scratch.0)).unwrap_err().to_string();
     assert!(e.contains("boot_id"), "{e}");
 }
 
@@ -353,7 +353,7 @@ fn hostile_names_are_carried_quoted_through_correlation_and_analyses() {
 
     // As `record` ends: the correlation root would run.
     let out = dir.join("packets.parquet");
-    let c = xlap_analyze::finish::correlate_dirs(&[&dir], &out, Some(1.0))
+    let c = xlap_analyze::finish::correlate_dirs(&[RunDir::new(&dir)], &out, Some(1.0))
         .unwrap_or_else(|e| panic!("{e:#}"));
     assert_eq!((c.packets, c.lost, c.unplaced_stamps), (500, 0, 0));
     for m in &markers {
@@ -443,8 +443,12 @@ fn a_point_name_that_cannot_be_a_column_is_named_with_its_file() {
             markers: &["send_start", "del\u{1}iver"],
         },
     );
-    let e = xlap_analyze::finish::correlate_dirs(&[&dir], &dir.join("packets.parquet"), None)
-        .unwrap_err();
+    let e = xlap_analyze::finish::correlate_dirs(
+        &[RunDir::new(&dir)],
+        &dir.join("packets.parquet"),
+        None,
+    )
+    .unwrap_err();
     let e = format!("{e:#}");
     assert!(
         e.contains(&dir.join("stamps.parquet").display().to_string()),
@@ -532,7 +536,7 @@ fn packets_in_flight_at_a_cut_are_partial_not_lost() {
     let conn = duckdb::Connection::open_in_memory().unwrap();
     let c = correlate(
         &conn,
-        &[Run::open(&dir).unwrap()],
+        &[Run::open(&RunDir::new(&dir)).unwrap()],
         &CorrelateOptions::default(),
         None,
     )

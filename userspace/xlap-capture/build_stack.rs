@@ -136,9 +136,32 @@ enum Target {
 /// The worst chain of every program (functions outside `.text`) of a BPF
 /// object.
 pub fn chains(elf: &[u8]) -> Result<Vec<Chain>, String> {
-    if elf.get(..4) != Some(b"\x7fELF") || elf.get(4) != Some(&2) || elf.get(5) != Some(&1) {
-        return Err("not a 64-bit little-endian ELF object".into());
+    let obj = Object::read(elf)?;
+    let mut funcs = obj.functions();
+    let mut targets = Vec::with_capacity(funcs.len());
+    for f in funcs.iter_mut() {
+        let scan = obj.scan(f)?;
+        f.depth = scan.depth;
+        targets.push(scan.calls);
     }
+    obj.name_callees(&mut funcs, targets)?;
+    program_chains(&funcs)
+}
+
+/// Relocations by (section, instruction index): (type, symbol).
+type Relocs = BTreeMap<(usize, usize), (u32, usize)>;
+
+/// What the check reads of a BPF object: its sections, symbols and
+/// relocations.
+struct Object<'a> {
+    elf: &'a [u8],
+    sections: Vec<Section>,
+    symbols: Vec<Symbol>,
+    relocs: Relocs,
+}
+
+/// The section headers of `elf`, named.
+fn read_sections(elf: &[u8]) -> Result<Vec<Section>, String> {
     let shoff = u64_at(elf, 0x28)? as usize;
     let shentsize = u16_at(elf, 0x3a)? as usize;
     let shnum = u16_at(elf, 0x3c)? as usize;
@@ -146,7 +169,7 @@ pub fn chains(elf: &[u8]) -> Result<Vec<Chain>, String> {
     let mut sections = Vec::with_capacity(shnum);
     for i in 0..shnum {
         let h = shoff + i * shentsize;
-        sections.push(Section {
+        let mut section = Section {
             name: String::new(),
             kind: u32_at(elf, h + 4)?,
             flags: u64_at(elf, h + 8)?,
@@ -154,182 +177,294 @@ pub fn chains(elf: &[u8]) -> Result<Vec<Chain>, String> {
             size: u64_at(elf, h + 32)? as usize,
             link: u32_at(elf, h + 40)? as usize,
             info: u32_at(elf, h + 44)? as usize,
-        });
+        };
         let name_off = u32_at(elf, h)? as usize;
         let strtab = shoff + shstrndx * shentsize;
         let str_off = u64_at(elf, strtab + 24)? as usize;
-        sections[i].name = cstr(elf, str_off + name_off);
+        section.name = cstr(elf, str_off + name_off);
+        sections.push(section);
     }
-    let data = |s: &Section| -> Result<&[u8], String> {
-        elf.get(s.offset..s.offset + s.size)
-            .ok_or_else(|| format!("section {} out of the file", s.name))
-    };
-    let symtab = sections
-        .iter()
-        .find(|s| s.kind == SHT_SYMTAB)
-        .ok_or("no symbol table")?;
-    let strtab = data(&sections[symtab.link])?;
-    let mut symbols = Vec::new();
-    for e in data(symtab)?.chunks_exact(24) {
-        symbols.push(Symbol {
-            name: cstr(strtab, u32_at(e, 0)? as usize),
-            kind: e[4] & 0x0f,
-            shndx: u16_at(e, 6)? as usize,
-            value: u64_at(e, 8)?,
-        });
-    }
-    // Relocations by (section, instruction index): (type, symbol).
-    let mut relocs: BTreeMap<(usize, usize), (u32, usize)> = BTreeMap::new();
-    for s in sections.iter().filter(|s| s.kind == SHT_REL) {
-        for e in data(s)?.chunks_exact(16) {
-            let offset = u64_at(e, 0)? as usize;
-            let info = u64_at(e, 8)?;
-            relocs.insert((s.info, offset / 8), (info as u32, (info >> 32) as usize));
+    Ok(sections)
+}
+
+impl<'a> Object<'a> {
+    fn read(elf: &'a [u8]) -> Result<Object<'a>, String> {
+        if elf.get(..4) != Some(b"\x7fELF") || elf.get(4) != Some(&2) || elf.get(5) != Some(&1) {
+            return Err("not a 64-bit little-endian ELF object".into());
         }
+        let mut obj = Object {
+            elf,
+            sections: read_sections(elf)?,
+            symbols: Vec::new(),
+            relocs: BTreeMap::new(),
+        };
+        obj.symbols = obj.read_symbols()?;
+        obj.relocs = obj.read_relocs()?;
+        Ok(obj)
     }
-    let exec = |i: usize| {
-        sections
+
+    fn data(&self, s: &Section) -> Result<&'a [u8], String> {
+        self.elf
+            .get(s.offset..s.offset + s.size)
+            .ok_or_else(|| format!("section {} out of the file", s.name))
+    }
+
+    fn read_symbols(&self) -> Result<Vec<Symbol>, String> {
+        let symtab = self
+            .sections
+            .iter()
+            .find(|s| s.kind == SHT_SYMTAB)
+            .ok_or("no symbol table")?;
+        let strtab = self.data(&self.sections[symtab.link])?;
+        self.data(symtab)?
+            .chunks_exact(24)
+            .map(|e| {
+                Ok(Symbol {
+                    name: cstr(strtab, u32_at(e, 0)? as usize),
+                    kind: e[4] & 0x0f,
+                    shndx: u16_at(e, 6)? as usize,
+                    value: u64_at(e, 8)?,
+                })
+            })
+            .collect()
+    }
+
+    fn read_relocs(&self) -> Result<Relocs, String> {
+        let mut relocs = BTreeMap::new();
+        for s in self.sections.iter().filter(|s| s.kind == SHT_REL) {
+            for e in self.data(s)?.chunks_exact(16) {
+                let offset = u64_at(e, 0)? as usize;
+                let info = u64_at(e, 8)?;
+                relocs.insert((s.info, offset / 8), (info as u32, (info >> 32) as usize));
+            }
+        }
+        Ok(relocs)
+    }
+
+    /// Whether section `i` holds instructions.
+    fn exec(&self, i: usize) -> bool {
+        self.sections
             .get(i)
             .is_some_and(|s| s.flags & SHF_EXECINSTR != 0)
-    };
-    let mut funcs: Vec<Func> = symbols
-        .iter()
-        .filter(|s| s.kind == STT_FUNC && exec(s.shndx))
-        .map(|s| Func {
-            name: s.name.clone(),
-            section: sections[s.shndx].name.clone(),
-            shndx: s.shndx,
-            start: s.value as usize / 8,
-            depth: 0,
-            callees: Vec::new(),
-        })
-        .collect();
-    funcs.sort_by_key(|f| (f.shndx, f.start));
-    let mut targets: Vec<Vec<Target>> = Vec::with_capacity(funcs.len());
-    for f in funcs.iter_mut() {
-        let text = data(&sections[f.shndx])?;
-        let count = text.len() / 8;
-        // A function ends where the next one of its section begins.
-        let end = symbols
+    }
+
+    /// The functions of the object's code, by section and start.
+    fn functions(&self) -> Vec<Func> {
+        let mut funcs: Vec<Func> = self
+            .symbols
+            .iter()
+            .filter(|s| s.kind == STT_FUNC && self.exec(s.shndx))
+            .map(|s| Func {
+                name: s.name.clone(),
+                section: self.sections[s.shndx].name.clone(),
+                shndx: s.shndx,
+                start: s.value as usize / 8,
+                depth: 0,
+                callees: Vec::new(),
+            })
+            .collect();
+        funcs.sort_by_key(|f| (f.shndx, f.start));
+        funcs
+    }
+
+    /// Where function `f` ends: where the next one of its section begins,
+    /// else at the section's `count` instructions.
+    fn end_of(&self, f: &Func, count: usize) -> usize {
+        self.symbols
             .iter()
             .filter(|s| s.kind == STT_FUNC && s.shndx == f.shndx && s.value as usize / 8 > f.start)
             .map(|s| s.value as usize / 8)
             .min()
-            .unwrap_or(count);
-        let mut calls = Vec::new();
-        // Registers holding r10 + offset.
-        let mut frame_regs: [Option<i64>; 11] = [None; 11];
+            .unwrap_or(count)
+    }
+
+    /// Function `f`'s instructions: its stack depth and its calls.
+    fn scan(&self, f: &Func) -> Result<Scan, String> {
+        let text = self.data(&self.sections[f.shndx])?;
+        let end = self.end_of(f, text.len() / 8);
+        let mut scan = Scan {
+            depth: 0,
+            calls: Vec::new(),
+            frame_regs: [None; 11],
+        };
         let mut i = f.start;
         while i < end {
             let insn = insn_at(text, i);
-            let class = insn.code & 0x07;
-            let width = if insn.code == 0x18 { 2 } else { 1 };
-            // Memory access through r10.
-            let base = match class {
-                0x01 => Some((insn.src, insn.off)),        // LDX
-                0x02 | 0x03 => Some((insn.dst, insn.off)), // ST, STX
-                _ => None,
-            };
-            if let Some((reg, off)) = base {
-                let at = if reg == 10 {
-                    Some(off as i64)
-                } else {
-                    frame_regs
-                        .get(reg as usize)
-                        .copied()
-                        .flatten()
-                        .map(|b| b + off as i64)
-                };
-                if let Some(at) = at.filter(|a| *a < 0) {
-                    f.depth = f.depth.max((-at) as u32);
-                }
-            }
-            let reloc = relocs.get(&(f.shndx, i)).copied();
+            scan.access(insn);
+            let reloc = self.relocs.get(&(f.shndx, i)).copied();
             match insn.code {
-                // call: a BPF-to-BPF call when src is BPF_PSEUDO_CALL.
-                0x85 => {
-                    if insn.src == 1 {
-                        calls.push(match reloc {
-                            Some((R_BPF_64_32, sym)) => match symbols.get(sym) {
-                                Some(s) if s.kind == STT_SECTION => {
-                                    Target::At(s.shndx, (insn.imm as i64 + 1) as usize)
-                                }
-                                Some(s) => Target::Named(s.name.clone()),
-                                None => return Err(format!("bad symbol {sym} in {}", f.name)),
-                            },
-                            _ => Target::At(f.shndx, (i as i64 + insn.imm as i64 + 1) as usize),
-                        });
-                    }
-                    // r0-r5 are clobbered by any call.
-                    frame_regs[..6].fill(None);
+                0x85 => scan.call(self.call_target(f, i, insn, reloc)?),
+                0x18 => scan.ld_imm64(self.callback_target(f, i, insn, reloc), insn),
+                _ => scan.other(insn),
+            }
+            i += if insn.code == 0x18 { 2 } else { 1 };
+        }
+        Ok(scan)
+    }
+
+    /// What `call` instruction `i` of `f` calls: a function when src is
+    /// BPF_PSEUDO_CALL (BPF-to-BPF), else nothing (a helper).
+    fn call_target(
+        &self,
+        f: &Func,
+        i: usize,
+        insn: Insn,
+        reloc: Option<(u32, usize)>,
+    ) -> Result<Option<Target>, String> {
+        if insn.src != 1 {
+            return Ok(None);
+        }
+        Ok(Some(match reloc {
+            Some((R_BPF_64_32, sym)) => match self.symbols.get(sym) {
+                Some(s) if s.kind == STT_SECTION => {
+                    Target::At(s.shndx, (insn.imm as i64 + 1) as usize)
                 }
-                // ld_imm64: a callback's address when relocated against code.
-                0x18 => {
-                    if let Some((R_BPF_64_64, sym)) = reloc {
-                        if let Some(s) = symbols.get(sym).filter(|s| exec(s.shndx)) {
-                            calls.push(if s.kind == STT_SECTION {
-                                Target::At(s.shndx, (s.value as i64 + insn.imm as i64) as usize / 8)
-                            } else {
-                                Target::Named(s.name.clone())
-                            });
-                        }
-                    } else if insn.src == 4 {
-                        // BPF_PSEUDO_FUNC without relocation: pc-relative.
-                        calls.push(Target::At(
-                            f.shndx,
-                            (i as i64 + insn.imm as i64 + 1) as usize,
-                        ));
-                    }
-                    frame_regs[insn.dst as usize & 0x0f] = None;
-                }
-                // mov64 dst, src
-                0xbf if insn.src == 10 || frame_regs[insn.src as usize].is_some() => {
-                    frame_regs[insn.dst as usize] = if insn.src == 10 {
-                        Some(0)
-                    } else {
-                        frame_regs[insn.src as usize]
-                    };
-                }
-                // add64 dst, imm on a frame pointer copy
-                0x07 if frame_regs[insn.dst as usize].is_some() => {
-                    let at = frame_regs[insn.dst as usize].unwrap_or(0) + insn.imm as i64;
-                    frame_regs[insn.dst as usize] = Some(at);
-                    if at < 0 {
-                        f.depth = f.depth.max((-at) as u32);
-                    }
-                }
-                _ => {
-                    // Any other ALU or load writes dst.
-                    if matches!(class, 0x00 | 0x01 | 0x04 | 0x07) && (insn.dst as usize) < 11 {
-                        frame_regs[insn.dst as usize] = None;
-                    }
+                Some(s) => Target::Named(s.name.clone()),
+                None => return Err(format!("bad symbol {sym} in {}", f.name)),
+            },
+            _ => Target::At(f.shndx, (i as i64 + insn.imm as i64 + 1) as usize),
+        }))
+    }
+
+    /// The callback whose address `ld_imm64` instruction `i` of `f` loads,
+    /// when relocated against code (or pc-relative, BPF_PSEUDO_FUNC).
+    fn callback_target(
+        &self,
+        f: &Func,
+        i: usize,
+        insn: Insn,
+        reloc: Option<(u32, usize)>,
+    ) -> Option<Target> {
+        if let Some((R_BPF_64_64, sym)) = reloc {
+            let s = self.symbols.get(sym).filter(|s| self.exec(s.shndx))?;
+            Some(if s.kind == STT_SECTION {
+                Target::At(s.shndx, (s.value as i64 + insn.imm as i64) as usize / 8)
+            } else {
+                Target::Named(s.name.clone())
+            })
+        } else if insn.src == 4 {
+            // BPF_PSEUDO_FUNC without relocation: pc-relative.
+            Some(Target::At(
+                f.shndx,
+                (i as i64 + insn.imm as i64 + 1) as usize,
+            ))
+        } else {
+            None
+        }
+    }
+
+    /// Each function's callees, named (sorted, once each), from the
+    /// targets its scan found (`targets`, one list per function).
+    fn name_callees(&self, funcs: &mut [Func], targets: Vec<Vec<Target>>) -> Result<(), String> {
+        let by_start: BTreeMap<(usize, usize), String> = funcs
+            .iter()
+            .map(|f| ((f.shndx, f.start), f.name.clone()))
+            .collect();
+        for (f, calls) in funcs.iter_mut().zip(targets) {
+            let mut names = calls
+                .into_iter()
+                .map(|t| match t {
+                    Target::Named(n) => Ok(n),
+                    Target::At(sec, at) => by_start.get(&(sec, at)).cloned().ok_or_else(|| {
+                        format!(
+                            "{}: a call to instruction {at} of {} is no function's start",
+                            f.name, self.sections[sec].name
+                        )
+                    }),
+                })
+                .collect::<Result<Vec<_>, String>>()?;
+            names.sort();
+            names.dedup();
+            f.callees = names;
+        }
+        Ok(())
+    }
+}
+
+/// What one function's instructions show, read in order.
+struct Scan {
+    /// Deepest stack byte touched.
+    depth: u32,
+    /// Calls and callback addresses.
+    calls: Vec<Target>,
+    /// Registers holding r10 + offset.
+    frame_regs: [Option<i64>; 11],
+}
+
+impl Scan {
+    /// Stack byte `at` (r10-relative) touched.
+    fn touch(&mut self, at: i64) {
+        if at < 0 {
+            self.depth = self.depth.max((-at) as u32);
+        }
+    }
+
+    /// A memory access through r10 or a register holding r10 + offset.
+    fn access(&mut self, insn: Insn) {
+        let base = match insn.code & 0x07 {
+            0x01 => Some((insn.src, insn.off)),        // LDX
+            0x02 | 0x03 => Some((insn.dst, insn.off)), // ST, STX
+            _ => None,
+        };
+        let Some((reg, off)) = base else {
+            return;
+        };
+        let at = if reg == 10 {
+            Some(off as i64)
+        } else {
+            self.frame_regs
+                .get(reg as usize)
+                .copied()
+                .flatten()
+                .map(|b| b + off as i64)
+        };
+        if let Some(at) = at {
+            self.touch(at);
+        }
+    }
+
+    /// A call (`target` when BPF-to-BPF): r0-r5 are clobbered by any call.
+    fn call(&mut self, target: Option<Target>) {
+        self.calls.extend(target);
+        self.frame_regs[..6].fill(None);
+    }
+
+    /// An `ld_imm64` (`target` when it loads a callback's address).
+    fn ld_imm64(&mut self, target: Option<Target>, insn: Insn) {
+        self.calls.extend(target);
+        self.frame_regs[insn.dst as usize & 0x0f] = None;
+    }
+
+    /// Any other instruction: a copy of r10 followed through mov64 and
+    /// add64; any other ALU or load writes dst.
+    fn other(&mut self, insn: Insn) {
+        let (dst, src) = (insn.dst as usize, insn.src as usize);
+        match insn.code {
+            // mov64 dst, src
+            0xbf if insn.src == 10 || self.frame_regs[src].is_some() => {
+                self.frame_regs[dst] = if insn.src == 10 {
+                    Some(0)
+                } else {
+                    self.frame_regs[src]
+                };
+            }
+            // add64 dst, imm on a frame pointer copy
+            0x07 if self.frame_regs[dst].is_some() => {
+                let at = self.frame_regs[dst].unwrap_or(0) + insn.imm as i64;
+                self.frame_regs[dst] = Some(at);
+                self.touch(at);
+            }
+            _ => {
+                if matches!(insn.code & 0x07, 0x00 | 0x01 | 0x04 | 0x07) && dst < 11 {
+                    self.frame_regs[dst] = None;
                 }
             }
-            i += width;
         }
-        targets.push(calls);
     }
-    let by_start: BTreeMap<(usize, usize), String> = funcs
-        .iter()
-        .map(|f| ((f.shndx, f.start), f.name.clone()))
-        .collect();
-    for (f, calls) in funcs.iter_mut().zip(targets) {
-        let mut names = Vec::new();
-        for t in calls {
-            names.push(match t {
-                Target::Named(n) => n,
-                Target::At(sec, at) => by_start.get(&(sec, at)).cloned().ok_or_else(|| {
-                    format!(
-                        "{}: a call to instruction {at} of {} is no function's start",
-                        f.name, sections[sec].name
-                    )
-                })?,
-            });
-        }
-        names.sort();
-        names.dedup();
-        f.callees = names;
-    }
+}
+
+/// The worst chain of each program (each function outside `.text`).
+fn program_chains(funcs: &[Func]) -> Result<Vec<Chain>, String> {
     let index: BTreeMap<String, usize> = funcs
         .iter()
         .enumerate()
@@ -341,7 +476,7 @@ pub fn chains(elf: &[u8]) -> Result<Vec<Chain>, String> {
         if f.section == ".text" {
             continue;
         }
-        let (total, frames) = worst(&funcs, &index, i, &mut memo, &mut Vec::new())?;
+        let (total, frames) = worst(funcs, &index, i, &mut memo, &mut Vec::new())?;
         out.push(Chain {
             section: f.section.clone(),
             program: f.name.clone(),

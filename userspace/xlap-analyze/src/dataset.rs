@@ -220,11 +220,7 @@ fn open_files(conn: &Connection, arg: &Path, how: Opening) -> Result<Dataset> {
         purpose,
     } = how;
     let found = Found::at(arg)?;
-    let run_files: Vec<PathBuf> = found
-        .run_dirs
-        .iter()
-        .map(|d| RunDir::new(d).meta())
-        .collect();
+    let run_files: Vec<PathBuf> = found.run_dirs.iter().map(RunDir::meta).collect();
     load_runs(conn, &run_files)?;
     let sides = found.packets_view(conn, arg, progress)?;
     // A packet is its (run_id, flow, kind, seq): the queries that follow a
@@ -285,7 +281,7 @@ struct Found {
     partitions: Vec<PathBuf>,
     /// The packets file, when there is one to read as it is.
     packets_file: Option<PathBuf>,
-    run_dirs: Vec<PathBuf>,
+    run_dirs: Vec<RunDir>,
 }
 
 impl Found {
@@ -316,8 +312,9 @@ impl Found {
                 .filter(|p| !p.as_os_str().is_empty())
                 .unwrap_or(Path::new("."));
             let mut run_dirs = crate::layout::run_dirs_in(parent);
-            if RunDir::new(parent).is_run() {
-                run_dirs.insert(0, parent.to_path_buf());
+            let own_run = RunDir::new(parent);
+            if own_run.is_run() {
+                run_dirs.insert(0, own_run);
             }
             return Ok(Found {
                 partitions,
@@ -325,10 +322,11 @@ impl Found {
                 run_dirs,
             });
         }
-        let own = RunDir::new(arg).packets();
+        let files = RunDir::new(arg);
+        let own = files.packets();
         let mut run_dirs = Vec::new();
-        if RunDir::new(arg).is_run() {
-            run_dirs.push(arg.to_path_buf());
+        if files.is_run() {
+            run_dirs.push(files);
         }
         run_dirs.extend(crate::layout::run_dirs_in(arg));
         if !own.is_file() && run_dirs.is_empty() {
@@ -381,7 +379,7 @@ impl Found {
         let runs = self
             .run_dirs
             .iter()
-            .map(|d| Run::open(d))
+            .map(Run::open)
             .collect::<Result<Vec<_>>>()?;
         let c = correlate(conn, &runs, &CorrelateOptions::default(), None)?;
         conn.execute_batch("ALTER TABLE packets RENAME TO packets_correlated;")?;
@@ -394,15 +392,11 @@ impl Found {
         let files: Vec<PathBuf> = self
             .run_dirs
             .iter()
-            .map(|d| RunDir::new(d).stamps())
+            .map(RunDir::stamps)
             .filter(|p| p.is_file())
             .collect();
-        for d in self
-            .run_dirs
-            .iter()
-            .filter(|d| RunDir::new(d).stamps().is_file())
-        {
-            crate::runs::stamps_whole(d).map_err(|why| input(d, why))?;
+        for d in self.run_dirs.iter().filter(|d| d.stamps().is_file()) {
+            crate::runs::stamps_whole(d).map_err(|why| input(d.path(), why))?;
         }
         if files.is_empty() {
             return Ok(());

@@ -39,19 +39,24 @@ pub struct Finished {
 /// and (if asked) runs the latency summary, all on one DuckDB connection
 /// confined to the run. Only the correlation failing is an error: the
 /// summary and the analysis say why they are missing in [`Finished`].
-pub fn finish_run(dir: &Path, opts: &FinishOptions) -> Result<Finished> {
-    let files = RunDir::new(dir);
-    let packets = files.packets();
+pub fn finish_run(dir: &RunDir, opts: &FinishOptions) -> Result<Finished> {
+    let packets = dir.packets();
     let conn = crate::engine()?;
-    crate::confine(&conn, &[dir])?;
-    let correlation = correlate_on(&conn, &[dir], &packets, opts.deadline_ms)?;
+    crate::confine(&conn, &[dir.path()])?;
+    let correlation = correlate_on(&conn, std::slice::from_ref(dir), &packets, opts.deadline_ms)?;
     // The packets just written are read back through the analyses' views;
     // the correlator's own table would shadow them (and hold memory).
     conn.execute_batch("DROP TABLE IF EXISTS packets;")?;
-    let opened = dataset::open_view(&conn, dir, Shared::Materialized, false, View::default());
+    let opened = dataset::open_view(
+        &conn,
+        dir.path(),
+        Shared::Materialized,
+        false,
+        View::default(),
+    );
     let summary = match &opened {
-        Ok(_) => Summary::of_conn(&conn, dir).and_then(|s| {
-            let path = files.summary();
+        Ok(_) => Summary::of_conn(&conn, dir.path()).and_then(|s| {
+            let path = dir.summary();
             s.write(&path)?;
             Ok(path)
         }),
@@ -91,13 +96,17 @@ fn latency_summary(conn: &Connection) -> Result<Vec<(Query, Table)>> {
 /// engine that reads the runs and writes beside `out`, nothing else: root
 /// runs this at the end of `record`, on point names the traced programs
 /// chose.
-pub fn correlate_dirs(dirs: &[&Path], out: &Path, deadline_ms: Option<f64>) -> Result<Correlation> {
+pub fn correlate_dirs(
+    dirs: &[RunDir],
+    out: &Path,
+    deadline_ms: Option<f64>,
+) -> Result<Correlation> {
     let conn = crate::engine()?;
     let out_dir = out
         .parent()
         .filter(|p| !p.as_os_str().is_empty())
         .unwrap_or(Path::new("."));
-    let mut allowed = dirs.to_vec();
+    let mut allowed: Vec<&Path> = dirs.iter().map(RunDir::path).collect();
     allowed.push(out_dir);
     crate::confine(&conn, &allowed)?;
     correlate_on(&conn, dirs, out, deadline_ms)
@@ -105,14 +114,11 @@ pub fn correlate_dirs(dirs: &[&Path], out: &Path, deadline_ms: Option<f64>) -> R
 
 fn correlate_on(
     conn: &Connection,
-    dirs: &[&Path],
+    dirs: &[RunDir],
     out: &Path,
     deadline_ms: Option<f64>,
 ) -> Result<Correlation> {
-    let runs = dirs
-        .iter()
-        .map(|d| Run::open(d))
-        .collect::<Result<Vec<_>>>()?;
+    let runs = dirs.iter().map(Run::open).collect::<Result<Vec<_>>>()?;
     let opts = CorrelateOptions {
         deadline_ns: deadline_ms.map(|ms| (ms * 1e6) as i64),
     };
@@ -220,7 +226,8 @@ pub fn print_correlation(c: &Correlation, out: &Path) {
 
 /// What `record` prints after the run: the correlation, where the summary
 /// went (or why not), and the latency summary.
-pub fn print_finished(f: &Finished, dir: &Path, quiet: bool) {
+pub fn print_finished(f: &Finished, dir: &RunDir, quiet: bool) {
+    let dir = dir.path();
     if !quiet {
         print_correlation(&f.correlation, &f.packets);
     }

@@ -26,15 +26,15 @@ pub fn run_root(run: &Path) -> &Path {
 }
 
 /// The run directories directly in `dir`, in name order.
-pub(crate) fn run_dirs_in(dir: &Path) -> Vec<PathBuf> {
-    let mut out: Vec<PathBuf> = std::fs::read_dir(dir)
+pub(crate) fn run_dirs_in(dir: &Path) -> Vec<RunDir> {
+    let mut out: Vec<RunDir> = std::fs::read_dir(dir)
         .map(|rd| {
-            rd.filter_map(|e| e.ok().map(|e| e.path()))
-                .filter(|p| RunDir::new(p).is_run())
+            rd.filter_map(|e| e.ok().map(|e| RunDir::new(e.path())))
+                .filter(RunDir::is_run)
                 .collect()
         })
         .unwrap_or_default();
-    out.sort();
+    out.sort_by(|a, b| a.path().cmp(b.path()));
     out
 }
 
@@ -60,7 +60,7 @@ pub fn runs_by_start(dir: &Path) -> Vec<PathBuf> {
         .map(|run| {
             let start = recorders_of(&run)
                 .iter()
-                .filter_map(|r| crate::runs::read_meta(&RunDir::new(r).meta()).ok())
+                .filter_map(|r| crate::runs::read_meta(&r.meta()).ok())
                 .map(|m| m.clock_start.realtime_ns)
                 .min()
                 .unwrap_or(u64::MAX);
@@ -72,10 +72,11 @@ pub fn runs_by_start(dir: &Path) -> Vec<PathBuf> {
 }
 
 /// The recorders' runs of run partition `run`.
-pub fn recorders_of(run: &Path) -> Vec<PathBuf> {
+pub fn recorders_of(run: &Path) -> Vec<RunDir> {
     partitions(run, RECORDER_KEY)
         .into_iter()
-        .filter(|p| RunDir::new(p).is_run())
+        .map(RunDir::new)
+        .filter(RunDir::is_run)
         .collect()
 }
 

@@ -116,15 +116,16 @@ pub fn add(run: &Path, dataset: &Path, replace: bool) -> Result<Added> {
             "a dataset, not a run: add its runs (DIR/run_id=…) one by one",
         ));
     }
-    if RunDir::new(run).is_rotated() {
+    let files = RunDir::new(run);
+    if files.is_rotated() {
         return Err(input(
             run,
             "a rotated recording: add its segments one by one",
         ));
     }
     let mut recorders = Vec::new();
-    if RunDir::new(run).is_run() {
-        recorders.push(run.to_path_buf());
+    if files.is_run() {
+        recorders.push(files.clone());
     }
     // (A run partition of another dataset: its recorder=… directories.)
     recorders.extend(crate::layout::run_dirs_in(run));
@@ -140,7 +141,7 @@ pub fn add(run: &Path, dataset: &Path, replace: bool) -> Result<Added> {
         std::fs::remove_dir_all(&staging).map_err(|e| io("remove", &staging, e))?;
     }
     std::fs::create_dir(&staging).map_err(|e| io("create", &staging, e))?;
-    let built = build(run, &recorders, &staging);
+    let built = build(&files, &recorders, &staging);
     let (run_id, names, packets, linked, copied) = match built {
         Ok(b) => b,
         Err(e) => {
@@ -181,7 +182,9 @@ type Built = (String, Vec<String>, u64, usize, usize);
 /// The run's files in `staging`: its packets (correlated here when it has
 /// none) with their stored aggregates and summary, each recorder's run,
 /// and the runs table.
-fn build(run: &Path, recorders: &[PathBuf], staging: &Path) -> Result<Built> {
+fn build(files: &RunDir, recorders: &[RunDir], staging: &Path) -> Result<Built> {
+    let run = files.path();
+    let staged = RunDir::new(staging);
     let (mut linked, mut copied) = (0, 0);
     let mut put = |from: &Path, to: &Path| -> Result<()> {
         if link_or_copy(from, to)? {
@@ -191,8 +194,8 @@ fn build(run: &Path, recorders: &[PathBuf], staging: &Path) -> Result<Built> {
         }
         Ok(())
     };
-    let packets = RunDir::new(staging).packets();
-    let own = RunDir::new(run).packets();
+    let packets = staged.packets();
+    let own = files.packets();
     if own.is_file() {
         put(&own, &packets)?;
         let beside = crate::stored::TABLES
@@ -204,15 +207,14 @@ fn build(run: &Path, recorders: &[PathBuf], staging: &Path) -> Result<Built> {
                 )
             })
             .chain([(own.with_extension("json"), packets.with_extension("json"))])
-            .chain([(RunDir::new(run).summary(), RunDir::new(staging).summary())]);
+            .chain([(files.summary(), staged.summary())]);
         for (from, to) in beside {
             if from.is_file() {
                 put(&from, &to)?;
             }
         }
     } else {
-        let dirs: Vec<&Path> = recorders.iter().map(|p| p.as_path()).collect();
-        crate::finish::correlate_dirs(&dirs, &packets, None)?;
+        crate::finish::correlate_dirs(recorders, &packets, None)?;
     }
     // Stored aggregates the packets lack or cannot use (another release,
     // other packets) are computed again: the dataset's runs read fast.
@@ -253,22 +255,22 @@ fn build(run: &Path, recorders: &[PathBuf], staging: &Path) -> Result<Built> {
     let mut names = Vec::new();
     let mut metas = Vec::new();
     for dir in recorders {
-        let meta = crate::runs::read_meta(&RunDir::new(dir).meta())?;
-        let id = partition_value(&meta.run_id, &RunDir::new(dir).meta())?;
-        let to = staging.join(format!("{RECORDER_KEY}={id}"));
-        if to.exists() {
+        let meta = crate::runs::read_meta(&dir.meta())?;
+        let id = partition_value(&meta.run_id, &dir.meta())?;
+        let to = RunDir::new(staging.join(format!("{RECORDER_KEY}={id}")));
+        if to.path().exists() {
             return Err(input(
-                dir,
+                dir.path(),
                 format!("two recordings with run id {id}: a run holds each recording once"),
             ));
         }
-        std::fs::create_dir(&to).map_err(|e| io("create", &to, e))?;
-        put(&RunDir::new(dir).meta(), &RunDir::new(&to).meta())?;
-        let stamps = RunDir::new(dir).stamps();
+        std::fs::create_dir(to.path()).map_err(|e| io("create", to.path(), e))?;
+        put(&dir.meta(), &to.meta())?;
+        let stamps = dir.stamps();
         if stamps.is_file() {
-            put(&stamps, &RunDir::new(&to).stamps())?;
+            put(&stamps, &to.stamps())?;
         }
-        metas.push(RunDir::new(&to).meta());
+        metas.push(to.meta());
         names.push(id);
     }
     crate::dataset::load_runs(&conn, &metas)?;
@@ -279,8 +281,8 @@ fn build(run: &Path, recorders: &[PathBuf], staging: &Path) -> Result<Built> {
          COPY runs TO {} (FORMAT parquet);",
         sql::path(&staging.join(RUNS_TABLE))
     ))?;
-    if !RunDir::new(staging).summary().is_file() {
-        crate::summary::Summary::of_run(staging)?.write(&RunDir::new(staging).summary())?;
+    if !staged.summary().is_file() {
+        crate::summary::Summary::of_run(staging)?.write(&staged.summary())?;
     }
     Ok((run_id, names, count, linked, copied))
 }

@@ -55,13 +55,13 @@ impl Run {
     }
 
     /// Opens a run directory, saying what is wrong when it is not one.
-    pub fn open(dir: &Path) -> Result<Run> {
-        let shown = dir.display().to_string();
+    pub fn open(dir: &RunDir) -> Result<Run> {
+        let shown = dir.path().display().to_string();
         let err = |what: String| AnalyzeError::Input {
             path: shown.clone(),
             what,
         };
-        let meta = read_meta(&RunDir::new(dir).meta()).map_err(|e| match e {
+        let meta = read_meta(&dir.meta()).map_err(|e| match e {
             AnalyzeError::Input { what, .. } => err(what),
             other => other,
         })?;
@@ -70,7 +70,7 @@ impl Run {
                 "the run has not ended (run.json says running): it is still being recorded, or its recorder died; `xlap-trace recover {shown}` makes it whole once the recorder is gone"
             )));
         }
-        let stamps = RunDir::new(dir).stamps();
+        let stamps = dir.stamps();
         if !stamps.exists() {
             return Err(err(
                 "stamps.parquet is missing (the run did not end cleanly: stamps.arrows holds what was recorded)".into(),
@@ -80,7 +80,7 @@ impl Run {
         xlap_records::schema::check_stamps_parquet(&stamps)
             .map_err(|why| err(format!("stamps.parquet: {why}")))?;
         Ok(Run {
-            dir: dir.to_path_buf(),
+            dir: dir.path().to_path_buf(),
             meta,
         })
     }
@@ -111,13 +111,12 @@ pub fn read_meta(path: &Path) -> Result<RunMeta> {
 
 /// Refuses a run whose stamps.parquet is cut short, saying how to get it
 /// back.
-pub(crate) fn stamps_whole(dir: &Path) -> std::result::Result<(), String> {
-    let files = RunDir::new(dir);
-    whole_parquet(&files.stamps()).map_err(|why| {
-        let way_out = if files.stamps_stream().is_file() {
+pub(crate) fn stamps_whole(dir: &RunDir) -> std::result::Result<(), String> {
+    whole_parquet(&dir.stamps()).map_err(|why| {
+        let way_out = if dir.stamps_stream().is_file() {
             format!(
                 "stamps.arrows remains: move stamps.parquet aside and `xlap-trace recover {}` rebuilds it",
-                dir.display()
+                dir.path().display()
             )
         } else {
             "record the run again (no stamps.arrows remains to rebuild it from)".to_string()

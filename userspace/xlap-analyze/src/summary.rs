@@ -551,7 +551,7 @@ impl Summary {
 fn metas_of_runs_in(dir: &Path) -> Vec<xlap_records::run_meta::RunMeta> {
     crate::layout::run_dirs_in(crate::layout::run_root(dir))
         .iter()
-        .filter_map(|d| crate::runs::read_meta(&xlap_records::RunDir::new(d).meta()).ok())
+        .filter_map(|d| crate::runs::read_meta(&d.meta()).ok())
         .collect()
 }
 

@@ -359,15 +359,15 @@ pub struct Steps {
 }
 
 /// Writes `dir/packets.parquet` and `dir/run.json` for `packets` packets.
-pub fn generate(conn: &Connection, dir: &Path, packets: u64, seed: u32) -> Result<Steps> {
+pub fn generate(conn: &Connection, dir: &RunDir, packets: u64, seed: u32) -> Result<Steps> {
     let mut steps = Steps::default();
     let t = std::time::Instant::now();
-    std::fs::create_dir_all(dir).map_err(|e| AnalyzeError::Input {
-        path: dir.display().to_string(),
+    std::fs::create_dir_all(dir.path()).map_err(|e| AnalyzeError::Input {
+        path: dir.path().display().to_string(),
         what: format!("cannot create the directory: {e}"),
     })?;
     let points = PointsSchema::new();
-    let (parts, delivered) = write_points(dir, &points, packets, seed)?;
+    let (parts, delivered) = write_points(dir.path(), &points, packets, seed)?;
     steps.points = t.elapsed();
     let t = std::time::Instant::now();
     let cols: Vec<(String, String)> = points
@@ -409,13 +409,13 @@ pub fn generate(conn: &Connection, dir: &Path, packets: u64, seed: u32) -> Resul
         "(SELECT {columns} FROM read_parquet([{}]) AS p)",
         files.join(", ")
     );
-    let written = packets_table::write(conn, &query, &RunDir::new(dir).packets(), &cols);
+    let written = packets_table::write(conn, &query, &dir.packets(), &cols);
     remove_all(&parts);
     written?;
     write_run_json(dir, packets, delivered, seed, &points.tx, &points.rx)?;
     steps.packets_table = t.elapsed();
     let t = std::time::Instant::now();
-    crate::finish::store_aggregates(&RunDir::new(dir).packets());
+    crate::finish::store_aggregates(&dir.packets());
     steps.aggregates = t.elapsed();
     Ok(steps)
 }
@@ -424,7 +424,7 @@ pub fn generate(conn: &Connection, dir: &Path, packets: u64, seed: u32) -> Resul
 /// the point columns of each side), with a planted ring-buffer overflow on
 /// one point so the loss query has something to report.
 fn write_run_json(
-    dir: &Path,
+    dir: &RunDir,
     packets: u64,
     delivered: u64,
     seed: u32,
@@ -481,7 +481,7 @@ fn write_run_json(
         stop_reason: xlap_records::run_meta::StopReason::Synthetic,
         ..RunMeta::default()
     };
-    let path = RunDir::new(dir).meta();
+    let path = dir.meta();
     meta.write(&path).map_err(|e| AnalyzeError::Input {
         path: path.display().to_string(),
         what: e.to_string(),

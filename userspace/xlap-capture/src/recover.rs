@@ -51,9 +51,8 @@ fn read_meta(path: &Path) -> Result<RunMeta> {
 
 /// Recovers the run in `dir`; `None` when there is nothing to recover (the
 /// run ended, or was recovered before).
-pub fn recover(dir: &Path) -> Result<Option<Recovery>> {
-    let files = RunDir::new(dir);
-    let meta_path = files.meta();
+pub fn recover(dir: &RunDir) -> Result<Option<Recovery>> {
+    let meta_path = dir.meta();
     let mut meta = read_meta(&meta_path)?;
     if meta.state != RunState::Running {
         return Ok(None);
@@ -63,31 +62,34 @@ pub fn recover(dir: &Path) -> Result<Option<Recovery>> {
             Code::BadInput,
             format!(
                 "{}: the run is still being recorded by pid {pid}; stop it (kill -INT {pid}) and it completes itself",
-                dir.display()
+                dir.path().display()
             ),
         ));
     }
-    let stream = files.stamps_stream();
-    let parquet = files.stamps();
+    let stream = dir.stamps_stream();
+    let parquet = dir.stamps();
     if !stream.is_file() {
         return Err(failure(
             Code::BadInput,
             format!(
                 "{}: the recorder died before it wrote stamps.arrows; nothing to recover",
-                dir.display()
+                dir.path().display()
             ),
         ));
     }
     let copy = stream_to_parquet(&stream, &parquet).map_err(|e| {
         failure(
             Code::BadInput,
-            format!("{}: cannot read the live stream ({e})", dir.display()),
+            format!(
+                "{}: cannot read the live stream ({e})",
+                dir.path().display()
+            ),
         )
     })?;
     let counts = count(&parquet)?;
     let checkpoint = meta.checkpoint.clone();
     let recovery = Recovery {
-        dir: dir.to_path_buf(),
+        dir: dir.path().to_path_buf(),
         recorder_pid: meta.recorder.as_ref().map_or(0, |r| r.pid),
         stamps: copy.rows,
         checkpoint_stamps: checkpoint.as_ref().map(|c| c.streamed_stamps),
@@ -176,7 +178,7 @@ pub fn report(r: &Recovery) {
 /// left alone (reading it then says so).
 pub fn before_reading(paths: &[&Path]) {
     for dir in paths.iter().flat_map(|p| run_dirs(p)) {
-        let running = read_meta(&RunDir::new(&dir).meta())
+        let running = read_meta(&dir.meta())
             .map(|m| m.state == RunState::Running && recorder_alive(&m).is_none())
             .unwrap_or(false);
         if !running {
@@ -187,7 +189,7 @@ pub fn before_reading(paths: &[&Path]) {
             Ok(None) => {}
             Err(e) => eprintln!(
                 "xlap-trace: warning: cannot recover {}: {e:#}",
-                dir.display()
+                dir.path().display()
             ),
         }
     }
@@ -206,30 +208,31 @@ pub fn sweep_dead_recorders_rings() -> usize {
 
 /// The runs `recover DIR` takes up: DIR, or the segments of a rotated
 /// recording in DIR.
-pub fn runs_named(dir: &Path) -> Vec<PathBuf> {
-    if !RunDir::new(dir).is_rotated() {
-        return vec![dir.to_path_buf()];
+pub fn runs_named(dir: &Path) -> Vec<RunDir> {
+    let named = RunDir::new(dir);
+    if !named.is_rotated() {
+        return vec![named];
     }
     let mut dirs = run_dirs(dir);
-    dirs.sort();
+    dirs.sort_by(|a, b| a.path().cmp(b.path()));
     dirs
 }
 
 /// The run directories a path names.
-fn run_dirs(path: &Path) -> Vec<PathBuf> {
-    let dir = if path.is_file() {
-        path.parent().unwrap_or(Path::new(".")).to_path_buf()
+fn run_dirs(path: &Path) -> Vec<RunDir> {
+    let dir = RunDir::new(if path.is_file() {
+        path.parent().unwrap_or(Path::new("."))
     } else {
-        path.to_path_buf()
-    };
-    let mut dirs: Vec<PathBuf> = std::fs::read_dir(&dir)
+        path
+    });
+    let mut dirs: Vec<RunDir> = std::fs::read_dir(dir.path())
         .map(|rd| {
-            rd.filter_map(|e| e.ok().map(|e| e.path()))
-                .filter(|p| RunDir::new(p).is_run())
+            rd.filter_map(|e| e.ok().map(|e| RunDir::new(e.path())))
+                .filter(RunDir::is_run)
                 .collect()
         })
         .unwrap_or_default();
-    if RunDir::new(&dir).is_run() {
+    if dir.is_run() {
         dirs.push(dir);
     }
     dirs

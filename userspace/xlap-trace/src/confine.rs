@@ -15,12 +15,14 @@ use crate::cli::{Command, DatasetCommand};
 use anyhow::{anyhow, Result};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use xlap_records::RunDir;
 
 /// Confines this process to run directory `run` (read and written) and
 /// the system's read-only files. DuckDB spills beneath the run, the one
 /// place it may write. Without Landlock the process still drops every
 /// capability, and says once what it lacks (unless `quiet`).
-pub fn to_run(run: &Path, quiet: bool) -> Result<()> {
+pub fn to_run(run: &RunDir, quiet: bool) -> Result<()> {
+    let run = run.path();
     // Still one thread (apply checks): no other thread reads the
     // environment while it changes.
     std::env::set_var("TMPDIR", run);

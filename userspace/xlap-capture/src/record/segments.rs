@@ -440,11 +440,12 @@ impl Segments {
 
 /// A segment `xlap-trace recover` made whole: the recording's index says
 /// so (no index above it: not a segment, nothing to do).
-pub fn note_recovered(segment_dir: &Path, stamps: u64) -> Result<()> {
+pub fn note_recovered(segment: &RunDir, stamps: u64) -> Result<()> {
+    let segment_dir = segment.path();
     let (Some(output), Some(name)) = (segment_dir.parent(), segment_dir.file_name()) else {
         return Ok(());
     };
-    if !output.join(INDEX_FILE).is_file() {
+    if !RunDir::new(output).segments().is_file() {
         return Ok(());
     }
     let mut index = SegmentIndex::read(output)?;

@@ -193,7 +193,8 @@ pub fn synth(a: &SynthArgs) -> Result<()> {
         a.seed,
         a.output.display()
     );
-    let steps = xlap_analyze::synth::generate(&conn, &a.output, a.packets, a.seed)?;
+    let output = xlap_records::RunDir::new(&a.output);
+    let steps = xlap_analyze::synth::generate(&conn, &output, a.packets, a.seed)?;
     eprintln!(
         "xlap-trace: done in {:.1} s (points {:.1} s, packets table {:.1} s, stored aggregates {:.1} s)",
         t0.elapsed().as_secs_f64(),

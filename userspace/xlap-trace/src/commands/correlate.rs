@@ -4,12 +4,12 @@
 
 use crate::cli::{CorrelateArgs, DatasetAddArgs, RecoverArgs};
 use anyhow::Result;
-use std::path::Path;
 use xlap_analyze::finish::{correlate_dirs, print_correlation};
 use xlap_capture::recover;
+use xlap_records::RunDir;
 
 pub fn correlate(a: &CorrelateArgs) -> Result<()> {
-    let dirs: Vec<&Path> = a.runs.iter().map(|p| p.as_path()).collect();
+    let dirs: Vec<RunDir> = a.runs.iter().map(RunDir::new).collect();
     let result = correlate_dirs(&dirs, &a.output, a.deadline_ms)?;
     if a.json {
         println!("{}", serde_json::to_string_pretty(&result)?);
@@ -56,7 +56,10 @@ pub fn recover(a: &RecoverArgs) -> Result<()> {
     for dir in a.runs.iter().flat_map(|d| recover::runs_named(d)) {
         match recover::recover(&dir)? {
             Some(r) => recover::report(&r),
-            None => println!("{}: nothing to recover (the run ended)", dir.display()),
+            None => println!(
+                "{}: nothing to recover (the run ended)",
+                dir.path().display()
+            ),
         }
     }
     Ok(())

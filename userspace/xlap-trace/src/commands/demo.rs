@@ -177,8 +177,9 @@ pub fn run(args: &DemoArgs) -> Result<()> {
 /// `out`.
 fn analyse(run_dir: &Path, out: &Path) -> Result<()> {
     println!("\n== the packets table (sender and receiver joined by seq) ==");
-    let packets = xlap_records::RunDir::new(run_dir).packets();
-    let correlation = xlap_analyze::finish::correlate_dirs(&[run_dir], &packets, None)?;
+    let files = xlap_records::RunDir::new(run_dir);
+    let packets = files.packets();
+    let correlation = xlap_analyze::finish::correlate_dirs(&[files], &packets, None)?;
     xlap_analyze::finish::print_correlation(&correlation, &packets);
     let run = run_dir.display().to_string();
     let (conn, _) =

@@ -12,6 +12,7 @@ use xlap_capture::record::options::{Output, Recorder, Stamping, Stop, Targets, V
 use xlap_capture::record::{self, RecordOptions, StatsMode};
 use xlap_exit::{failure, Code};
 use xlap_records::sample::Sample;
+use xlap_records::RunDir;
 
 impl TryFrom<&RecordArgs> for RecordOptions {
     type Error = anyhow::Error;
@@ -219,17 +220,18 @@ fn finish_confined(opts: &RecordOptions) {
 /// recorder (at the end of the run, `--print`, and for each segment of a
 /// rotated one), confined to the run directory before it reads anything.
 pub fn finish(a: &FinishArgs) -> Result<()> {
-    crate::confine::to_run(&a.run, a.quiet)?;
+    let run = RunDir::new(&a.run);
+    crate::confine::to_run(&run, a.quiet)?;
     let opts = FinishOptions {
         deadline_ms: a.deadline_ms,
         analysis: a.print,
     };
     if !a.print {
-        finish_run(&a.run, &opts)?.summary?;
+        finish_run(&run, &opts)?.summary?;
         return Ok(());
     }
-    match finish_run(&a.run, &opts) {
-        Ok(f) => print_finished(&f, &a.run, a.quiet),
+    match finish_run(&run, &opts) {
+        Ok(f) => print_finished(&f, &run, a.quiet),
         Err(e) => eprintln!(
             "xlap-trace: warning: no packets table ({e:#}); run `xlap-trace correlate {}` to retry",
             a.run.display()
