@@ -421,7 +421,8 @@ fn untraced_sockets_on_a_traced_port_get_no_stamps() {
         // socket of several (docs/stamp-points.md: flow 0, matched by pid,
         // kind and seq). Each such stamp stands for one of the traced
         // socket's own reads of that seq, and they stay rare.
-        let (flowless, got): (BTreeSet<(u16, u64)>, BTreeSet<(u16, u64)>) = got
+        type Keys = BTreeSet<(u16, u64)>;
+        let (flowless, got): (Keys, Keys) = got
             .into_iter()
             .partition(|(port, _)| *port == 0 && point == "sock.recv_exit");
         let flowless: BTreeSet<u64> = flowless.into_iter().map(|(_, seq)| seq).collect();
