@@ -674,6 +674,47 @@ fn bad_inputs_get_a_message_and_an_exit_code() {
 /// C++): never an abort, a panic or the OOM killer (the report once grew
 /// to 24 GiB). Ceilings from below what opening the engine takes to above
 /// what the command needs on the fixture.
+/// The engine says "ZSTD Decompression failure" both for a damaged page
+/// and for its decompressor's allocation refused by the memory ceiling:
+/// the file decoded again without the ceiling tells which (a damaged one
+/// is named, exit 6; the ceiling's case is exit 8, in the test below).
+#[test]
+fn a_damaged_page_is_named_as_damaged_not_out_of_memory() {
+    let _guard = xlap_tests::unprivileged();
+    let scratch = Scratch::new("damaged-page");
+    let run = scratch.path("run");
+    std::fs::create_dir_all(&run).unwrap();
+    for f in ["run.json", "packets.parquet"] {
+        std::fs::copy(fixture().join(f), run.join(f)).unwrap();
+    }
+    let packets = run.join("packets.parquet");
+    let mut bytes = std::fs::read(&packets).unwrap();
+    let frame = bytes
+        .windows(4)
+        .position(|w| w == [0x28, 0xb5, 0x2f, 0xfd])
+        .expect("a zstd page");
+    bytes[frame] ^= 0xff;
+    std::fs::write(&packets, &bytes).unwrap();
+    for ceiling in ["6GB", "off"] {
+        let out = Command::new(bin("xlap-trace"))
+            .args(["summary", run.to_str().unwrap(), "-o"])
+            .arg(scratch.path("s.json"))
+            .env("XLAP_MAX_MEMORY", ceiling)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(6), "at {ceiling}: {err}");
+        assert!(!err.contains("out of memory"), "at {ceiling}: {err}");
+        if ceiling != "off" {
+            assert!(
+                err.contains(&format!("{}: cannot decode it", packets.display()))
+                    && err.contains("the file is damaged"),
+                "{err}"
+            );
+        }
+    }
+}
+
 #[test]
 fn a_command_at_its_memory_ceiling_ends_with_exit_8_naming_its_step() {
     let _guard = xlap_tests::unprivileged();

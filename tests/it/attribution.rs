@@ -415,8 +415,36 @@ fn untraced_sockets_on_a_traced_port_get_no_stamps() {
             foreign.is_empty(),
             "{point}: stamps of datagrams the untraced sockets read: {foreign:?}"
         );
+        // A read at the socket calls whose datagram the queue could not
+        // tell (two entering an empty queue at once on two CPUs) is
+        // stamped from the reader's buffer: its seq, and no sender on a
+        // socket of several (docs/stamp-points.md: flow 0, matched by pid,
+        // kind and seq). Each such stamp stands for one of the traced
+        // socket's own reads of that seq, and they stay rare.
+        type Keys = BTreeSet<(u16, u64)>;
+        let (flowless, got): (Keys, Keys) = got
+            .into_iter()
+            .partition(|(port, _)| *port == 0 && point == "sock.recv_exit");
+        let flowless: BTreeSet<u64> = flowless.into_iter().map(|(_, seq)| seq).collect();
+        assert!(
+            flowless.len() * 100 <= ours.len() * 3,
+            "{point}: {} of {} reads stamped without their sender",
+            flowless.len(),
+            ours.len()
+        );
+        let told: BTreeSet<(u16, u64)> = ours
+            .iter()
+            .filter(|k| got.contains(k) || !flowless.contains(&k.1))
+            .copied()
+            .collect();
+        for seq in &flowless {
+            assert!(
+                ours.iter().any(|k| k.1 == *seq && !got.contains(k)),
+                "{point}: a stamp without a sender of seq {seq}, for no read of the traced socket"
+            );
+        }
         if point != "dev.netif_rx" || got.iter().any(|k| ours.contains(k)) {
-            assert_eq!(got, ours, "{point}: the traced socket's datagrams, exactly");
+            assert_eq!(got, told, "{point}: the traced socket's datagrams, exactly");
         }
     }
 }

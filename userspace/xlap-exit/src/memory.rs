@@ -168,6 +168,27 @@ pub fn ceiling() -> Option<u64> {
     Some(CEILING.load(Ordering::SeqCst)).filter(|c| *c != 0)
 }
 
+/// Gives the process back the limit it had before [`apply`]: for a check
+/// that must tell whether the ceiling caused a failure.
+pub fn lift() {
+    if !SET.load(Ordering::SeqCst) {
+        return;
+    }
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: valid pointers to a rlimit.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_DATA, &mut lim) == 0 {
+            lim.rlim_cur = BEFORE_SOFT.load(Ordering::SeqCst).min(lim.rlim_max);
+            if libc::setrlimit(libc::RLIMIT_DATA, &lim) == 0 {
+                CEILING.store(0, Ordering::SeqCst);
+            }
+        }
+    }
+}
+
 /// Gives a program this process starts the memory limit the process had
 /// before [`apply`] (a traced job is not bounded by the tracer's ceiling).
 pub fn unbounded(cmd: &mut std::process::Command) -> &mut std::process::Command {

@@ -6,6 +6,7 @@
 mod cli;
 mod commands;
 mod confine;
+mod decompression;
 
 use anyhow::Result;
 use clap::Parser;
@@ -40,6 +41,7 @@ fn main() -> ExitCode {
             };
         }
     }
+    let inputs = runs_read(&cli.command);
     match run(cli) {
         Ok(code) => code,
         // Output piped into `head`: not an error.
@@ -50,6 +52,9 @@ fn main() -> ExitCode {
             }) =>
         {
             ExitCode::SUCCESS
+        }
+        Err(e) if memory::ceiling().is_some() && decompression::is_failure(&e) => {
+            decompression_failure(&e, &inputs)
         }
         Err(e) if out_of_memory(&e) => {
             eprintln!(
@@ -64,6 +69,37 @@ fn main() -> ExitCode {
             ExitCode::from(exit_code(&e))
         }
     }
+}
+
+/// The engine could not decompress a page while the ceiling applied: a
+/// damaged file, or its decompressor's allocation refused by the ceiling
+/// (decompression.rs); the inputs are decoded once without it to tell.
+fn decompression_failure(e: &anyhow::Error, inputs: &[std::path::PathBuf]) -> ExitCode {
+    let step = memory::current_step();
+    match decompression::cause(inputs) {
+        decompression::Cause::Ceiling => {
+            eprintln!(
+                "xlap-trace: error: out of memory while {step}: the engine could not decompress a page at the memory ceiling ({e:#}); the files decode without the ceiling"
+            );
+            eprintln!("xlap-trace: {}", memory::advice());
+            return ExitCode::from(Code::OutOfMemory as u8);
+        }
+        decompression::Cause::Damaged(file, why) => {
+            eprintln!("xlap-trace: error: {e:#}");
+            eprintln!(
+                "xlap-trace: {}: {why}: the file is damaged (decoded again without the memory ceiling)",
+                file.display()
+            );
+        }
+        decompression::Cause::Unknown => {
+            eprintln!("xlap-trace: error: {e:#}");
+            eprintln!(
+                "xlap-trace: a file is damaged, or the engine's decompressor ran out of memory at the ceiling: run it again with {}=off to tell",
+                memory::CEILING_VAR
+            );
+        }
+    }
+    ExitCode::from(exit_code(e))
 }
 
 /// The engine ran out of memory (its limit, or the ceiling under it).
