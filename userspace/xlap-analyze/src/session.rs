@@ -27,7 +27,7 @@ pub fn open_view(
     progress: bool,
     view: View,
 ) -> Result<(Connection, Dataset)> {
-    open_engine(run, shared, progress, view, true)
+    open_engine(run, shared, progress, view, Reach::TheRun)
 }
 
 /// [`open_view`] for the user's own SQL: the engine is not confined (the
@@ -39,7 +39,15 @@ pub fn open_unconfined(
     progress: bool,
     view: View,
 ) -> Result<(Connection, Dataset)> {
-    open_engine(run, shared, progress, view, false)
+    open_engine(run, shared, progress, view, Reach::Anywhere)
+}
+
+/// What the engine may read and write.
+enum Reach {
+    /// The run alone (it may come from elsewhere, and its names with it).
+    TheRun,
+    /// Any file (the user's own SQL); a one-ended run opens too.
+    Anywhere,
 }
 
 fn open_engine(
@@ -47,18 +55,17 @@ fn open_engine(
     shared: Shared,
     progress: bool,
     view: View,
-    confined: bool,
+    reach: Reach,
 ) -> Result<(Connection, Dataset)> {
     let conn = crate::engine()?;
     // The analyses order what they print themselves.
     conn.execute_batch("SET preserve_insertion_order = false;")?;
-    if confined {
-        crate::confine(&conn, &[crate::layout::run_root(run)])?;
-    }
-    let ds = if confined {
-        dataset::open_view(&conn, run, shared, progress, view)
-    } else {
-        dataset::open_one_end_ok(&conn, run, shared, progress, view)
+    let ds = match reach {
+        Reach::TheRun => {
+            crate::confine(&conn, &[crate::layout::run_root(run)])?;
+            dataset::open_view(&conn, run, shared, progress, view)
+        }
+        Reach::Anywhere => dataset::open_one_end_ok(&conn, run, shared, progress, view),
     }?;
     Ok((conn, ds))
 }
