@@ -46,7 +46,8 @@ fn run(
 const SYSCALLS: &[&str] = &["--boundary", "syscalls"];
 
 /// `run`, with options of the recorder; the losses returned are `parse`
-/// at the syscalls, else `unmatched` (the socket calls' kind of loss).
+/// at the syscalls, else `unmatched` and `parse` (the socket calls' kinds
+/// of loss).
 fn run_with(
     stage: &Stage,
     name: &str,
@@ -96,10 +97,13 @@ fn run_with(
         t.meta.points.get("sock.recv_exit"),
         t.meta.bpf_programs.get("on_sys_exit")
     );
+    // At the socket calls a read the queue cannot tell is told from the
+    // reader's buffer; when the buffer splits its seq too, that read is
+    // counted as a parse loss rather than unmatched: both are counted.
     let lost = if record_args == SYSCALLS {
         lost_parse(&t.meta)
     } else {
-        lost_unmatched(&t.meta)
+        lost_unmatched(&t.meta) + lost_parse(&t.meta)
     };
     (logged, stamped, lost, t.received)
 }
@@ -191,7 +195,7 @@ fn receive_calls_at_the_socket_calls_are_stamped_per_datagram() {
         let missing = reads - stamped.values().sum::<usize>();
         assert!(
             missing as u64 <= unmatched,
-            "{name}: {missing} reads without a stamp, {unmatched} counted unmatched"
+            "{name}: {missing} reads without a stamp, {unmatched} counted unmatched or unparsed"
         );
         assert!(
             missing * 100 <= reads * 5,
