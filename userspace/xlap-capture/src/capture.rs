@@ -216,13 +216,12 @@ impl Capture {
 pub enum BoundaryRequest {
     /// The socket calls, and the send syscalls' entry once a traced UDP
     /// socket is connected: the machine pays only while a traced socket
-    /// needs it.
+    /// needs it (the default).
+    #[default]
     Auto,
     /// The socket calls alone: connected sockets' sends lack send_enter.
     SocketCalls,
-    /// The send and receive syscalls (the default): every point, at the
-    /// machine's cost.
-    #[default]
+    /// The send and receive syscalls: every point, at the machine's cost.
     Syscalls,
 }
 
