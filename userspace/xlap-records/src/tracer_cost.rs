@@ -78,7 +78,7 @@ impl TracerCost {
     /// Several runs' costs as one (a pooled baseline): the mean of each
     /// figure over the runs that have it.
     pub fn mean(parts: &[&TracerCost]) -> Option<TracerCost> {
-        Self::combine(parts, |v| v.iter().sum::<f64>() / v.len() as f64)
+        Self::combine(parts, mean_of)
     }
 
     /// The runs of one connection, a recorder per host: each end's
@@ -87,18 +87,9 @@ impl TracerCost {
         Self::combine(parts, |v| v.iter().sum())
     }
 
-    /// The mean of one figure over the runs of `parts` that have it.
-    fn combine_mean(parts: &[&TracerCost], f: fn(&TracerCost) -> Option<f64>) -> Option<f64> {
-        let v: Vec<f64> = parts.iter().filter_map(|c| f(c)).collect();
-        (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64)
-    }
-
     /// Each figure of `parts` reduced by `reduce` over the runs that have it.
     fn combine(parts: &[&TracerCost], reduce: fn(&[f64]) -> f64) -> Option<TracerCost> {
-        let over = |f: &dyn Fn(&TracerCost) -> Option<f64>| {
-            let v: Vec<f64> = parts.iter().filter_map(|c| f(c)).collect();
-            (!v.is_empty()).then(|| reduce(&v))
-        };
+        let over = |f: fn(&TracerCost) -> Option<f64>| reduce_over(parts, f, reduce);
         let mut programs: BTreeMap<String, Vec<f64>> = BTreeMap::new();
         for c in parts {
             for (name, ns) in &c.program_ns_per_datagram {
@@ -106,17 +97,31 @@ impl TracerCost {
             }
         }
         let cost = TracerCost {
-            bpf_ns_per_datagram: over(&|c| c.bpf_ns_per_datagram),
+            bpf_ns_per_datagram: over(|c| c.bpf_ns_per_datagram),
             // Each recorder's programs run on their own: a mean either way.
-            bpf_ns_per_run: Self::combine_mean(parts, |c| c.bpf_ns_per_run),
+            bpf_ns_per_run: reduce_over(parts, |c| c.bpf_ns_per_run, mean_of),
             program_ns_per_datagram: programs
                 .into_iter()
                 .map(|(name, v)| (name, reduce(&v)))
                 .collect(),
-            recorder_cpu_share: over(&|c| c.recorder_cpu_share),
+            recorder_cpu_share: over(|c| c.recorder_cpu_share),
         };
         (cost != TracerCost::default()).then_some(cost)
     }
+}
+
+/// `reduce` of figure `f` over the parts that have it.
+fn reduce_over(
+    parts: &[&TracerCost],
+    f: fn(&TracerCost) -> Option<f64>,
+    reduce: fn(&[f64]) -> f64,
+) -> Option<f64> {
+    let v: Vec<f64> = parts.iter().filter_map(|c| f(c)).collect();
+    (!v.is_empty()).then(|| reduce(&v))
+}
+
+fn mean_of(v: &[f64]) -> f64 {
+    v.iter().sum::<f64>() / v.len() as f64
 }
 
 #[cfg(test)]
