@@ -133,6 +133,7 @@ queue_noted(struct xlap_sock *ts, struct xl_rx_slot *s, __u64 key, __u64 now) {
   }
   /* Queued, for the reader's copy (hooks/calls.h). */
   s->born = now;
+  s->owner = (__u64)ts;
   s->state = RX_QUEUED;
   if (!ts->rx_first)
     __sync_val_compare_and_swap(&ts->rx_first, 0, key);
@@ -227,6 +228,7 @@ static __always_inline int sock_ingress_at(struct xl_rd *r,
      * read may still be told from the reader's buffer; a read told
      * neither way is counted then (calls_recv_return). */
     if (!rx_put(q->skb, now, &id, segs, got)) {
+      rx_own(q->skb, ts);
       /* The first since the last read left the queue empty, and the last
        * (calls.h socket_recv_take). */
       if (!ts->rx_first)

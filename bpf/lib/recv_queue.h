@@ -131,7 +131,7 @@ static __always_inline int socket_recv_take(struct sock *sk,
       head = last;
   }
   s->rx_next = head;
-  struct xl_rx_slot *slot = taken && taken != head ? rx_find(taken) : 0;
+  struct xl_rx_slot *slot = taken && taken != head ? rx_find_of(taken, s) : 0;
   /* A read never returns more than its datagrams (it may return less: a
    * short buffer truncates). */
   if (slot && (__u64)ret > (__u64)slot->id.len * slot->nseg)

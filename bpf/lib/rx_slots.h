@@ -44,6 +44,7 @@ struct xl_rx_slot {
   __u32 nseg;         /* datagrams (a GRO skb: several, in RX_SEGS) */
   __u32 skb_len;      /* skb->len from the IP header (RX_AT_DEVICE) */
   __u32 addr_sig;     /* flows.h signature of its addresses */
+  __u64 owner;        /* RX_QUEUED: the traced socket's note (xlap_sock) */
   __u8 state;         /* RX_AT_DEVICE, RX_QUEUED */
   __u8 unsampled;     /* one datagram outside the run's sample */
   __u8 _pad[2];
@@ -183,6 +184,24 @@ static __always_inline void rx_forget_at_device(__u64 key) {
 static __always_inline struct xl_rx_slot *rx_find(__u64 key) {
   struct xl_rx_slot *s = rx_slot(key);
   return s && s->key == key && s->state == RX_QUEUED ? s : 0;
+}
+
+/* The slot of skb `key`, if the socket-queue point queued it to the socket
+ * whose note is `owner`: a read never takes another socket's datagram (an
+ * skb's address is reused once it is freed, and sockets of one port carry
+ * datagrams of one seq at once). */
+static __always_inline struct xl_rx_slot *rx_find_of(__u64 key,
+                                                     const void *owner) {
+  struct xl_rx_slot *s = rx_find(key);
+  return s && s->owner == (__u64)owner ? s : 0;
+}
+
+/* Names the socket skb `key`'s queued slot belongs to (after rx_put, whose
+ * five arguments are BPF's most). */
+static __always_inline void rx_own(__u64 key, const void *owner) {
+  struct xl_rx_slot *s = rx_find(key);
+  if (s)
+    s->owner = (__u64)owner;
 }
 
 /* Frees slot `s` of skb `key` (its RX_SEGS entry stays: the reader's stamp
