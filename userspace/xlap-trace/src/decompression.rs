@@ -66,7 +66,12 @@ fn parquet_files(path: &Path, depth: usize, out: &mut Vec<PathBuf>) {
         let Ok(entries) = std::fs::read_dir(path) else {
             return;
         };
-        let mut names: Vec<PathBuf> = entries.flatten().map(|e| e.path()).collect();
+        // A directory from elsewhere may hold any number of entries.
+        let mut names: Vec<PathBuf> = entries
+            .flatten()
+            .take(MAX_FILES)
+            .map(|e| e.path())
+            .collect();
         names.sort();
         for name in names {
             if out.len() >= MAX_FILES {
