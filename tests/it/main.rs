@@ -56,6 +56,7 @@ mod seams;
 mod stage;
 mod stage_partition;
 mod timestamping;
+mod two_kernels;
 mod usdt_capture;
 mod usdt_notes;
 mod wire_gaps;

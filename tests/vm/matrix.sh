@@ -6,10 +6,15 @@
 # counts, then areas of the `it` binary by name. On 5.10 (Debian 11, below
 # the minimum): `record` must refuse with exit 4, naming what is missing,
 # and an analysis as root without Landlock runs as the owner of its run.
+# Last, the two-kernel stage: this host and a guest, each recorded on its
+# own kernel and clock, joined by correlate and checked against a clock
+# oracle (tests/it/two_kernels.rs).
 #
 #   tests/vm/matrix.sh [SUITE...]   default: bookworm bookworm-backports bullseye
 #
-# XLAP_VM_IT: the `it` filters (default below); XLAP_VM_COUNT: datagrams of
+# XLAP_VM_TWO_KERNELS: the two-kernel stage's guest (default
+# bookworm-backports; none: skip it). XLAP_VM_IT: the `it` filters
+# (default below); XLAP_VM_COUNT: datagrams of
 # the recording (2000). Results: $VM_DIR/results/SUITE/ (logs, run
 # directories, times) and a table on stdout; exit 1 when a step failed.
 set -euo pipefail
@@ -33,7 +38,13 @@ xlap="$target/debug/xlap-trace"
 it=${XLAP_VM_IT_BIN:-$(ls -t "$target"/debug/deps/it-* 2>/dev/null | grep -v '\.d$' | head -n1 || true)}
 [ -n "$it" ] || { echo "vm-matrix: no it test binary in $target/debug/deps: cargo test -p xlap-tests --test it --no-run" >&2; exit 1; }
 
-"$repo/tests/vm/setup.sh" "${suites[@]}"
+# The two-kernel stage (tests/it/two_kernels.rs): the host and a guest on
+# this kernel's (XLAP_VM_TWO_KERNELS, default bookworm-backports: 6.12),
+# joined by a TAP link, each recorded on its own kernel; "none" skips it.
+two_kernels=${XLAP_VM_TWO_KERNELS:-bookworm-backports}
+setup=("${suites[@]}")
+[ "$two_kernels" = none ] || setup+=("$two_kernels")
+"$repo/tests/vm/setup.sh" "${setup[@]}"
 results="$VM_DIR/results"
 rows=()
 failed=0
@@ -69,6 +80,19 @@ for suite in "${suites[@]}"; do
 	running=$((running + 1))
 done
 wait
+# After the guests above, alone: its guest and the host's recorders share
+# the two cores with nothing else.
+if [ "$two_kernels" != none ]; then
+	echo "vm-matrix: two kernels: this host and a $two_kernels guest"
+	out="$results/two-kernels"
+	rm -rf "$out" && mkdir -p "$out"
+	t0=$(date +%s)
+	XLAP_VM_TWO_KERNELS=$two_kernels timeout "${XLAP_VM_TIMEOUT:-1800}" "$it" --ignored --exact \
+		two_kernels::host_and_guest_clocks_mapped_within_an_ntp_oracle_and_every_packet_joined \
+		--nocapture >"$out/it.log" 2>&1 && echo ok >"$out/status" ||
+		grep -m1 -A3 panicked "$out/it.log" >"$out/status" || echo "did not finish (it.log)" >"$out/status"
+	echo $(($(date +%s) - t0)) >"$out/wall"
+fi
 for suite in "${suites[@]}"; do
 	out="$results/$suite"
 	read -r -a steps <<<"$(steps_of "$suite")"
@@ -95,6 +119,13 @@ for suite in "${suites[@]}"; do
 	done
 	[ -f "$out/it.log" ] && grep -E '^test result|FAILED|panicked' "$out/it.log" | sed "s/^/  $suite it: /" | tail -n 20
 done
+if [ "$two_kernels" != none ]; then
+	out="$results/two-kernels"
+	status=$(head -c 2000 "$out/status" 2>/dev/null || echo "did not run")
+	[ "$status" = ok ] || failed=1
+	rows+=("| $(uname -r) ↔ $two_kernels guest | $(cat "$out/wall" 2>/dev/null || echo "?") | - | two kernels: ${status//$'\n'/ } |")
+	sed -n '/^oracle:/,/^$/p' "$out/it.log" | sed 's/^/  two kernels: /'
+fi
 echo
 echo "| kernel | wall s | boot s | steps |"
 echo "|---|---|---|---|"

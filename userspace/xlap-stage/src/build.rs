@@ -14,19 +14,7 @@ impl Stage {
         check_privileges()?;
         sweep_and_note();
         check_config(config)?;
-        let prefix = format!(
-            "{NAME_TAG}{}n{}",
-            std::process::id(),
-            COUNTER.fetch_add(1, Ordering::Relaxed)
-        );
-        let mut stage = Stage {
-            prefix: prefix.clone(),
-            hosts: Vec::new(),
-            link: config.link,
-            namespaces: Vec::new(),
-            wire: None,
-            torn_down: false,
-        };
+        let mut stage = Stage::empty(config.link);
         // From here on, an error drops `stage`, which removes what exists.
         stage.add_hosts(config)?;
         let mtu = config.mtu.map(|m| m.to_string());
@@ -55,6 +43,22 @@ impl Stage {
             }
         }
         Ok(stage)
+    }
+
+    /// A stage with no namespace yet, named after this process (`xlt<pid>n<k>`).
+    pub(crate) fn empty(link: Link) -> Stage {
+        Stage {
+            prefix: format!(
+                "{NAME_TAG}{}n{}",
+                std::process::id(),
+                COUNTER.fetch_add(1, Ordering::Relaxed)
+            ),
+            hosts: Vec::new(),
+            link,
+            namespaces: Vec::new(),
+            wire: None,
+            torn_down: false,
+        }
     }
 
     /// One network namespace per host, with its addresses planned.

@@ -15,6 +15,7 @@
 
 mod addresses;
 mod build;
+mod guest;
 mod host;
 mod link;
 mod napi;
@@ -22,6 +23,7 @@ mod sweep;
 mod tap;
 
 use addresses::{add_addresses, mac_of, underlay_v4, underlay_v6};
+pub use guest::GUEST_MAC;
 pub use host::Host;
 pub use link::Link;
 pub use napi::Napi;
