@@ -393,12 +393,18 @@ fn the_live_packets_table_matches_the_protocol_and_offline_correlation_and_clock
             "{name}: estimated {est} ± {u}, true {truth}: {m}"
         );
         // The drift too: off by no more than the offset's uncertainty
-        // allows over the run (here ~2.5 ppm; the injected drift is 50).
+        // allows over the run (here ~2.5 ppm; the injected drift is 50),
+        // and within the mapping's own stated bound.
         let drift_est = m["drift_ppm"].as_f64().unwrap();
         let drift_bound = 2.0 * u / span_ns as f64 * 1e6;
         assert!(
             (drift_est - drift).abs() <= drift_bound,
             "{name}: drift {drift_est} ppm, true {drift}: off by more than ±{u} ns over {span_ns} ns allow ({drift_bound:.2} ppm): {m}"
+        );
+        let stated = m["drift_uncertainty_ppm"].as_f64().unwrap();
+        assert!(
+            (drift_est - drift).abs() <= stated,
+            "{name}: drift {drift_est} ± {stated} ppm, true {drift}: {m}"
         );
         assert!(m["method"].as_str().unwrap().starts_with("two-way"), "{m}");
     }

@@ -25,6 +25,9 @@ pub struct Mapping {
     pub t0_ns: i64,
     /// Half-width of the interval the true offset lies in, when known.
     pub uncertainty_ns: Option<f64>,
+    /// Half-width of the interval the true drift lies in, when known (a
+    /// mapping from two-way traffic over two windows or more).
+    pub drift_uncertainty_ppm: Option<f64>,
     pub method: String,
     /// Windows that had packets both ways.
     pub windows: usize,
@@ -38,6 +41,7 @@ impl Mapping {
             drift_ppm: 0.0,
             t0_ns: 0,
             uncertainty_ns: Some(0.0),
+            drift_uncertainty_ppm: Some(0.0),
             method: method.to_string(),
             windows: 0,
         }
@@ -80,6 +84,7 @@ pub fn estimate(conn: &Connection, reference: &str, domain: &str) -> Result<Opti
         drift_ppm: (b1 + b2) * 1e6,
         t0_ns: t0 as i64,
         uncertainty_ns: Some(bound + residual + b2.abs() * width / 2.0),
+        drift_uncertainty_ppm: slope_error_bound(&second, t0).map(|b| b * 1e6),
         method: "two-way traffic (minimum one-way delays per window, least-squares drift)".into(),
         windows: second.len(),
     }))
@@ -141,6 +146,24 @@ fn window_minima(
     Ok(Some((t0.unwrap_or(first.t), rows)))
 }
 
+/// How far the least-squares slope through the windows' offsets can be
+/// from the true drift (ns/ns) when each window's offset is off by at most
+/// its half round trip: the slope is Σ(x − x̄)·y / Σ(x − x̄)², so errors
+/// e_i with |e_i| ≤ h_i move it by at most Σ|x_i − x̄|·h_i / Σ(x − x̄)².
+/// `None` for a single window (no slope to bound).
+fn slope_error_bound(windows: &[Window], t0: f64) -> Option<f64> {
+    let n = windows.len() as f64;
+    let mx = windows.iter().map(|w| w.t - t0).sum::<f64>() / n;
+    let sxx: f64 = windows.iter().map(|w| (w.t - t0 - mx).powi(2)).sum();
+    (sxx > 0.0).then(|| {
+        windows
+            .iter()
+            .map(|w| (w.t - t0 - mx).abs() * w.half_rtt)
+            .sum::<f64>()
+            / sxx
+    })
+}
+
 /// Least-squares line through (x, y): (intercept, slope); a single point
 /// gives a flat line.
 fn fit(points: &[(f64, f64)]) -> (f64, f64) {
@@ -194,6 +217,12 @@ mod tests {
             "{m:?} vs {true_offset_at_t0}"
         );
         assert!((m.drift_ppm - 50.0).abs() < 5.0, "{m:?}");
+        // The stated drift bound holds the truth; it is wide (a 40 µs
+        // minimum delay each way over 2 s of windows: ~61 ppm), since only
+        // causality bounds each window's offset.
+        let du = m.drift_uncertainty_ppm.unwrap();
+        assert!((m.drift_ppm - 50.0).abs() <= du, "{m:?}");
+        assert!(du < 100.0, "{m:?}");
         assert!(u < 100_000.0, "{m:?}");
         assert_eq!(m.windows, 10);
         assert!(estimate(&conn, "A", "C").unwrap().is_none());

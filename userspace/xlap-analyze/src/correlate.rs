@@ -1225,6 +1225,7 @@ fn realtime_mapping(reference: &Run, other: &Run) -> Mapping {
         drift_ppm: 0.0,
         t0_ns: 0,
         uncertainty_ns: uncertainty,
+        drift_uncertainty_ppm: None,
         method,
         windows: 0,
     }

@@ -194,8 +194,11 @@ pub fn print_correlation(c: &Correlation, out: &Path) {
         let u = m
             .uncertainty_ns
             .map_or("unknown".to_string(), |u| format!("±{:.1} µs", u / 1e3));
+        let du = m
+            .drift_uncertainty_ppm
+            .map_or(String::new(), |d| format!(" ±{d:.2}"));
         println!(
-            "clock {}: offset {:.1} µs, drift {:.2} ppm, {u} ({})",
+            "clock {}: offset {:.1} µs, drift {:.2}{du} ppm, {u} ({})",
             m.domain,
             m.offset_ns / 1e3,
             m.drift_ppm,
