@@ -252,3 +252,46 @@ WHERE c.side IN ('tx', 'channel', 'rx');
 
 CREATE OR REPLACE TEMP TABLE late_causes AS
 SELECT * EXCLUDE (above) FROM late_stages WHERE above;
+
+-- Request/response exchanges: a request packet and the response that
+-- carries its seq back between the same two processes and ports (sockperf's
+-- ping and pong; a DNS query and its answer). The kinds are the variables
+-- `request` and `response`; unset, the pair of kinds that most seqs travel
+-- both ways is taken, the request being the one sent first. One row per
+-- exchange whose request and response were both seen at both ends, its
+-- round trip cut into stages that sum to it: the request's sender side, its
+-- wire, its receiver side; the server's residence (from the request's last
+-- point to the response's first); the response's three. The round trip is
+-- the client's own clock from its first request point to its last response
+-- point: the clock mapping moves time between the wires and the server's
+-- stages, never the sum.
+CREATE OR REPLACE TEMP VIEW exchange_candidates AS
+SELECT q.kind AS request, r.kind AS response, count(*) AS exchanges
+FROM packets q
+JOIN packets r ON r.seq = q.seq AND r.tx_host = q.rx_host AND r.tx_pid = q.rx_pid
+    AND r.rx_host = q.tx_host AND r.rx_pid = q.tx_pid
+    AND r.src_port = q.dst_port AND r.dst_port = q.src_port AND r.sent_ns > q.sent_ns
+WHERE q.e2e_ns IS NOT NULL AND r.e2e_ns IS NOT NULL
+  AND (getvariable('request') IS NULL OR q.kind = getvariable('request'))
+  AND (getvariable('response') IS NULL OR r.kind = getvariable('response'))
+GROUP BY ALL;
+
+CREATE OR REPLACE TEMP VIEW exchanges AS
+WITH pair AS (SELECT request, response FROM exchange_candidates ORDER BY exchanges DESC, request, response LIMIT 1)
+SELECT q.seq, q.kind AS request_kind, r.kind AS response_kind,
+       q.tx_host AS client_host, q.tx_pid AS client_pid, q.rx_host AS server_host, q.rx_pid AS server_pid,
+       q.sent_ns AS request_sent_ns,
+       q.sender_total_ns AS client_send_ns,
+       q.channel_ns AS request_wire_ns,
+       q.receiver_total_ns AS server_receive_ns,
+       r.sent_ns - (q.sent_ns + q.e2e_ns) AS server_residence_ns,
+       r.sender_total_ns AS server_send_ns,
+       r.channel_ns AS response_wire_ns,
+       r.receiver_total_ns AS client_receive_ns,
+       r.sent_ns + r.e2e_ns - q.sent_ns AS rtt_ns
+FROM packets q
+JOIN pair ON q.kind = pair.request
+JOIN packets r ON r.kind = pair.response AND r.seq = q.seq AND r.tx_host = q.rx_host AND r.tx_pid = q.rx_pid
+    AND r.rx_host = q.tx_host AND r.rx_pid = q.tx_pid
+    AND r.src_port = q.dst_port AND r.dst_port = q.src_port AND r.sent_ns > q.sent_ns
+WHERE q.e2e_ns IS NOT NULL AND r.e2e_ns IS NOT NULL;

@@ -30,6 +30,7 @@ mod demo;
 mod estimate;
 mod event_loops;
 mod example_protocol;
+mod exchange;
 mod faults;
 mod foreign_runs;
 mod hostile_targets;

@@ -29,6 +29,7 @@ const SOURCES: &[(&str, &str)] = bundled!(
     "gaps",
     "qdisc_classes",
     "redundancy",
+    "exchange",
 );
 
 /// A query file: its header and its SQL.

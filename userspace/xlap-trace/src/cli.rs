@@ -139,6 +139,12 @@ pub struct AnalyzeArgs {
     /// stage=e2e, bins=50.
     #[arg(short, long)]
     pub param: Vec<String>,
+    /// Round trips of a request kind and its response kind (numbers, or
+    /// the preset's names), e.g. 3:2 for sockperf's ping and pong: runs the
+    /// `exchange` query for that pair (without it, `-q exchange` takes the
+    /// pair of kinds that most seqs travel both ways).
+    #[arg(long, value_name = "REQ:RESP")]
+    pub exchange: Option<String>,
     #[arg(short, long, value_enum, default_value = "table")]
     pub format: OutputFormat,
     #[command(flatten)]

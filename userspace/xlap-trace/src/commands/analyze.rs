@@ -9,7 +9,7 @@ use std::time::Instant;
 use xlap_analyze::dataset;
 use xlap_analyze::format::{json_rows, render, Format};
 use xlap_analyze::queries::{self, Query, Table};
-use xlap_analyze::session::{open_unconfined, open_with_kind, run_queries};
+use xlap_analyze::session::{open_unconfined, open_with_kind, resolve_kind, run_queries};
 use xlap_exit::{failure, Code};
 
 pub fn format_of(f: OutputFormat) -> Format {
@@ -37,6 +37,21 @@ fn params(kind: Option<u64>, raw: &[String]) -> Result<Vec<(String, String)>> {
         out.push((n.trim().to_string(), v.trim().to_string()));
     }
     Ok(out)
+}
+
+/// `--exchange REQ:RESP` as the `exchange` query's parameters, each kind a
+/// number or the preset's name of a kind the packets have.
+fn exchange_params(conn: &Connection, pair: &str) -> Result<Vec<(String, String)>> {
+    let (req, resp) = pair.split_once(':').ok_or_else(|| {
+        failure(
+            Code::Usage,
+            format!("--exchange {pair:?}: expected REQ:RESP, two kinds, e.g. --exchange 3:2"),
+        )
+    })?;
+    Ok(vec![
+        ("request".into(), resolve_kind(conn, req)?.to_string()),
+        ("response".into(), resolve_kind(conn, resp)?.to_string()),
+    ])
 }
 
 /// The queries to run: the named ones (`all` for every one), else the
@@ -103,7 +118,13 @@ pub fn analyze(a: &AnalyzeArgs) -> Result<()> {
             "give a run directory (or --list for the queries)",
         ));
     };
-    let queries = selected(&a.query)?;
+    let mut queries = selected(&a.query)?;
+    if a.exchange.is_some() && !queries.iter().any(|q| q.name == "exchange") {
+        if a.query.is_empty() {
+            queries.clear();
+        }
+        queries.push(queries::find("exchange")?);
+    }
     let (conn, _, kind) = open_with_kind(
         run,
         dataset::Shared::Materialized,
@@ -111,7 +132,10 @@ pub fn analyze(a: &AnalyzeArgs) -> Result<()> {
         a.kind.as_deref(),
         a.view.view(),
     )?;
-    let params = params(kind, &a.param)?;
+    let mut params = params(kind, &a.param)?;
+    if let Some(pair) = &a.exchange {
+        params.extend(exchange_params(&conn, pair)?);
+    }
     let results = run_queries(&conn, &queries, &params, !a.quiet)?;
     print_results(&results, format_of(a.format))
 }
@@ -143,7 +167,7 @@ pub fn sql(a: &SqlArgs) -> Result<()> {
     let interactive = std::io::stdin().is_terminal();
     if interactive {
         eprintln!(
-            "{}: {} packets ({} delivered). Views: packets, delivered, stages, stage_counts, stage_quantiles(levels), fences, stage_moments, late, late_stages, late_causes, send_schedule, stage_columns, point_columns, runs, tracer_points, kinds{}. End statements with ';', Ctrl-D quits.",
+            "{}: {} packets ({} delivered). Views: packets, delivered, stages, stage_counts, stage_quantiles(levels), fences, stage_moments, late, late_stages, late_causes, send_schedule, exchanges, stage_columns, point_columns, runs, tracer_points, kinds{}. End statements with ';', Ctrl-D quits.",
             ds.source,
             ds.packets,
             ds.delivered,
