@@ -38,14 +38,16 @@ command -v cargo >/dev/null || die "cargo not found: install Rust (rustup, stabl
 # test, python3 its third-party-style senders; ping the stage tests; tcpdump
 # is the outside account of the link in the run-end test, strace of the
 # finishing step's confinement (tests/it/sandbox.rs);
-# golang-go builds the conformance matrix's Go program (tests/go); Spark
+# dnsperf and dnsmasq are a request/response pair we did not write
+# (tests/it/exchange.rs); golang-go builds the conformance matrix's Go program (tests/go); Spark
 # (pyspark, the dataset's reader test) runs on the JVM; QEMU, kmod,
 # busybox, zstd and Debian's archive keys run the kernel matrix (tests/vm:
 # Debian's kernels unpacked, booted with virtme-ng from PyPI).
 PACKAGES=(clang llvm libbpf-dev bpftool libclang-dev clang-format systemtap-sdt-dev
 	build-essential pkg-config iproute2 iperf3 sockperf ethtool chromium python3-venv bpftrace
 	libcap2-bin python3 iputils-ping golang-go openjdk-17-jre-headless
-	qemu-system-x86 kmod busybox-static zstd debian-archive-keyring tcpdump strace)
+	qemu-system-x86 kmod busybox-static zstd debian-archive-keyring tcpdump strace
+	dnsperf dnsmasq-base)
 missing=()
 for p in "${PACKAGES[@]}"; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

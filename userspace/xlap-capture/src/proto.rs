@@ -152,6 +152,19 @@ pub const PRESETS: &[(&str, Layout, &str)] = &[
         "RTCP (RFC 3550): packet type as kind; as seq the middle 32 bits of a sender report's NTP timestamp (what receivers echo as LSR)",
     ),
     (
+        "dns",
+        Layout {
+            seq_offset: 0,
+            seq_size: 2,
+            kind_offset: 2,
+            kind_size: 1,
+            kind_mask: 0x80,
+            big_endian: true,
+            kind_names: &[(0, "query"), (128, "response")],
+        },
+        "DNS over UDP (RFC 1035): the message ID u16 big-endian at 0 as seq (a response carries its query's; wraps: unwrapped per flow), the QR bit (byte 2 & 0x80) as kind",
+    ),
+    (
         "xlap-probe",
         Layout {
             seq_offset: 8,
