@@ -62,6 +62,7 @@ struct Shared {
 
 pub struct Collector {
     shared: Arc<Shared>,
+    local: SocketAddr,
 }
 
 impl Collector {
@@ -78,6 +79,7 @@ impl Collector {
             )
         })?;
         listener.set_nonblocking(true)?;
+        let local = listener.local_addr()?;
         if !opts.quiet {
             eprintln!("xlap-trace: collecting peer recorders on {}", opts.listen);
         }
@@ -93,7 +95,12 @@ impl Collector {
         std::thread::Builder::new()
             .name("xlap-collect".into())
             .spawn(move || accept_loop(s, listener))?;
-        Ok(Collector { shared })
+        Ok(Collector { shared, local })
+    }
+
+    /// Where it listens (the port chosen when 0 was given).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local
     }
 
     /// At the end of this recorder's run: waits up to `wait` for every
@@ -213,12 +220,9 @@ fn serve(shared: &Shared, mut conn: TcpStream, addr: SocketAddr) {
     let _ = conn.set_write_timeout(Some(HANDSHAKE_TIMEOUT));
     let peer = match handshake(shared, &mut conn, addr) {
         Ok(p) => p,
-        Err(reason) => {
-            let _ = frame::write(
-                &mut conn,
-                Kind::Refuse,
-                &[truncate(&reason, 1024).as_bytes()],
-            );
+        Err(Refusal { reason, retry }) => {
+            let text = truncate(&reason, 1000).as_bytes();
+            let _ = frame::write(&mut conn, Kind::Refuse, &[&[retry as u8], text]);
             refuse(shared, addr, &reason);
             return;
         }
@@ -257,6 +261,28 @@ fn truncate(s: &str, max: usize) -> &str {
     &s[..end]
 }
 
+/// Why a connection is refused, and whether the peer may try again (its
+/// run's earlier connection is still open here).
+struct Refusal {
+    reason: String,
+    retry: bool,
+}
+
+impl From<String> for Refusal {
+    fn from(reason: String) -> Self {
+        Refusal {
+            reason,
+            retry: false,
+        }
+    }
+}
+
+impl From<&str> for Refusal {
+    fn from(reason: &str) -> Self {
+        Refusal::from(reason.to_string())
+    }
+}
+
 /// What the peer says about itself, once its MAC is checked.
 #[derive(serde::Deserialize)]
 struct Hello {
@@ -277,13 +303,13 @@ fn handshake(
     shared: &Shared,
     conn: &mut TcpStream,
     addr: SocketAddr,
-) -> Result<Arc<Mutex<Peer>>, String> {
+) -> Result<Arc<Mutex<Peer>>, Refusal> {
     let token = &shared.opts.token;
     let ours = auth::nonce().map_err(|e| format!("no random nonce: {e}"))?;
     frame::write(conn, Kind::Nonce, &[&ours]).map_err(|e| e.to_string())?;
     let (kind, payload) = frame::read(conn).map_err(|e: FrameError| e.to_string())?;
     if kind != Kind::Hello || payload.len() < auth::NONCE + auth::TAG {
-        return Err(format!("expected a hello, got a {kind:?} frame"));
+        return Err(format!("expected a hello, got a {kind:?} frame").into());
     }
     let (theirs, rest) = payload.split_at(auth::NONCE);
     let (tag, hello_bytes) = rest.split_at(auth::TAG);
@@ -297,12 +323,16 @@ fn handshake(
     if !sane_run_id(&hello.run_id) {
         return Err("a run id that is not 1 to 128 of [A-Za-z0-9._:+-]".into());
     }
+    // Marked connected there, under the peers' lock: a second connection
+    // of the same run is refused from then on.
     let peer = find_or_add(shared, &hello, addr)?;
     let held = peer.lock().unwrap().files.held;
     let proof = token.accept_tag(theirs, &ours);
-    frame::write(conn, Kind::Accept, &[&proof, &held.to_be_bytes()]).map_err(|e| e.to_string())?;
+    if let Err(e) = frame::write(conn, Kind::Accept, &[&proof, &held.to_be_bytes()]) {
+        peer.lock().unwrap().connected = false;
+        return Err(e.to_string().into());
+    }
     let mut p = peer.lock().unwrap();
-    p.connected = true;
     p.connections += 1;
     p.address = addr.to_string();
     p.socket = conn.try_clone().ok();
@@ -327,25 +357,37 @@ fn find_or_add(
     shared: &Shared,
     hello: &Hello,
     addr: SocketAddr,
-) -> Result<Arc<Mutex<Peer>>, String> {
+) -> Result<Arc<Mutex<Peer>>, Refusal> {
     let mut peers = shared.peers.lock().unwrap();
     if let Some(p) = peers
         .iter()
         .find(|p| p.lock().unwrap().run_id == hello.run_id)
     {
-        let g = p.lock().unwrap();
-        if g.connected || g.closed || g.complete {
-            return Err(format!(
-                "run {} is already {}",
-                hello.run_id,
-                if g.connected { "connected" } else { "ended" }
-            ));
+        let mut g = p.lock().unwrap();
+        if g.connected {
+            // The same run again (it holds the token): its connection here
+            // is one the network lost without telling us. Closed now; the
+            // peer's next attempt resumes.
+            if let Some(old) = g.socket.take() {
+                let _ = old.shutdown(std::net::Shutdown::Both);
+            }
+            return Err(Refusal {
+                reason: format!(
+                    "run {} is still connected here: that connection is closed now, try again",
+                    hello.run_id
+                ),
+                retry: true,
+            });
         }
+        if g.closed || g.complete {
+            return Err(format!("run {} has ended here", hello.run_id).into());
+        }
+        g.connected = true;
         drop(g);
         return Ok(p.clone());
     }
     if peers.len() >= MAX_PEERS {
-        return Err(format!("more than {MAX_PEERS} peers"));
+        return Err(format!("more than {MAX_PEERS} peers").into());
     }
     if shared.stop.load(Ordering::SeqCst) {
         return Err("the collector has ended its run".into());
@@ -365,7 +407,7 @@ fn find_or_add(
         files,
         said_total: None,
         complete: false,
-        connected: false,
+        connected: true,
         connections: 0,
         closed: false,
         error: None,
@@ -410,6 +452,10 @@ fn receive(shared: &Shared, peer: &Mutex<Peer>, conn: &mut TcpStream) -> Result<
                 let parquet_ok = p.files.end_parquet(parquet);
                 p.said_total = Some(stream);
                 p.complete = parquet_ok && p.files.held == stream && p.files.has_meta();
+                if p.complete {
+                    // What an earlier connection of it met is mended.
+                    p.error = None;
+                }
                 let done = [&p.files.held.to_be_bytes()[..], &[p.complete as u8]];
                 let _ = frame::write(conn, Kind::Done, &done);
                 return Ok(());

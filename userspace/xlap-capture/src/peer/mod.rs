@@ -11,6 +11,8 @@ pub mod collector;
 pub mod files;
 pub mod frame;
 pub mod sender;
+#[cfg(test)]
+mod tests;
 
 /// Peers one collector takes (each a run directory, a thread while
 /// connected, and a place in the correlation).

@@ -293,10 +293,18 @@ fn handshake(s: &Shared, conn: &mut TcpStream, meta: &RunMeta) -> Result<u64, Br
             }
             Ok(u64::from_be_bytes(held.try_into().expect("8 bytes")))
         }
-        (Kind::Refuse, reason) => Err(Broken::Fatal(format!(
-            "the collector refused this recorder: {}",
-            String::from_utf8_lossy(&reason)
-        ))),
+        (Kind::Refuse, p) if !p.is_empty() => {
+            let why = format!(
+                "the collector refused this recorder: {}",
+                String::from_utf8_lossy(&p[1..])
+            );
+            // Its first byte: whether trying again may succeed.
+            Err(if p[0] == 1 {
+                Broken::Retry(why)
+            } else {
+                Broken::Fatal(why)
+            })
+        }
         (other, _) => Err(Broken::Fatal(format!(
             "not an xlap-trace collector (a {other:?} frame)"
         ))),

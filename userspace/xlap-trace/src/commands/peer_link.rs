@@ -188,3 +188,45 @@ fn say_collected(c: &xlap_records::run_meta::PeersCollected, quiet: bool) {
         );
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cli::Cli;
+    use clap::Parser;
+
+    fn start_with(args: &[&str]) -> Result<Link> {
+        let cli = Cli::parse_from(std::iter::once("xlap-trace").chain(args.iter().copied()));
+        start(&cli.record)
+    }
+
+    fn usage_error(args: &[&str]) -> String {
+        let e = start_with(args).err().expect("refused");
+        let f = e.downcast_ref::<xlap_exit::Failure>().expect("a failure");
+        assert_eq!(f.code, Code::Usage, "{}", f.message);
+        f.message.clone()
+    }
+
+    #[test]
+    fn what_the_link_does_not_support_is_refused() {
+        let t = ["--token", "a long enough token"];
+        let with =
+            |extra: &[&'static str]| -> Vec<&str> { extra.iter().copied().chain(t).collect() };
+        assert!(usage_error(&with(&["--to", "b:7700", "--rotate", "10s"])).contains("--rotate"));
+        assert!(
+            usage_error(&with(&["--collect", "127.0.0.1:0", "--rotate", "1GB"]))
+                .contains("--rotate")
+        );
+        assert!(usage_error(&["--to", "b:7700"]).contains("--token-file"));
+        assert!(usage_error(&t).contains("for --to or --collect"));
+        assert!(usage_error(&with(&["--to", "b"])).contains("HOST:PORT"));
+        assert!(usage_error(&["--to", "b:1", "--token", "short"]).contains("8 characters"));
+        assert!(
+            usage_error(&["--to", "b:1", "--token-file", "/nonexistent/t"]).contains("cannot read")
+        );
+        // A sender and a collector at once: clap refuses it.
+        assert!(
+            Cli::try_parse_from(["xlap-trace", "--to", "b:1", "--collect", "127.0.0.1:1"]).is_err()
+        );
+    }
+}
