@@ -13,7 +13,7 @@ use std::process::Output;
 use std::time::{Duration, Instant};
 use xlap_stage::Stage;
 use xlap_tests::example::{events, kind_code, ExampleOptions, ProtocolRun};
-use xlap_tests::trace::{run_meta, Recorder};
+use xlap_tests::trace::{analyze_rows, run_meta, Recorder};
 use xlap_tests::{bin, privileged, Scratch};
 
 /// A port free on 127.0.0.1 now (the collector binds it next).
@@ -124,6 +124,11 @@ fn a_streamed_peer_run_is_correlated_as_the_two_local_runs_are() {
         "collector: {}",
         stderr(&coll_out)
     );
+    eprintln!(
+        "--- peer:\n{}--- collector:\n{}",
+        stderr(&peer_out),
+        stderr(&coll_out)
+    );
 
     // Both sides' accounts of the link.
     let link = run_meta(&a_dir).peer_link.expect("the peer notes its link");
@@ -175,6 +180,15 @@ fn a_streamed_peer_run_is_correlated_as_the_two_local_runs_are() {
         seqs(&conn, &format!("SELECT seq FROM '{p}' WHERE kind = {data} AND sock_send_enter_ns IS NOT NULL AND sock_recv_exit_ns IS NOT NULL")),
         delivered,
         "both ends' points: every packet the receiver's log delivered"
+    );
+
+    // The directory reads as one run of both ends.
+    let summary = analyze_rows(&b_dir, "summary", &[]);
+    assert!(
+        summary.iter().any(|r| r["section"] == "total"
+            && r["name"] == "e2e"
+            && r["packets"].as_u64() > Some(0)),
+        "an end-to-end latency: {summary:?}"
     );
 
     // The same table as `correlate` makes of the two local run directories.

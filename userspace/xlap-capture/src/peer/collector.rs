@@ -233,12 +233,8 @@ fn serve(shared: &Shared, mut conn: TcpStream, addr: SocketAddr) {
     p.connected = false;
     p.socket = None;
     let name = p.files.dir().display().to_string();
+    // A run that ended is said once, at the collector's end.
     match result {
-        Ok(()) if !shared.opts.quiet => eprintln!(
-            "xlap-trace: peer {addr}: its run arrived in {name} ({} stream bytes{})",
-            p.files.held,
-            if p.complete { "" } else { ", incomplete" }
-        ),
         Ok(()) => {}
         Err(e) if !p.closed => {
             eprintln!(
