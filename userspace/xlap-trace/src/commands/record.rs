@@ -251,7 +251,7 @@ pub fn finish(a: &FinishArgs) -> Result<()> {
         finish_run(&run, &opts)?.summary?;
         return Ok(());
     }
-    match finish_run(&run, &opts) {
+    match finish_with_peers(&run, opts) {
         Ok(f) => print_finished(&f, &run, a.quiet),
         Err(e) => eprintln!(
             "xlap-trace: warning: no packets table ({e:#}); run `xlap-trace correlate {}` to retry",
@@ -259,6 +259,28 @@ pub fn finish(a: &FinishArgs) -> Result<()> {
         ),
     }
     Ok(())
+}
+
+/// [`finish_run`]; when the peers' runs make the correlation fail (a peer
+/// whose stream held no batch, a run refused as input), this run alone
+/// still gets its packets table, said.
+fn finish_with_peers(
+    run: &RunDir,
+    opts: FinishOptions,
+) -> xlap_analyze::Result<xlap_analyze::finish::Finished> {
+    match finish_run(run, &opts) {
+        Err(e) if !opts.peers.is_empty() => {
+            eprintln!(
+                "xlap-trace: warning: the peers' runs cannot be correlated with this one ({e}); the packets table is this run's alone (`xlap-trace correlate` with the peers' directories retries)"
+            );
+            let alone = FinishOptions {
+                peers: Vec::new(),
+                ..opts
+            };
+            finish_run(run, &alone)
+        }
+        other => other,
+    }
 }
 
 /// The peers' runs (record --collect) ready to correlate: one whose
