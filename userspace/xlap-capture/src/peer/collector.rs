@@ -199,18 +199,19 @@ fn accept_loop(shared: Arc<Shared>, listener: TcpListener) {
     }
 }
 
-/// Notes a refused connection and says so.
+/// Notes a refused connection and says so (the first ones: a flood of
+/// connections is counted, not printed).
 fn refuse(shared: &Shared, addr: SocketAddr, reason: &str) {
-    eprintln!(
-        "xlap-trace: warning: peer {addr}: {reason}; connection dropped (the recording goes on)"
-    );
     let mut r = shared.refused.lock().unwrap();
     r.1 += 1;
     if r.0.len() < REFUSALS_LISTED {
+        eprintln!("xlap-trace: warning: peer {addr}: {reason}; connection dropped (the recording goes on)");
         r.0.push(PeerRefusal {
             address: addr.to_string(),
             reason: reason.to_string(),
         });
+    } else if r.1 == REFUSALS_LISTED as u64 + 1 {
+        eprintln!("xlap-trace: warning: more connections refused: counted only (run.json: peers.refused_total)");
     }
 }
 
@@ -311,7 +312,8 @@ fn handshake(
     let (tag, hello_bytes) = rest.split_at(auth::TAG);
     if !token.hello_ok(&ours, theirs, hello_bytes, tag) {
         return Err(
-            "wrong token: its MAC does not match this recorder's token (--token-file)".into(),
+            "wrong token: the MAC does not match the collector's token (the --token-file differs)"
+                .into(),
         );
     }
     let hello: Hello = serde_json::from_slice(hello_bytes)
