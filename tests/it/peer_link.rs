@@ -269,6 +269,7 @@ fn a_wrong_token_is_said_on_both_sides_and_the_collector_records_on() {
     let peer_out = finish(peer);
     let coll_out = finish(collector);
     let (pe, ce) = (stderr(&peer_out), stderr(&coll_out));
+    eprintln!("--- peer:\n{pe}--- collector:\n{ce}");
     assert_eq!(
         peer_out.status.code(),
         Some(1),
@@ -460,6 +461,7 @@ fn a_peer_killed_mid_run_leaves_what_arrived_to_the_analysis() {
     let (sent, _received) = run.wait();
     let out = finish(collector);
     let e = stderr(&out);
+    eprintln!("--- collector:\n{e}");
     assert!(out.status.success(), "{e}");
     assert!(e.contains("its run is incomplete in peer-1-"), "{e}");
     let collected = run_meta(&b_dir).peers.unwrap();

@@ -102,12 +102,13 @@ pub fn end(link: Link, a: &RecordArgs) -> Result<Ended> {
             say_sent(&link, a.quiet);
             if link.state != "delivered" {
                 ended.undelivered = Some(format!(
-                    "the run did not all reach {} ({}: {} of {} stream bytes delivered{}); it is whole in {}",
+                    "the run did not all reach {} ({}: {} of {} stream bytes delivered{}{}); it is whole in {} (run.json: peer_link)",
                     link.to,
                     link.state,
                     link.bytes_delivered,
                     link.stream_bytes,
-                    link.error.as_deref().map(|e| format!(", {e}")).unwrap_or_default(),
+                    if link.final_delivered { "" } else { ", not the final run.json and stamps.parquet" },
+                    link.error.as_deref().map(|e| format!("; {e}")).unwrap_or_default(),
                     a.output.display()
                 ));
             }
@@ -132,30 +133,19 @@ fn note(run: &RunDir, f: impl FnOnce(&mut RunMeta)) -> Result<()> {
     Ok(())
 }
 
+/// A delivered run, said; one that was not is the command's error (exit
+/// 1, [`Ended::undelivered`]).
 fn say_sent(l: &xlap_records::run_meta::PeerLink, quiet: bool) {
-    if l.state == "delivered" {
-        if !quiet {
-            eprintln!(
-                "xlap-trace: peer link to {}: the run arrived whole ({} stream bytes, {} sent, {} connection{})",
-                l.to,
-                l.bytes_delivered,
-                l.bytes_sent,
-                l.connections,
-                if l.connections == 1 { "" } else { "s" }
-            );
-        }
-        return;
+    if l.state == "delivered" && !quiet {
+        eprintln!(
+            "xlap-trace: peer link to {}: the run arrived whole ({} stream bytes, {} sent, {} connection{})",
+            l.to,
+            l.bytes_delivered,
+            l.bytes_sent,
+            l.connections,
+            if l.connections == 1 { "" } else { "s" }
+        );
     }
-    eprintln!(
-        "xlap-trace: warning: peer link to {}: {}; {} of {} stream bytes delivered, {} not{}{} (run.json: peer_link)",
-        l.to,
-        l.state,
-        l.bytes_delivered,
-        l.stream_bytes,
-        l.bytes_not_delivered,
-        if l.final_delivered { "" } else { ", the final run.json and stamps.parquet not" },
-        l.error.as_deref().map(|e| format!("; {e}")).unwrap_or_default()
-    );
 }
 
 fn say_collected(c: &xlap_records::run_meta::PeersCollected, quiet: bool) {
@@ -163,7 +153,7 @@ fn say_collected(c: &xlap_records::run_meta::PeersCollected, quiet: bool) {
         eprintln!(
             "xlap-trace: warning: no peer recorder connected to {} during the run{}; the packets table is this host's alone",
             c.listen,
-            if c.refused_total > 0 { format!(" ({} connections refused: run.json peers.refused)", c.refused_total) } else { String::new() }
+            if c.refused_total > 0 { format!(" (connections refused: {}, run.json peers.refused)", c.refused_total) } else { String::new() }
         );
         return;
     }
