@@ -88,6 +88,52 @@ fn common_ns_columns(conn: &duckdb::Connection, a: &Path, b: &Path) -> Vec<Strin
     cols(a).intersection(&cols(b)).cloned().collect()
 }
 
+/// The collector's own run: every data packet its receiver's log
+/// delivered has its receive point.
+fn assert_receiver_packets(b_dir: &Path, received: &[serde_json::Value]) {
+    let conn = duckdb::Connection::open_in_memory().unwrap();
+    let delivered: BTreeSet<u64> = events(received, "delivered")
+        .map(|e| e["seq"].as_u64().unwrap())
+        .collect();
+    let sql = format!(
+        "SELECT seq FROM '{}' WHERE kind = {} AND sock_recv_exit_ns IS NOT NULL",
+        b_dir.join("packets.parquet").display(),
+        kind_code("data")
+    );
+    assert_eq!(seqs(&conn, &sql), delivered);
+}
+
+/// The collector's packets table equals what `correlate` makes of the two
+/// local run directories: the same rows, every point column alike.
+fn assert_same_as_correlate(scratch: &Scratch, a_dir: &Path, b_dir: &Path) {
+    let conn = duckdb::Connection::open_in_memory().unwrap();
+    let packets = b_dir.join("packets.parquet");
+    let offline = scratch.path("offline.parquet");
+    let o = std::process::Command::new(bin("xlap-trace"))
+        .arg("correlate")
+        .arg(a_dir)
+        .arg(b_dir)
+        .arg("-o")
+        .arg(&offline)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let cols = common_ns_columns(&conn, &packets, &offline).join(", ");
+    let count = |sql: String| -> i64 { conn.query_row(&sql, [], |r| r.get(0)).unwrap() };
+    let (q, r) = (offline.display(), packets.display());
+    assert_eq!(
+        count(format!("SELECT count(*) FROM '{q}'")),
+        count(format!("SELECT count(*) FROM '{r}'"))
+    );
+    for (x, y) in [(&q, &r), (&r, &q)] {
+        assert_eq!(
+            count(format!("SELECT count(*) FROM (SELECT kind, seq, {cols} FROM '{x}' EXCEPT ALL SELECT kind, seq, {cols} FROM '{y}')")),
+            0,
+            "rows of {x} not in {y}"
+        );
+    }
+}
+
 #[test]
 fn a_streamed_peer_run_is_correlated_as_the_two_local_runs_are() {
     let Some(_guard) = privileged("peer_link") else {
@@ -192,30 +238,7 @@ fn a_streamed_peer_run_is_correlated_as_the_two_local_runs_are() {
     );
 
     // The same table as `correlate` makes of the two local run directories.
-    let offline = scratch.path("offline.parquet");
-    let o = std::process::Command::new(bin("xlap-trace"))
-        .arg("correlate")
-        .arg(&a_dir)
-        .arg(&b_dir)
-        .arg("-o")
-        .arg(&offline)
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", stderr(&o));
-    let cols = common_ns_columns(&conn, &packets, &offline).join(", ");
-    let count = |sql: String| -> i64 { conn.query_row(&sql, [], |r| r.get(0)).unwrap() };
-    let (q, r) = (offline.display(), packets.display());
-    assert_eq!(
-        count(format!("SELECT count(*) FROM '{q}'")),
-        count(format!("SELECT count(*) FROM '{r}'"))
-    );
-    for (x, y) in [(&q, &r), (&r, &q)] {
-        assert_eq!(
-            count(format!("SELECT count(*) FROM (SELECT kind, seq, {cols} FROM '{x}' EXCEPT ALL SELECT kind, seq, {cols} FROM '{y}')")),
-            0,
-            "rows of {x} not in {y}"
-        );
-    }
+    assert_same_as_correlate(&scratch, &a_dir, &b_dir);
 }
 
 #[test]
@@ -296,21 +319,7 @@ fn a_wrong_token_is_said_on_both_sides_and_the_collector_records_on() {
     );
     assert!(peers.refused[0].reason.contains("wrong token"));
     assert!(peer_dirs(&b_dir).is_empty());
-    let conn = duckdb::Connection::open_in_memory().unwrap();
-    let delivered: BTreeSet<u64> = events(&received, "delivered")
-        .map(|e| e["seq"].as_u64().unwrap())
-        .collect();
-    assert_eq!(
-        seqs(
-            &conn,
-            &format!(
-                "SELECT seq FROM '{}' WHERE kind = {} AND sock_recv_exit_ns IS NOT NULL",
-                b_dir.join("packets.parquet").display(),
-                kind_code("data")
-            )
-        ),
-        delivered
-    );
+    assert_receiver_packets(&b_dir, &received);
 }
 
 /// Connects, takes the collector's first frame, sends `bytes`, and reads
@@ -392,21 +401,7 @@ fn garbage_from_the_network_is_named_and_dropped() {
     assert_eq!(b.state, xlap_records::run_meta::RunState::Complete);
     assert_eq!(b.peers.unwrap().refused_total, 2);
     assert!(peer_dirs(&b_dir).is_empty());
-    let conn = duckdb::Connection::open_in_memory().unwrap();
-    let delivered: BTreeSet<u64> = events(&received, "delivered")
-        .map(|e| e["seq"].as_u64().unwrap())
-        .collect();
-    assert_eq!(
-        seqs(
-            &conn,
-            &format!(
-                "SELECT seq FROM '{}' WHERE kind = {} AND sock_recv_exit_ns IS NOT NULL",
-                b_dir.join("packets.parquet").display(),
-                kind_code("data")
-            )
-        ),
-        delivered
-    );
+    assert_receiver_packets(&b_dir, &received);
 }
 
 #[test]
