@@ -21,6 +21,9 @@ pub struct FinishOptions {
     /// Run the bundled `summary` query for printing (the recorder's end of
     /// run); a segment's finisher has no one to print to.
     pub analysis: bool,
+    /// Peer recorders' runs inside this one (`record --collect`),
+    /// correlated with it into its packets table.
+    pub peers: Vec<RunDir>,
 }
 
 /// What finishing a run made.
@@ -43,7 +46,12 @@ pub fn finish_run(dir: &RunDir, opts: &FinishOptions) -> Result<Finished> {
     let packets = dir.packets();
     let conn = crate::engine()?;
     crate::confine(&conn, &[dir.path()])?;
-    let correlation = correlate_on(&conn, std::slice::from_ref(dir), &packets, opts.deadline_ms)?;
+    // The peers' directories lie beneath the run's: the confinement above
+    // reaches them.
+    let runs: Vec<RunDir> = std::iter::once(dir.clone())
+        .chain(opts.peers.iter().cloned())
+        .collect();
+    let correlation = correlate_on(&conn, &runs, &packets, opts.deadline_ms)?;
     // The packets just written are read back through the analyses' views;
     // the correlator's own table would shadow them (and hold memory).
     conn.execute_batch("DROP TABLE IF EXISTS packets;")?;

@@ -13,6 +13,7 @@ pub mod hooks;
 pub mod hwts;
 pub mod ifaces;
 pub mod kfunc;
+pub mod peer;
 pub mod point_sets;
 pub mod preflight;
 pub mod preload;

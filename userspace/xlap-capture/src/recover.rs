@@ -52,8 +52,7 @@ fn read_meta(path: &Path) -> Result<RunMeta> {
 /// Recovers the run in `dir`; `None` when there is nothing to recover (the
 /// run ended, or was recovered before).
 pub fn recover(dir: &RunDir) -> Result<Option<Recovery>> {
-    let meta_path = dir.meta();
-    let mut meta = read_meta(&meta_path)?;
+    let meta = read_meta(&dir.meta())?;
     if meta.state != RunState::Running {
         return Ok(None);
     }
@@ -66,6 +65,27 @@ pub fn recover(dir: &RunDir) -> Result<Option<Recovery>> {
             ),
         ));
     }
+    from_stream(dir, meta, None).map(Some)
+}
+
+/// A peer's run as it arrived at a collector (`record --collect`): when
+/// its stamps.parquet did not arrive, the stream it sent is made into one,
+/// as for a recorder that died. Its recorder ran on another host, so
+/// whether it is alive is not asked here. `None`: the Parquet file is
+/// there.
+pub fn recover_peer(dir: &RunDir) -> Result<Option<Recovery>> {
+    if dir.stamps().is_file() {
+        return Ok(None);
+    }
+    let meta = read_meta(&dir.meta())?;
+    let ended = meta.state != RunState::Running;
+    from_stream(dir, meta, Some(ended)).map(Some)
+}
+
+/// The stream of `dir` into stamps.parquet, its run.json marked
+/// `recovered`. `peer`: a peer's run (whether its final run.json arrived).
+fn from_stream(dir: &RunDir, mut meta: RunMeta, peer: Option<bool>) -> Result<Recovery> {
+    let meta_path = dir.meta();
     let stream = dir.stamps_stream();
     let parquet = dir.stamps();
     if !stream.is_file() {
@@ -118,10 +138,26 @@ pub fn recover(dir: &RunDir) -> Result<Option<Recovery>> {
         }
     }
     // A killed recorder left its marker rings in the targets' /dev/shm.
-    let targets: Vec<u32> = meta.targets.iter().map(|t| t.pid).collect();
-    crate::record::shm_file::sweep_after_crash(&targets);
+    // (A peer's targets are another host's pids: nothing of theirs here.)
+    if peer.is_none() {
+        let targets: Vec<u32> = meta.targets.iter().map(|t| t.pid).collect();
+        crate::record::shm_file::sweep_after_crash(&targets);
+    }
     meta.state = RunState::Recovered;
-    meta.stop_reason = xlap_records::run_meta::StopReason::RecorderDied;
+    if peer != Some(true) {
+        meta.stop_reason = xlap_records::run_meta::StopReason::RecorderDied;
+    }
+    let mut not_known = match peer {
+        Some(true) => vec!["the peer's own stamps.parquet did not reach the collector: its stamps are those of the stream that did, read as after a crash".to_string()],
+        Some(false) => vec!["the peer's stream ended before its run did (it died, disconnected, or the collector stopped waiting): what it recorded after that is not here".to_string()],
+        None => Vec::new(),
+    };
+    not_known.extend([
+        "stamps the kernel side counted lost after the last checkpoint (the losses here are the checkpoint's)".into(),
+        format!("stamps the recorder had not yet written to stamps.arrows when it died (at most the last {} ms of each CPU's stamps, and those read but not yet in a written batch: up to 0.5 s)", meta.batch_export_every_ms.map_or("?".into(), |ms| ms.to_string())),
+        "the flows' addresses and sockets (src_addr, dst_addr, socket_cookie are null)".into(),
+        "whether a receive-device stamp belongs to a socket not traced (they are kept)".into(),
+    ]);
     meta.recovery = Some(RecoveryNote {
         by: format!("xlap-trace {}", env!("CARGO_PKG_VERSION")),
         stamps: copy.rows,
@@ -129,16 +165,13 @@ pub fn recover(dir: &RunDir) -> Result<Option<Recovery>> {
         stream_bytes: copy.bytes_total,
         stream_bytes_cut: recovery.bytes_cut,
         last_stamp_after_checkpoint_s: recovery.after_checkpoint_s,
-        not_known: vec![
-            "stamps the kernel side counted lost after the last checkpoint (the losses here are the checkpoint's)".into(),
-            format!("stamps the recorder had not yet written to stamps.arrows when it died (at most the last {} ms of each CPU's stamps, and those read but not yet in a written batch: up to 0.5 s)", meta.batch_export_every_ms.map_or("?".into(), |ms| ms.to_string())),
-            "the flows' addresses and sockets (src_addr, dst_addr, socket_cookie are null)".into(),
-            "whether a receive-device stamp belongs to a socket not traced (they are kept)".into(),
-        ],
+        not_known,
     });
     meta.write(&meta_path)?;
-    crate::record::segments::note_recovered(dir, copy.rows)?;
-    Ok(Some(recovery))
+    if peer.is_none() {
+        crate::record::segments::note_recovered(dir, copy.rows)?;
+    }
+    Ok(recovery)
 }
 
 /// Stamps per point, packets (distinct flow, kind, seq of stamps that know

@@ -518,6 +518,85 @@ pub struct RunMeta {
     /// Set by `xlap-trace recover`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub recovery: Option<RecoveryNote>,
+    /// `record --to`: what this run's stream to a collector came to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peer_link: Option<PeerLink>,
+    /// `record --collect`: what each peer recorder sent, and the
+    /// connections refused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peers: Option<PeersCollected>,
+}
+
+/// The sending side of a peer link (`record --to`): what left this host
+/// and what the collector said it holds. The local run directory is whole
+/// whatever these say.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct PeerLink {
+    /// The collector as given (`--to HOST:PORT`).
+    pub to: String,
+    /// `delivered` (the collector holds the whole stream, run.json and
+    /// stamps.parquet), `incomplete`, `refused` (the collector refused
+    /// the token, or the collector did not prove it holds it),
+    /// `never-connected`.
+    pub state: String,
+    /// Bytes of this run's stamps.arrows at its end.
+    pub stream_bytes: u64,
+    /// Stream bytes written to the connection (resent ones counted once
+    /// per sending).
+    pub bytes_sent: u64,
+    /// Stream bytes the collector said it holds at the end.
+    pub bytes_delivered: u64,
+    /// stream_bytes - bytes_delivered.
+    pub bytes_not_delivered: u64,
+    /// The final run.json and stamps.parquet reached the collector.
+    pub final_delivered: bool,
+    /// Connections made (more than one: reconnected, resuming where the
+    /// collector was).
+    pub connections: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// The collecting side (`record --collect`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct PeersCollected {
+    /// Where it listened.
+    pub listen: String,
+    /// Seconds it waited at the end for peers still sending.
+    pub waited_s: f64,
+    pub peers: Vec<PeerArrival>,
+    /// Connections refused (a wrong token, garbage, beyond the limits):
+    /// the first 32, and how many in all.
+    pub refused: Vec<PeerRefusal>,
+    pub refused_total: u64,
+}
+
+/// One peer recorder's run as it arrived.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct PeerArrival {
+    /// Its run directory, inside this one (named here, never by the peer).
+    pub dir: String,
+    /// The address it last connected from.
+    pub address: String,
+    /// The host name it gave, when it was 1 to 64 of `[A-Za-z0-9._-]`.
+    pub host: Option<String>,
+    /// Stream bytes received (stamps.arrows).
+    pub stream_bytes: u64,
+    /// Bytes of the stream the peer said it had at its end (absent: it
+    /// never said: it died, disconnected or ran out of time).
+    pub stream_bytes_sent_total: Option<u64>,
+    /// Its final run.json and stamps.parquet arrived, and the whole stream.
+    pub complete: bool,
+    pub connections: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// A connection the collector refused.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct PeerRefusal {
+    pub address: String,
+    pub reason: String,
 }
 
 /// The instants (CLOCK_MONOTONIC ns of the run's host) between which every

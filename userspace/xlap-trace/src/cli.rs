@@ -110,6 +110,10 @@ pub struct FinishArgs {
     /// With --print: the latency summary only.
     #[arg(long)]
     pub quiet: bool,
+    /// A peer recorder's run inside RUN (record --collect), correlated
+    /// with it (repeatable).
+    #[arg(long = "peer", value_name = "DIR")]
+    pub peers: Vec<PathBuf>,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -582,6 +586,30 @@ pub struct RecordArgs {
     /// End-to-end deadline for the packets table's deadline_missed flag.
     #[arg(long)]
     pub deadline_ms: Option<f64>,
+    /// Also stream this run to a recorder started with --collect on
+    /// HOST:PORT (its run is recorded here all the same); needs
+    /// --token-file or --token. Not with --rotate.
+    #[arg(long, value_name = "HOST:PORT", conflicts_with = "collect")]
+    pub to: Option<String>,
+    /// Also accept peer recorders (started with --to) on ADDR:PORT: their
+    /// runs are written into OUTPUT/peer-N-HOST as they arrive, and this
+    /// run's packets table joins theirs. Needs --token-file or --token.
+    /// Not with --rotate.
+    #[arg(long, value_name = "ADDR:PORT")]
+    pub collect: Option<std::net::SocketAddr>,
+    /// The peer link's shared token: this file's text (surrounding white
+    /// space left out; at least 8 characters).
+    #[arg(long, value_name = "PATH", conflicts_with = "token")]
+    pub token_file: Option<PathBuf>,
+    /// The peer link's shared token itself (visible to every user in `ps`:
+    /// prefer --token-file).
+    #[arg(long, value_name = "TOKEN")]
+    pub token: Option<String>,
+    /// Seconds the end of the peer link may take: a collector's wait for
+    /// its peers' ends after its own run ended, a peer's for sending the
+    /// rest.
+    #[arg(long, value_name = "SECONDS", default_value_t = 10.0)]
+    pub peer_wait: f64,
 }
 
 #[derive(Args, Debug)]

@@ -6,6 +6,7 @@ pub mod ci;
 pub mod correlate;
 pub mod demo;
 pub mod estimate;
+pub mod peer_link;
 pub mod points;
 pub mod record;
 pub mod report;

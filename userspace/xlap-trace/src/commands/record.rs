@@ -1,6 +1,7 @@
 //! `record`, `run -- CMD` and the hidden `finish`: the command line turned
 //! into the recorder's options, the recording, and the end of the run.
 
+use super::peer_link;
 use crate::cli::{BpfStats, Endian, FinishArgs, RecordArgs, RunArgs};
 use anyhow::Result;
 use std::process::ExitCode;
@@ -154,27 +155,43 @@ fn layout(a: &RecordArgs) -> Result<Layout> {
 /// `record` (and `xlap-trace --pid PID`).
 pub fn record(args: &RecordArgs) -> Result<()> {
     let opts = RecordOptions::try_from(args)?;
+    // Before the run: a collector listens from the start (its peers may
+    // start first); a failing run drops the link, which stops it.
+    let link = peer_link::start(args)?;
     let meta = record::run(&opts)?;
     record::print_summary(&meta, &record::segments::final_dir(&opts.output.dir));
+    let ended = peer_link::end(link, args)?;
     if !opts.output.no_correlate {
-        finish_confined(&opts);
+        finish_confined(&opts, &ended.peers);
     }
-    Ok(())
+    undelivered(ended)
+}
+
+/// A peer's run that did not all reach its collector ends in exit 1,
+/// once everything here is written.
+fn undelivered(ended: peer_link::Ended) -> Result<()> {
+    match ended.undelivered {
+        Some(why) => Err(failure(Code::Runtime, why)),
+        None => Ok(()),
+    }
 }
 
 /// `run -- CMD`: traced like `record`, then the command's own status.
 pub fn run(a: &RunArgs) -> Result<ExitCode> {
     let opts = RecordOptions::try_from(&a.record)?;
+    let link = peer_link::start(&a.record)?;
     let (meta, status) = record::command::run(&opts, &a.command)?;
     record::print_summary(&meta, &record::segments::final_dir(&opts.output.dir));
+    let ended = peer_link::end(link, &a.record)?;
     if meta.packets == 0 && meta.stamps == 0 && !opts.stamping.empty_programs {
         eprintln!(
             "xlap-trace: {} sent and received no UDP datagram on a traced socket: nothing was stamped",
             a.command[0]
         );
     } else if !opts.output.no_correlate {
-        finish_confined(&opts);
+        finish_confined(&opts, &ended.peers);
     }
+    undelivered(ended)?;
     Ok(ExitCode::from(record::command::exit_code(status)))
 }
 
@@ -183,7 +200,7 @@ pub fn run(a: &RunArgs) -> Result<ExitCode> {
 /// in a child confined to the run directory (it parses what the traced
 /// programs sent; the recorder is root). A failure is reported, never
 /// fatal: the stamps are already safe on disk.
-fn finish_confined(opts: &RecordOptions) {
+fn finish_confined(opts: &RecordOptions, peers: &[std::path::PathBuf]) {
     let dir = record::segments::final_dir(&opts.output.dir);
     // What this process printed comes first.
     let _ = std::io::Write::flush(&mut std::io::stdout());
@@ -197,6 +214,9 @@ fn finish_confined(opts: &RecordOptions) {
     }
     if opts.view.quiet {
         cmd.arg("--quiet");
+    }
+    for p in peers {
+        cmd.arg("--peer").arg(p);
     }
     match cmd.stdin(std::process::Stdio::null()).status() {
         Ok(s) if s.success() => {}
@@ -225,12 +245,13 @@ pub fn finish(a: &FinishArgs) -> Result<()> {
     let opts = FinishOptions {
         deadline_ms: a.deadline_ms,
         analysis: a.print,
+        peers: ready_peers(&a.peers),
     };
     if !a.print {
         finish_run(&run, &opts)?.summary?;
         return Ok(());
     }
-    match finish_run(&run, &opts) {
+    match finish_with_peers(&run, opts) {
         Ok(f) => print_finished(&f, &run, a.quiet),
         Err(e) => eprintln!(
             "xlap-trace: warning: no packets table ({e:#}); run `xlap-trace correlate {}` to retry",
@@ -238,6 +259,59 @@ pub fn finish(a: &FinishArgs) -> Result<()> {
         ),
     }
     Ok(())
+}
+
+/// [`finish_run`]; when the peers' runs make the correlation fail (a peer
+/// whose stream held no batch, a run refused as input), this run alone
+/// still gets its packets table, said.
+fn finish_with_peers(
+    run: &RunDir,
+    opts: FinishOptions,
+) -> xlap_analyze::Result<xlap_analyze::finish::Finished> {
+    match finish_run(run, &opts) {
+        Err(e) if !opts.peers.is_empty() => {
+            eprintln!(
+                "xlap-trace: warning: the peers' runs cannot be correlated with this one ({e}); the packets table is this run's alone (`xlap-trace correlate` with the peers' directories retries)"
+            );
+            let alone = FinishOptions {
+                peers: Vec::new(),
+                ..opts
+            };
+            finish_run(run, &alone)
+        }
+        other => other,
+    }
+}
+
+/// The peers' runs (record --collect) ready to correlate: one whose
+/// stamps.parquet did not arrive is read from the stream it sent, as a
+/// dead recorder's; one that cannot be is left out, said.
+fn ready_peers(peers: &[std::path::PathBuf]) -> Vec<RunDir> {
+    let mut ready = Vec::new();
+    for p in peers {
+        let dir = RunDir::new(p);
+        match xlap_capture::recover::recover_peer(&dir) {
+            Ok(Some(r)) => {
+                eprintln!(
+                    "xlap-trace: peer run {}: {} stamps read from the stream that arrived{}",
+                    p.display(),
+                    r.stamps,
+                    if r.bytes_cut > 0 {
+                        format!(" (a batch cut short, {} bytes, left out)", r.bytes_cut)
+                    } else {
+                        String::new()
+                    }
+                );
+                ready.push(dir);
+            }
+            Ok(None) => ready.push(dir),
+            Err(e) => eprintln!(
+                "xlap-trace: warning: peer run {} left out of the packets table: {e:#}",
+                p.display()
+            ),
+        }
+    }
+    ready
 }
 
 #[cfg(test)]

@@ -335,6 +335,8 @@ fn initial_meta(
         marker_rings: Vec::new(),
         holds: None,
         recovery: None,
+        peer_link: None,
+        peers: None,
     }
 }
 

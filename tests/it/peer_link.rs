@@ -1,0 +1,495 @@
+//! Privileged: two recorders that meet over the network (`record --to`,
+//! `record --collect`), on the example protocol across the stage, the
+//! recorders talking over 127.0.0.1. Checked against the protocol's own
+//! logs and against `correlate` of the two local run directories; a wrong
+//! token, garbage from a raw client, and a peer killed mid-run each leave
+//! the collector's run complete.
+
+use std::collections::BTreeSet;
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::Output;
+use std::time::{Duration, Instant};
+use xlap_stage::Stage;
+use xlap_tests::example::{events, kind_code, ExampleOptions, ProtocolRun};
+use xlap_tests::trace::{analyze_rows, run_meta, Recorder};
+use xlap_tests::{bin, privileged, Scratch};
+
+/// A port free on 127.0.0.1 now (the collector binds it next).
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn token_file(scratch: &Scratch, name: &str, text: &str) -> PathBuf {
+    let p = scratch.path(name);
+    std::fs::write(&p, format!("{text}\n")).unwrap();
+    p
+}
+
+/// The recorder's whole output, whatever its status.
+fn finish(rec: Recorder) -> Output {
+    rec.child.wait_with_output().expect("wait xlap-trace")
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn seqs(conn: &duckdb::Connection, sql: &str) -> BTreeSet<u64> {
+    let mut stmt = conn.prepare(sql).unwrap();
+    let rows = stmt.query_map([], |r| r.get::<_, i64>(0)).unwrap();
+    rows.map(|r| r.unwrap() as u64).collect()
+}
+
+fn sent_data(sent: &[serde_json::Value]) -> BTreeSet<u64> {
+    events(sent, "sent")
+        .filter(|e| e["kind"] == "data")
+        .map(|e| e["seq"].as_u64().unwrap())
+        .collect()
+}
+
+/// The peer directories the collector made in `dir`.
+fn peer_dirs(dir: &Path) -> Vec<PathBuf> {
+    let mut d: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .map(|e| e.path())
+        .filter(|p| {
+            p.is_dir()
+                && p.file_name()
+                    .unwrap()
+                    .to_string_lossy()
+                    .starts_with("peer-")
+        })
+        .collect();
+    d.sort();
+    d
+}
+
+/// The `_ns` columns both packets tables have.
+fn common_ns_columns(conn: &duckdb::Connection, a: &Path, b: &Path) -> Vec<String> {
+    let cols = |p: &Path| -> BTreeSet<String> {
+        let mut stmt = conn
+            .prepare(&format!(
+                "SELECT column_name FROM (DESCRIBE SELECT * FROM '{}')",
+                p.display()
+            ))
+            .unwrap();
+        let rows = stmt.query_map([], |r| r.get::<_, String>(0)).unwrap();
+        rows.map(|r| r.unwrap())
+            .filter(|c| c.ends_with("_ns"))
+            .collect()
+    };
+    cols(a).intersection(&cols(b)).cloned().collect()
+}
+
+/// The collector's own run: every data packet its receiver's log
+/// delivered has its receive point.
+fn assert_receiver_packets(b_dir: &Path, received: &[serde_json::Value]) {
+    let conn = duckdb::Connection::open_in_memory().unwrap();
+    let delivered: BTreeSet<u64> = events(received, "delivered")
+        .map(|e| e["seq"].as_u64().unwrap())
+        .collect();
+    let sql = format!(
+        "SELECT seq FROM '{}' WHERE kind = {} AND sock_recv_exit_ns IS NOT NULL",
+        b_dir.join("packets.parquet").display(),
+        kind_code("data")
+    );
+    assert_eq!(seqs(&conn, &sql), delivered);
+}
+
+/// The collector's packets table equals what `correlate` makes of the two
+/// local run directories: the same rows, every point column alike.
+fn assert_same_as_correlate(scratch: &Scratch, a_dir: &Path, b_dir: &Path) {
+    let conn = duckdb::Connection::open_in_memory().unwrap();
+    let packets = b_dir.join("packets.parquet");
+    let offline = scratch.path("offline.parquet");
+    let o = std::process::Command::new(bin("xlap-trace"))
+        .arg("correlate")
+        .arg(a_dir)
+        .arg(b_dir)
+        .arg("-o")
+        .arg(&offline)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let cols = common_ns_columns(&conn, &packets, &offline).join(", ");
+    let count = |sql: String| -> i64 { conn.query_row(&sql, [], |r| r.get(0)).unwrap() };
+    let (q, r) = (offline.display(), packets.display());
+    assert_eq!(
+        count(format!("SELECT count(*) FROM '{q}'")),
+        count(format!("SELECT count(*) FROM '{r}'"))
+    );
+    for (x, y) in [(&q, &r), (&r, &q)] {
+        assert_eq!(
+            count(format!("SELECT count(*) FROM (SELECT kind, seq, {cols} FROM '{x}' EXCEPT ALL SELECT kind, seq, {cols} FROM '{y}')")),
+            0,
+            "rows of {x} not in {y}"
+        );
+    }
+}
+
+#[test]
+fn a_streamed_peer_run_is_correlated_as_the_two_local_runs_are() {
+    let Some(_guard) = privileged("peer_link") else {
+        return;
+    };
+    let stage = Stage::two_hosts().expect("stage");
+    let scratch = Scratch::new("peer_link_stream");
+    let token = token_file(&scratch, "token", "a shared secret of the test");
+    let opts = ExampleOptions {
+        count: 3000,
+        period_us: 200,
+        gated: true,
+        ..Default::default()
+    };
+    let run = ProtocolRun::spawn(&stage, &scratch, &opts);
+    let (sender, receiver) = run.pids();
+    let listen = format!("127.0.0.1:{}", free_port());
+    let t = token.to_str().unwrap();
+    let b_dir = scratch.path("b");
+    let a_dir = scratch.path("a");
+    let collector = Recorder::start(
+        &[receiver],
+        &b_dir,
+        &["--collect", &listen, "--token-file", t, "--peer-wait", "60"],
+    );
+    let peer = Recorder::start(&[sender], &a_dir, &["--to", &listen, "--token-file", t]);
+    run.start();
+    let (sent, received) = run.wait();
+    let peer_out = finish(peer);
+    let coll_out = finish(collector);
+    assert!(peer_out.status.success(), "peer: {}", stderr(&peer_out));
+    assert!(
+        coll_out.status.success(),
+        "collector: {}",
+        stderr(&coll_out)
+    );
+    eprintln!(
+        "--- peer:\n{}--- collector:\n{}",
+        stderr(&peer_out),
+        stderr(&coll_out)
+    );
+
+    // Both sides' accounts of the link.
+    let link = run_meta(&a_dir).peer_link.expect("the peer notes its link");
+    assert_eq!(link.state, "delivered", "{link:?}");
+    assert_eq!(link.bytes_not_delivered, 0);
+    let collected = run_meta(&b_dir)
+        .peers
+        .expect("the collector notes its peers");
+    assert_eq!(collected.peers.len(), 1, "{collected:?}");
+    let arrival = &collected.peers[0];
+    assert!(arrival.complete, "{arrival:?}");
+    let peer_dir = b_dir.join(&arrival.dir);
+    assert_eq!(peer_dirs(&b_dir), vec![peer_dir.clone()]);
+    // The stream arrived byte for byte, and the final Parquet file as it
+    // is (run.json here has the link's note since).
+    for f in ["stamps.arrows", "stamps.parquet"] {
+        assert_eq!(
+            std::fs::read(a_dir.join(f)).unwrap(),
+            std::fs::read(peer_dir.join(f)).unwrap(),
+            "{f} differs"
+        );
+    }
+    eprintln!(
+        "peer link: {} stream bytes, {} sent, collector waited {:.2} s",
+        link.stream_bytes, link.bytes_sent, collected.waited_s
+    );
+
+    // One directory's packets table holds both hosts' packets: every data
+    // packet the sender's log sent, with its points from both ends.
+    let conn = duckdb::Connection::open_in_memory().unwrap();
+    let packets = b_dir.join("packets.parquet");
+    let p = packets.display();
+    let data = kind_code("data");
+    let sent = sent_data(&sent);
+    assert_eq!(
+        seqs(
+            &conn,
+            &format!(
+                "SELECT seq FROM '{p}' WHERE kind = {data} AND sock_send_enter_ns IS NOT NULL"
+            )
+        ),
+        sent,
+        "the sender's points: every data packet its log sent"
+    );
+    let delivered: BTreeSet<u64> = events(&received, "delivered")
+        .map(|e| e["seq"].as_u64().unwrap())
+        .collect();
+    assert_eq!(
+        seqs(&conn, &format!("SELECT seq FROM '{p}' WHERE kind = {data} AND sock_send_enter_ns IS NOT NULL AND sock_recv_exit_ns IS NOT NULL")),
+        delivered,
+        "both ends' points: every packet the receiver's log delivered"
+    );
+
+    // The directory reads as one run of both ends.
+    let summary = analyze_rows(&b_dir, "summary", &[]);
+    assert!(
+        summary.iter().any(|r| r["section"] == "total"
+            && r["name"] == "e2e"
+            && r["packets"].as_u64() > Some(0)),
+        "an end-to-end latency: {summary:?}"
+    );
+
+    // The same table as `correlate` makes of the two local run directories.
+    assert_same_as_correlate(&scratch, &a_dir, &b_dir);
+}
+
+#[test]
+fn a_wrong_token_is_said_on_both_sides_and_the_collector_records_on() {
+    let Some(_guard) = privileged("peer_link") else {
+        return;
+    };
+    let stage = Stage::two_hosts().expect("stage");
+    let scratch = Scratch::new("peer_link_token");
+    let right = token_file(&scratch, "right", "the collector's token");
+    let wrong = token_file(&scratch, "wrong", "not the collector's token");
+    let run = ProtocolRun::spawn(
+        &stage,
+        &scratch,
+        &ExampleOptions {
+            count: 500,
+            gated: true,
+            ..Default::default()
+        },
+    );
+    let (sender, receiver) = run.pids();
+    let listen = format!("127.0.0.1:{}", free_port());
+    let b_dir = scratch.path("b");
+    let a_dir = scratch.path("a");
+    let collector = Recorder::start(
+        &[receiver],
+        &b_dir,
+        &[
+            "--collect",
+            &listen,
+            "--token-file",
+            right.to_str().unwrap(),
+            "--peer-wait",
+            "2",
+        ],
+    );
+    let peer = Recorder::start(
+        &[sender],
+        &a_dir,
+        &[
+            "--to",
+            &listen,
+            "--token-file",
+            wrong.to_str().unwrap(),
+            "--peer-wait",
+            "2",
+        ],
+    );
+    run.start();
+    let (_sent, received) = run.wait();
+    let peer_out = finish(peer);
+    let coll_out = finish(collector);
+    let (pe, ce) = (stderr(&peer_out), stderr(&coll_out));
+    eprintln!("--- peer:\n{pe}--- collector:\n{ce}");
+    assert_eq!(
+        peer_out.status.code(),
+        Some(1),
+        "the peer's run did not reach the collector: {pe}"
+    );
+    assert!(
+        pe.contains("the collector refused this recorder: wrong token"),
+        "{pe}"
+    );
+    assert!(ce.contains("wrong token"), "{ce}");
+    assert!(coll_out.status.success(), "{ce}");
+    // The peer's own run is whole; the link says why it is not elsewhere.
+    let a = run_meta(&a_dir);
+    assert_eq!(a.state, xlap_records::run_meta::RunState::Complete);
+    assert_eq!(a.peer_link.unwrap().state, "refused");
+    // The collector's run: complete, its receiver's packets all there, no
+    // peer directory, the refusal listed.
+    let b = run_meta(&b_dir);
+    assert_eq!(b.state, xlap_records::run_meta::RunState::Complete);
+    let peers = b.peers.unwrap();
+    assert!(
+        peers.peers.is_empty() && peers.refused_total >= 1,
+        "{peers:?}"
+    );
+    assert!(peers.refused[0].reason.contains("wrong token"));
+    assert!(peer_dirs(&b_dir).is_empty());
+    assert_receiver_packets(&b_dir, &received);
+}
+
+/// Connects, takes the collector's first frame, sends `bytes`, and reads
+/// until the collector drops the connection.
+fn send_raw(addr: &str, bytes: &[u8]) -> String {
+    let mut c = TcpStream::connect(addr).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let local = c.local_addr().unwrap().to_string();
+    let mut first = [0u8; 41];
+    c.read_exact(&mut first).unwrap();
+    assert_eq!(&first[..3], b"XLP", "the collector speaks first");
+    let _ = c.write_all(bytes);
+    let mut rest = Vec::new();
+    let _ = c.read_to_end(&mut rest);
+    local
+}
+
+#[test]
+fn garbage_from_the_network_is_named_and_dropped() {
+    let Some(_guard) = privileged("peer_link") else {
+        return;
+    };
+    let stage = Stage::two_hosts().expect("stage");
+    let scratch = Scratch::new("peer_link_garbage");
+    let token = token_file(&scratch, "token", "a shared secret of the test");
+    let run = ProtocolRun::spawn(
+        &stage,
+        &scratch,
+        &ExampleOptions {
+            count: 500,
+            gated: true,
+            ..Default::default()
+        },
+    );
+    let (_sender, receiver) = run.pids();
+    let listen = format!("127.0.0.1:{}", free_port());
+    let b_dir = scratch.path("b");
+    let collector = Recorder::start(
+        &[receiver],
+        &b_dir,
+        &[
+            "--collect",
+            &listen,
+            "--token-file",
+            token.to_str().unwrap(),
+            "--peer-wait",
+            "1",
+        ],
+    );
+    // Random bytes, then a well-formed header announcing 4 GiB.
+    let mut random = vec![0u8; 4096];
+    std::fs::File::open("/dev/urandom")
+        .unwrap()
+        .read_exact(&mut random)
+        .unwrap();
+    random[0] = b'G';
+    let garbler = send_raw(&listen, &random);
+    let mut oversize = b"XLP\x01\x02".to_vec();
+    oversize.extend_from_slice(&u32::MAX.to_be_bytes());
+    let oversizer = send_raw(&listen, &oversize);
+    run.start();
+    let (_sent, received) = run.wait();
+    let out = finish(collector);
+    let e = stderr(&out);
+    assert!(out.status.success(), "{e}");
+    assert!(
+        e.contains(&format!(
+            "peer {garbler}: not an xlap-trace peer (bad magic"
+        )),
+        "{e}"
+    );
+    assert!(
+        e.contains(&format!(
+            "peer {oversizer}: a Hello frame of 4294967295 bytes"
+        )),
+        "{e}"
+    );
+    let b = run_meta(&b_dir);
+    assert_eq!(b.state, xlap_records::run_meta::RunState::Complete);
+    assert_eq!(b.peers.unwrap().refused_total, 2);
+    assert!(peer_dirs(&b_dir).is_empty());
+    assert_receiver_packets(&b_dir, &received);
+}
+
+#[test]
+fn a_peer_killed_mid_run_leaves_what_arrived_to_the_analysis() {
+    let Some(_guard) = privileged("peer_link") else {
+        return;
+    };
+    let stage = Stage::two_hosts().expect("stage");
+    let scratch = Scratch::new("peer_link_killed");
+    let token = token_file(&scratch, "token", "a shared secret of the test");
+    let t = token.to_str().unwrap();
+    let run = ProtocolRun::spawn(
+        &stage,
+        &scratch,
+        &ExampleOptions {
+            count: 20_000,
+            period_us: 250,
+            gated: true,
+            ..Default::default()
+        },
+    );
+    let (sender, receiver) = run.pids();
+    let listen = format!("127.0.0.1:{}", free_port());
+    let b_dir = scratch.path("b");
+    let a_dir = scratch.path("a");
+    let collector = Recorder::start(
+        &[receiver],
+        &b_dir,
+        &["--collect", &listen, "--token-file", t, "--peer-wait", "2"],
+    );
+    let peer = Recorder::start(&[sender], &a_dir, &["--to", &listen, "--token-file", t]);
+    run.start();
+    // Killed once some batches have reached the collector (a condition,
+    // not a time: the protocol runs ~5 s).
+    let start = Instant::now();
+    let stream = || {
+        peer_dirs(&b_dir)
+            .first()
+            .and_then(|d| std::fs::metadata(d.join("stamps.arrows")).ok())
+            .map_or(0, |m| m.len())
+    };
+    while stream() < 64 << 10 {
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "no stream arrived"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // SAFETY: a signal to the recorder this test started.
+    unsafe { libc::kill(peer.child.id() as libc::pid_t, libc::SIGKILL) };
+    let _ = finish(peer);
+    let (sent, _received) = run.wait();
+    let out = finish(collector);
+    let e = stderr(&out);
+    eprintln!("--- collector:\n{e}");
+    assert!(out.status.success(), "{e}");
+    assert!(e.contains("its run is incomplete in peer-1-"), "{e}");
+    let collected = run_meta(&b_dir).peers.unwrap();
+    let arrival = &collected.peers[0];
+    assert!(
+        !arrival.complete && arrival.stream_bytes_sent_total.is_none(),
+        "{arrival:?}"
+    );
+    let peer_dir = b_dir.join(&arrival.dir);
+    // The peer's run, made whole from what arrived (as after a crash).
+    let pm = run_meta(&peer_dir);
+    assert_eq!(pm.state, xlap_records::run_meta::RunState::Recovered);
+    let conn = duckdb::Connection::open_in_memory().unwrap();
+    let held = seqs(
+        &conn,
+        &format!(
+            "SELECT seq FROM '{}' WHERE kind = {} AND sock_send_enter_ns IS NOT NULL",
+            b_dir.join("packets.parquet").display(),
+            kind_code("data")
+        ),
+    );
+    let sent = sent_data(&sent);
+    assert!(!held.is_empty(), "complete batches that arrived are kept");
+    assert!(held.is_subset(&sent), "only packets the sender sent");
+    assert!(held.len() < sent.len(), "the peer died before the end");
+    // Prefix-ish: from the first packet on, nothing after the kill.
+    assert_eq!(held.first(), sent.first());
+    let before_last: usize = sent.range(..=*held.last().unwrap()).count();
+    eprintln!(
+        "peer killed: {} of {} data packets arrived ({} sent up to the last that did), {} stream bytes",
+        held.len(),
+        sent.len(),
+        before_last,
+        arrival.stream_bytes
+    );
+}
