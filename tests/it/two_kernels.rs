@@ -162,6 +162,9 @@ struct Direction {
     slug: &'static str,
     host_run: PathBuf,
     guest_run: PathBuf,
+    /// The host's recorder collected the guest's run over the network
+    /// (`record --collect`): the table is in `host_run`, no correlate.
+    collected: bool,
     sent: Vec<Value>,
     received: Vec<Value>,
     during: Oracle,
@@ -183,6 +186,7 @@ fn host_sends(stage: &Stage, guest: &mut Guest, out: &Path, scratch: &Scratch) -
         slug: "host-to-guest",
         host_run: scratch.path("host-sends"),
         guest_run: out.join("recv/run"),
+        collected: false,
         sent: read_jsonl(&log),
         received: read_jsonl(&out.join("recv/receiver.jsonl")),
         during,
@@ -208,10 +212,85 @@ fn guest_sends(stage: &Stage, guest: &mut Guest, out: &Path, scratch: &Scratch) 
         slug: "guest-to-host",
         host_run: scratch.path("guest-sends"),
         guest_run: out.join("send/run"),
+        collected: false,
         sent: read_jsonl(&out.join("send/sender.jsonl")),
         received: read_jsonl(&log),
         during,
     }
+}
+
+/// The guest sends and its recorder streams its run over the link to the
+/// host's recorder, which collects it (`record --to` / `--collect`): the
+/// host's run directory ends with both runs joined.
+fn guest_streams(stage: &Stage, guest: &mut Guest, out: &Path, scratch: &Scratch) -> Direction {
+    let (mut receiver, log) = host_end(stage, scratch, "receiver");
+    xlap_tests::wait_for_file(&scratch.path("receiver.gate"), 20);
+    let run = scratch.path("collected");
+    let ready = scratch.path("collected.ready");
+    // In host a's namespace: the guest reaches the collector at 10.77.0.1.
+    let mut collector = stage.host(0).command(bin("xlap-trace"));
+    collector
+        .arg("record")
+        .arg("-o")
+        .arg(&run)
+        .arg("--ready-file")
+        .arg(&ready)
+        .args(["--pid", &receiver.id().to_string()])
+        .args(["--collect", "10.77.0.1:7700", "--peer-wait", "120"])
+        .arg("--token-file")
+        .arg(out.join("token"))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let collector = collector.spawn().unwrap();
+    xlap_tests::wait_for_file(&ready, xlap_tests::start_secs());
+    go(stage, "stream");
+    await_guest(guest, out, &out.join("stream/ready"), 600);
+    let during = oracle(stage);
+    assert!(
+        receiver.wait().unwrap().success(),
+        "the host's receiver failed"
+    );
+    let o = collector.wait_with_output().unwrap();
+    assert!(
+        o.status.success(),
+        "the collecting recorder: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    await_guest(guest, out, &out.join("stream/done"), 600);
+    let exit = std::fs::read_to_string(out.join("stream/record.exit")).unwrap();
+    assert_eq!(
+        exit.trim(),
+        "0",
+        "the guest's streaming recorder: {}",
+        std::fs::read_to_string(out.join("stream/record.stderr")).unwrap_or_default()
+    );
+    Direction {
+        name: "guest → host, streamed",
+        slug: "streamed",
+        host_run: run,
+        guest_run: out.join("stream/run"),
+        collected: true,
+        sent: read_jsonl(&out.join("stream/sender.jsonl")),
+        received: read_jsonl(&log),
+        during,
+    }
+}
+
+/// The direction's packets table and its clock mapping of the guest: made
+/// by correlate from the two runs, or by the collecting recorder.
+fn joined(d: &Direction, scratch: &Scratch) -> (PathBuf, Value) {
+    if d.collected {
+        let packets = d.host_run.join("packets.parquet");
+        let json: Value = serde_json::from_slice(
+            &std::fs::read(d.host_run.join("packets.json")).expect("the collector's packets.json"),
+        )
+        .unwrap();
+        return (packets, json);
+    }
+    let packets = scratch.path(&format!("{}.parquet", d.slug));
+    let c = correlate(d, &packets);
+    (packets, c)
 }
 
 fn correlate(d: &Direction, out: &Path) -> Value {
@@ -379,9 +458,19 @@ fn host_and_guest_clocks_mapped_within_an_ntp_oracle_and_every_packet_joined() {
     let mut guest = Guest(boot.spawn().expect("boot the guest"));
     await_guest(&mut guest, &out, &out.join("net.ready"), 600);
 
+    // The peer link's shared token, for both recorders.
+    let mut random = [0u8; 24];
+    std::io::Read::read_exact(
+        &mut std::fs::File::open("/dev/urandom").unwrap(),
+        &mut random,
+    )
+    .unwrap();
+    let token: String = random.iter().map(|b| format!("{b:02x}")).collect();
+    std::fs::write(out.join("token"), token).unwrap();
     let before = oracle(&stage);
     let forward = host_sends(&stage, &mut guest, &out, &scratch);
     let backward = guest_sends(&stage, &mut guest, &out, &scratch);
+    let streamed = guest_streams(&stage, &mut guest, &out, &scratch);
     let after = oracle(&stage);
     go(&stage, "end");
     let guest_meta = run_meta(&forward.guest_run);
@@ -404,9 +493,8 @@ fn host_and_guest_clocks_mapped_within_an_ntp_oracle_and_every_packet_joined() {
         after.half_width_ns,
         span / 1e9
     );
-    for d in [&forward, &backward] {
-        let packets = scratch.path(&format!("{}.parquet", d.slug));
-        let c = correlate(d, &packets);
+    for d in [&forward, &backward, &streamed] {
+        let (packets, c) = joined(d, &scratch);
         let m = &c["clocks"][1];
         assert_eq!(
             m["domain"].as_str(),

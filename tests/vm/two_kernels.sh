@@ -14,6 +14,8 @@
 # the guest's side of it:
 #   recv  the example protocol's receiver, recorded; the host sends
 #   send  the example protocol's sender, recorded; the host receives
+#   stream  as send, the guest's recorder streaming its run to the host's
+#         collecting recorder over the link (record --to / --collect)
 #   end   power off
 # Each step writes OUT/NAME/: ready (once the guest's recorder is attached),
 # the protocol's log, record's stdout/stderr/exit, run/ (the copy) and, last,
@@ -45,11 +47,12 @@ await() {
 	while [ ! -e "$ctl/go.$1" ]; do sleep 0.05; done
 }
 
-# record_step NAME PID: records PID into the guest's /tmp until it exits,
-# then copies the run to OUT/NAME/run.
+# record_step NAME PID [OPTION...]: records PID into the guest's /tmp until
+# it exits, then copies the run to OUT/NAME/run.
 record_step() {
 	local name=$1 pid=$2 d=$out/$1
-	"$xlap" record --pid "$pid" --duration 300 --ready-file "$d/ready" -o "/tmp/$name/run" \
+	shift 2
+	"$xlap" record --pid "$pid" --duration 300 --ready-file "$d/ready" -o "/tmp/$name/run" "$@" \
 		>"$d/record.stdout" 2>"$d/record.stderr"
 	echo $? >"$d/record.exit"
 }
@@ -68,24 +71,35 @@ step_recv() {
 	echo ok >"$d/done"
 }
 
+# step_send NAME [OPTION...]: the example's sender, recorded with OPTIONs.
 step_send() {
-	local d=$out/send
-	mkdir -p "$d" /tmp/send
+	local name=$1 d=$out/$1
+	shift
+	mkdir -p "$d" "/tmp/$name"
 	"$example" send --dest 10.77.0.1:9000 --bind 10.77.0.2:9001 --count "$count" \
-		--period-us "$period" --start-file /tmp/send/start --start-timeout-s 120 \
+		--period-us "$period" --start-file "/tmp/$name/start" --start-timeout-s 120 \
 		--log "$d/sender.jsonl" &
 	local s=$!
-	(while [ ! -e "$d/ready" ]; do sleep 0.05; done; touch /tmp/send/start) &
-	record_step send "$s"
+	(while [ ! -e "$d/ready" ]; do sleep 0.05; done; touch "/tmp/$name/start") &
+	record_step "$name" "$s" "$@"
 	wait "$s"
 	echo $? >"$d/protocol.exit"
-	cp -r /tmp/send/run "$d/run"
+	cp -r "/tmp/$name/run" "$d/run"
 	echo ok >"$d/done"
 }
 
-for step in recv send; do
+# stream: as send, the guest's recorder streaming its run to the host's,
+# which collects it (record --to / --collect, the token in OUT/token).
+step_stream() {
+	step_send stream --to 10.77.0.1:7700 --token-file "$out/token" --peer-wait 120
+}
+
+for step in recv send stream; do
 	await "$step"
-	"step_$step"
+	case $step in
+	send) step_send send ;;
+	*) "step_$step" ;;
+	esac
 done
 await end
 echo "guest done"
