@@ -40,6 +40,7 @@ mod least_privilege;
 mod live_view;
 mod moved_senders;
 mod path_matrix;
+mod pcapng_export;
 mod point_sets;
 mod qdisc_classes;
 mod readme_vocabulary;
