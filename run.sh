@@ -43,10 +43,13 @@ command -v cargo >/dev/null || die "cargo not found: install Rust (rustup, stabl
 # (pyspark, the dataset's reader test) runs on the JVM; QEMU, kmod,
 # busybox, zstd and Debian's archive keys run the kernel matrix (tests/vm:
 # Debian's kernels unpacked, booted with virtme-ng from PyPI).
+# tshark (with capinfos): the outside reader of `export --pcapng`
+# (tests/it/pcapng_export.rs); installed non-interactively, so debconf
+# keeps its default and non-root capture stays off.
 PACKAGES=(clang llvm libbpf-dev bpftool libclang-dev clang-format systemtap-sdt-dev
 	build-essential pkg-config iproute2 iperf3 sockperf ethtool chromium python3-venv bpftrace
 	libcap2-bin python3 iputils-ping golang-go openjdk-17-jre-headless
-	qemu-system-x86 kmod busybox-static zstd debian-archive-keyring tcpdump strace
+	qemu-system-x86 kmod busybox-static zstd debian-archive-keyring tcpdump strace tshark
 	dnsperf dnsmasq-base)
 missing=()
 for p in "${PACKAGES[@]}"; do

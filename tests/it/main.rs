@@ -41,6 +41,7 @@ mod least_privilege;
 mod live_view;
 mod moved_senders;
 mod path_matrix;
+mod pcapng_export;
 mod peer_link;
 mod point_sets;
 mod qdisc_classes;

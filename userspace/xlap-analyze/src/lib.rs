@@ -14,6 +14,7 @@ pub mod format;
 pub mod layout;
 pub mod packets_table;
 pub mod partitioned;
+pub mod pcapng;
 pub mod perfetto;
 pub mod queries;
 pub mod report;

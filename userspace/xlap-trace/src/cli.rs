@@ -228,15 +228,22 @@ pub struct ReportArgs {
 }
 
 #[derive(Args, Debug)]
+#[command(group(clap::ArgGroup::new("format").required(true).multiple(true).args(["perfetto", "pcapng"])))]
 pub struct ExportArgs {
     /// A run directory, a directory of runs, or a packets Parquet file.
     pub run: PathBuf,
     /// Chrome trace-event JSON for Perfetto (ui.perfetto.dev) or
     /// chrome://tracing.
-    #[arg(long, required = true)]
-    pub perfetto: PathBuf,
-    /// Export at most this many packets: the slowest first (0: all).
-    #[arg(long, default_value_t = 10_000)]
+    #[arg(long)]
+    pub perfetto: Option<PathBuf>,
+    /// A pcapng file for Wireshark/tshark: each packet once per side, at
+    /// its wire point, headers synthesized (no payload is recorded), the
+    /// X-LAP breakdown in each frame's comment.
+    #[arg(long)]
+    pub pcapng: Option<PathBuf>,
+    /// Export at most this many packets (0: all): the slowest first to
+    /// Perfetto, the first sent to pcapng.
+    #[arg(long, visible_alias = "limit", default_value_t = 10_000)]
     pub max_packets: u64,
     /// Keep only packets of this kind (number or name).
     #[arg(long)]

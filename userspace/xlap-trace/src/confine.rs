@@ -94,7 +94,17 @@ pub fn inputs(command: &Command) -> Option<Vec<PathBuf>> {
 fn outputs(command: &mut Command) -> Vec<Output<'_>> {
     match command {
         Command::Report(a) => vec![Output::File(&mut a.output)],
-        Command::Export(a) => vec![Output::File(&mut a.perfetto)],
+        Command::Export(a) => {
+            let pcapng = a.pcapng.iter_mut().map(|p| {
+                let files = vec![p.clone()];
+                Output::Staged(p, files)
+            });
+            a.perfetto
+                .iter_mut()
+                .map(Output::File)
+                .chain(pcapng)
+                .collect()
+        }
         Command::Correlate(a) => {
             let files = xlap_analyze::finish::correlation_files(&a.output);
             vec![Output::Staged(&mut a.output, files)]

@@ -3,6 +3,7 @@
 use crate::cli::{ExportArgs, ReportArgs};
 use anyhow::{Context, Result};
 use xlap_analyze::dataset::Shared;
+use xlap_analyze::pcapng::{self, PcapngOptions};
 use xlap_analyze::perfetto::{self, ExportOptions};
 use xlap_analyze::queries;
 use xlap_analyze::report::{self, ReportOptions};
@@ -60,30 +61,93 @@ pub fn report(a: &ReportArgs) -> Result<()> {
 }
 
 pub fn export(a: &ExportArgs) -> Result<()> {
-    let (conn, _, kind) = open_with_kind(
+    let (conn, ds, kind) = open_with_kind(
         &a.run,
         Shared::Lazy,
         false,
         a.kind.as_deref(),
         Default::default(),
     )?;
-    let done = perfetto::export(
-        &conn,
-        &a.perfetto,
-        &ExportOptions {
-            max_packets: a.max_packets,
-            kind,
-        },
-    )?;
+    if let Some(out) = &a.perfetto {
+        export_perfetto(&conn, out, a.max_packets, kind)?;
+    }
+    if let Some(out) = &a.pcapng {
+        export_pcapng(&conn, &ds, out, a.max_packets, kind)?;
+    }
+    Ok(())
+}
+
+fn export_perfetto(
+    conn: &duckdb::Connection,
+    out: &std::path::Path,
+    max_packets: u64,
+    kind: Option<u64>,
+) -> Result<()> {
+    let done = perfetto::export(conn, out, &ExportOptions { max_packets, kind })?;
     println!(
         "wrote {}: {} packets, {} events; open it in https://ui.perfetto.dev or chrome://tracing",
-        a.perfetto.display(),
+        out.display(),
         done.packets,
         done.events
     );
     if done.left_out > 0 {
         println!(
             "({} faster packets left out: --max-packets 0 exports all)",
+            done.left_out
+        );
+    }
+    Ok(())
+}
+
+/// The clock pair that maps the packets table's times to wall time: the
+/// first run's (the reference clock correlation maps the others onto).
+/// A packets file without its runs has none: its times are then written
+/// as they are (monotonic ns since boot, shown as 1970), and said so.
+fn clock_pair(ds: &xlap_analyze::dataset::Dataset) -> Result<(i64, i64)> {
+    let Some(first) = ds.run_files.first() else {
+        eprintln!(
+            "xlap-trace: note: {} has no run.json beside it: the pcapng times are the monotonic clock's (since boot), not wall time",
+            ds.source
+        );
+        return Ok((0, 0));
+    };
+    let meta = xlap_analyze::runs::read_meta(first)?;
+    Ok((
+        meta.clock_start.monotonic_ns as i64,
+        meta.clock_start.realtime_ns as i64,
+    ))
+}
+
+fn export_pcapng(
+    conn: &duckdb::Connection,
+    ds: &xlap_analyze::dataset::Dataset,
+    out: &std::path::Path,
+    max_packets: u64,
+    kind: Option<u64>,
+) -> Result<()> {
+    let started = std::time::Instant::now();
+    let done = pcapng::export(
+        conn,
+        out,
+        &PcapngOptions {
+            max_packets,
+            kind,
+            clock_pair: clock_pair(ds)?,
+            progress: std::io::IsTerminal::is_terminal(&std::io::stderr()),
+        },
+    )?;
+    println!(
+        "wrote {}: {} packets, {} frames on {} interfaces, {} bytes in {:.1} s; open it in Wireshark or `tshark -r`",
+        crate::confine::shown(out).display(),
+        done.packets,
+        done.frames,
+        done.interfaces,
+        done.bytes,
+        started.elapsed().as_secs_f64()
+    );
+    if done.left_out > 0 {
+        println!(
+            "({} later packets left out: --max-packets 0 exports all)",
             done.left_out
         );
     }
