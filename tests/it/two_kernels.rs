@@ -119,9 +119,11 @@ fn go(stage: &Stage, step: &str) {
     assert!(st.success(), "the guest did not take step {step}");
 }
 
-/// The example protocol's end on host a.
-fn host_end(stage: &Stage, scratch: &Scratch, role: &str) -> (Child, PathBuf) {
-    let log = scratch.path(&format!("{role}.jsonl"));
+/// The example protocol's end on host a in `step`: the child, its log and
+/// its gate (the sender's start file, the receiver's ready file).
+fn host_end(stage: &Stage, scratch: &Scratch, step: &str, role: &str) -> (Child, PathBuf, PathBuf) {
+    let log = scratch.path(&format!("{step}-{role}.jsonl"));
+    let gate = scratch.path(&format!("{step}-{role}.gate"));
     let mut c = stage.host(0).command(bin("xlap-example-plain"));
     match role {
         "sender" => c.args([
@@ -149,10 +151,8 @@ fn host_end(stage: &Stage, scratch: &Scratch, role: &str) -> (Child, PathBuf) {
             "--ready-file",
         ]),
     };
-    c.arg(scratch.path(&format!("{role}.gate")))
-        .arg("--log")
-        .arg(&log);
-    (c.stdin(Stdio::null()).spawn().unwrap(), log)
+    c.arg(&gate).arg("--log").arg(&log);
+    (c.stdin(Stdio::null()).spawn().unwrap(), log, gate)
 }
 
 /// What one direction left: both runs, both logs, the oracle inside it.
@@ -174,9 +174,9 @@ struct Direction {
 fn host_sends(stage: &Stage, guest: &mut Guest, out: &Path, scratch: &Scratch) -> Direction {
     go(stage, "recv");
     await_guest(guest, out, &out.join("recv/ready"), 600);
-    let (mut sender, log) = host_end(stage, scratch, "sender");
+    let (mut sender, log, gate) = host_end(stage, scratch, "recv", "sender");
     let rec = Recorder::start(&[sender.id()], &scratch.path("host-sends"), &[]);
-    std::fs::write(scratch.path("sender.gate"), b"go").unwrap();
+    std::fs::write(gate, b"go").unwrap();
     let during = oracle(stage);
     assert!(sender.wait().unwrap().success(), "the host's sender failed");
     rec.wait();
@@ -195,8 +195,8 @@ fn host_sends(stage: &Stage, guest: &mut Guest, out: &Path, scratch: &Scratch) -
 
 /// The guest sends, the host receives.
 fn guest_sends(stage: &Stage, guest: &mut Guest, out: &Path, scratch: &Scratch) -> Direction {
-    let (mut receiver, log) = host_end(stage, scratch, "receiver");
-    xlap_tests::wait_for_file(&scratch.path("receiver.gate"), 20);
+    let (mut receiver, log, gate) = host_end(stage, scratch, "send", "receiver");
+    xlap_tests::wait_for_file(&gate, 20);
     let rec = Recorder::start(&[receiver.id()], &scratch.path("guest-sends"), &[]);
     go(stage, "send");
     await_guest(guest, out, &out.join("send/ready"), 600);
@@ -219,15 +219,30 @@ fn guest_sends(stage: &Stage, guest: &mut Guest, out: &Path, scratch: &Scratch) 
     }
 }
 
-/// The guest sends and its recorder streams its run over the link to the
-/// host's recorder, which collects it (`record --to` / `--collect`): the
-/// host's run directory ends with both runs joined.
-fn guest_streams(stage: &Stage, guest: &mut Guest, out: &Path, scratch: &Scratch) -> Direction {
-    let (mut receiver, log) = host_end(stage, scratch, "receiver");
-    xlap_tests::wait_for_file(&scratch.path("receiver.gate"), 20);
-    let run = scratch.path("collected");
-    let ready = scratch.path("collected.ready");
-    // In host a's namespace: the guest reaches the collector at 10.77.0.1.
+/// What a collecting recorder on host a left while the guest ran a step.
+struct Collected {
+    run: PathBuf,
+    meta: Value,
+    received: Vec<Value>,
+    during: Option<Oracle>,
+}
+
+/// Host a's receiver, recorded by a recorder that collects the guest's run
+/// over the link (`record --collect`, in host a's namespace: the guest
+/// reaches it at 10.77.0.1), while the guest runs `step`; with `probe`, the
+/// oracle is measured during the traffic.
+fn collect(
+    stage: &Stage,
+    guest: &mut Guest,
+    out: &Path,
+    scratch: &Scratch,
+    step: &str,
+    probe: bool,
+) -> Collected {
+    let (mut receiver, log, gate) = host_end(stage, scratch, step, "receiver");
+    xlap_tests::wait_for_file(&gate, 20);
+    let run = scratch.path(&format!("{step}-collected"));
+    let ready = run.with_extension("ready");
     let mut collector = stage.host(0).command(bin("xlap-trace"));
     collector
         .arg("record")
@@ -244,9 +259,9 @@ fn guest_streams(stage: &Stage, guest: &mut Guest, out: &Path, scratch: &Scratch
         .stderr(Stdio::piped());
     let collector = collector.spawn().unwrap();
     xlap_tests::wait_for_file(&ready, xlap_tests::start_secs());
-    go(stage, "stream");
-    await_guest(guest, out, &out.join("stream/ready"), 600);
-    let during = oracle(stage);
+    go(stage, step);
+    await_guest(guest, out, &out.join(format!("{step}/ready")), 600);
+    let during = probe.then(|| oracle(stage));
     assert!(
         receiver.wait().unwrap().success(),
         "the host's receiver failed"
@@ -257,7 +272,21 @@ fn guest_streams(stage: &Stage, guest: &mut Guest, out: &Path, scratch: &Scratch
         "the collecting recorder: {}",
         String::from_utf8_lossy(&o.stderr)
     );
-    await_guest(guest, out, &out.join("stream/done"), 600);
+    await_guest(guest, out, &out.join(format!("{step}/done")), 600);
+    let meta = serde_json::from_slice(&std::fs::read(run.join("run.json")).unwrap()).unwrap();
+    Collected {
+        run,
+        meta,
+        received: read_jsonl(&log),
+        during,
+    }
+}
+
+/// The guest sends and its recorder streams its run to the host's, which
+/// collects it: the host's run directory ends with both runs joined. Before
+/// it, the guest sent garbage to the collector from its address.
+fn guest_streams(stage: &Stage, guest: &mut Guest, out: &Path, scratch: &Scratch) -> Direction {
+    let c = collect(stage, guest, out, scratch, "stream", true);
     let exit = std::fs::read_to_string(out.join("stream/record.exit")).unwrap();
     assert_eq!(
         exit.trim(),
@@ -265,16 +294,70 @@ fn guest_streams(stage: &Stage, guest: &mut Guest, out: &Path, scratch: &Scratch
         "the guest's streaming recorder: {}",
         std::fs::read_to_string(out.join("stream/record.stderr")).unwrap_or_default()
     );
+    let peers = &c.meta["peers"];
+    assert_eq!(peers["peers"][0]["complete"], true, "{peers}");
+    let refused = peers["refused"].as_array().unwrap();
+    assert!(
+        refused
+            .iter()
+            .any(|r| r["address"].as_str().unwrap().starts_with(GUEST)),
+        "the guest's garbage is named: {peers}"
+    );
     Direction {
         name: "guest → host, streamed",
         slug: "streamed",
-        host_run: run,
+        host_run: c.run,
         guest_run: out.join("stream/run"),
         collected: true,
         sent: read_jsonl(&out.join("stream/sender.jsonl")),
-        received: read_jsonl(&log),
-        during,
+        received: c.received,
+        during: c.during.unwrap(),
     }
+}
+
+/// The guest's streaming recorder killed halfway: the collector says so,
+/// keeps what arrived, and its table has the host's end of every packet
+/// and the guest's end of those whose stamps arrived, none the sender did
+/// not log.
+fn guest_recorder_killed(
+    stage: &Stage,
+    guest: &mut Guest,
+    out: &Path,
+    scratch: &Scratch,
+) -> String {
+    let c = collect(stage, guest, out, scratch, "killed", false);
+    let exit = std::fs::read_to_string(out.join("killed/record.exit")).unwrap();
+    assert_eq!(exit.trim(), "137", "the guest's recorder was killed");
+    let peer = &c.meta["peers"]["peers"][0];
+    assert_eq!(peer["complete"], false, "{peer}");
+    let sent = logged(&read_jsonl(&out.join("killed/sender.jsonl")), "sent");
+    let delivered = logged(&c.received, "delivered");
+    assert_eq!(delivered.len(), COUNT as usize, "the protocol went on");
+    let conn = duckdb::Connection::open_in_memory().unwrap();
+    let p = c.run.join("packets.parquet");
+    let p = p.display();
+    let arrived = seqs(
+        &conn,
+        &format!("SELECT seq FROM '{p}' WHERE kind = 1 AND sock_send_enter_ns IS NOT NULL"),
+    );
+    let read = seqs(
+        &conn,
+        &format!("SELECT seq FROM '{p}' WHERE kind = 1 AND sock_recv_exit_ns IS NOT NULL"),
+    );
+    assert!(
+        !arrived.is_empty() && arrived.len() < COUNT as usize,
+        "{} of {COUNT} packets have the guest's stamps: {peer}",
+        arrived.len()
+    );
+    assert!(arrived.is_subset(&sent), "stamps of packets never sent");
+    assert_eq!(read, delivered, "the host's own end of every packet");
+    format!(
+        "guest's recorder killed halfway: the collector holds {} stream bytes, the guest's end of {} of {COUNT} packets, the host's of {}; {}\n",
+        peer["stream_bytes"],
+        arrived.len(),
+        read.len(),
+        peer["error"].as_str().unwrap_or("no error said")
+    )
 }
 
 /// The direction's packets table and its clock mapping of the guest: made
@@ -471,6 +554,7 @@ fn host_and_guest_clocks_mapped_within_an_ntp_oracle_and_every_packet_joined() {
     let forward = host_sends(&stage, &mut guest, &out, &scratch);
     let backward = guest_sends(&stage, &mut guest, &out, &scratch);
     let streamed = guest_streams(&stage, &mut guest, &out, &scratch);
+    let killed = guest_recorder_killed(&stage, &mut guest, &out, &scratch);
     let after = oracle(&stage);
     go(&stage, "end");
     let guest_meta = run_meta(&forward.guest_run);
@@ -541,6 +625,7 @@ fn host_and_guest_clocks_mapped_within_an_ntp_oracle_and_every_packet_joined() {
             d.during.half_width_ns
         );
     }
+    report += &killed;
     // The numbers the closing note quotes.
     eprintln!("{report}");
     std::fs::write(scratch.0.with_extension("report"), &report).unwrap();

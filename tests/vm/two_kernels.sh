@@ -15,7 +15,9 @@
 #   recv  the example protocol's receiver, recorded; the host sends
 #   send  the example protocol's sender, recorded; the host receives
 #   stream  as send, the guest's recorder streaming its run to the host's
-#         collecting recorder over the link (record --to / --collect)
+#         collecting recorder over the link (record --to / --collect),
+#         after garbage sent to the collector from the guest's address
+#   killed  as stream, the guest's recorder killed halfway through
 #   end   power off
 # Each step writes OUT/NAME/: ready (once the guest's recorder is attached),
 # the protocol's log, record's stdout/stderr/exit, run/ (the copy) and, last,
@@ -91,10 +93,38 @@ step_send() {
 # stream: as send, the guest's recorder streaming its run to the host's,
 # which collects it (record --to / --collect, the token in OUT/token).
 step_stream() {
+	# Garbage first, from this host's address: the collector must name it
+	# and go on.
+	python3 -c 'import os, socket; s = socket.create_connection(("10.77.0.1", 7700)); s.sendall(os.urandom(4096)); s.close()' \
+		2>"$out/garbage.err"
 	step_send stream --to 10.77.0.1:7700 --token-file "$out/token" --peer-wait 120
 }
 
-for step in recv send stream; do
+# killed: as stream, the guest's recorder killed (SIGKILL) halfway through
+# the protocol's sending: the collector keeps what arrived.
+step_killed() {
+	local d=$out/killed
+	mkdir -p "$d" /tmp/killed
+	"$example" send --dest 10.77.0.1:9000 --bind 10.77.0.2:9001 --count "$count" \
+		--period-us "$period" --start-file /tmp/killed/start --start-timeout-s 120 \
+		--log "$d/sender.jsonl" &
+	local s=$!
+	"$xlap" record --pid "$s" --duration 300 --ready-file "$d/ready" -o /tmp/killed/run \
+		--to 10.77.0.1:7700 --token-file "$out/token" >"$d/record.stdout" 2>"$d/record.stderr" &
+	local r=$!
+	while [ ! -e "$d/ready" ]; do sleep 0.05; done
+	touch /tmp/killed/start
+	# Half of the sending time, then the recorder dies.
+	sleep "$(awk -v n="$count" -v p="$period" 'BEGIN { print n * p / 2e6 }')"
+	kill -9 "$r"
+	wait "$r"
+	echo $? >"$d/record.exit"
+	wait "$s"
+	echo $? >"$d/protocol.exit"
+	echo ok >"$d/done"
+}
+
+for step in recv send stream killed; do
 	await "$step"
 	case $step in
 	send) step_send send ;;
