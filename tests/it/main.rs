@@ -41,6 +41,7 @@ mod live_view;
 mod moved_senders;
 mod path_matrix;
 mod point_sets;
+mod prometheus_scrape;
 mod qdisc_classes;
 mod readme_vocabulary;
 mod receive_calls;
