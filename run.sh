@@ -45,12 +45,15 @@ command -v cargo >/dev/null || die "cargo not found: install Rust (rustup, stabl
 # Debian's kernels unpacked, booted with virtme-ng from PyPI).
 # tshark (with capinfos): the outside reader of `export --pcapng`
 # (tests/it/pcapng_export.rs); installed non-interactively, so debconf
-# keeps its default and non-root capture stays off.
+# keeps its default and non-root capture stays off. prometheus
+# (with promtool) scrapes `record --metrics` and runs the Grafana
+# dashboard's queries (tests/it/prometheus_scrape.rs: the test starts its
+# own server on loopback, never the package's service).
 PACKAGES=(clang llvm libbpf-dev bpftool libclang-dev clang-format systemtap-sdt-dev
 	build-essential pkg-config iproute2 iperf3 sockperf ethtool chromium python3-venv bpftrace
 	libcap2-bin python3 iputils-ping golang-go openjdk-17-jre-headless
 	qemu-system-x86 kmod busybox-static zstd debian-archive-keyring tcpdump strace tshark
-	dnsperf dnsmasq-base)
+	dnsperf dnsmasq-base prometheus)
 missing=()
 for p in "${PACKAGES[@]}"; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

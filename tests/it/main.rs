@@ -44,6 +44,7 @@ mod path_matrix;
 mod pcapng_export;
 mod peer_link;
 mod point_sets;
+mod prometheus_scrape;
 mod qdisc_classes;
 mod readme_vocabulary;
 mod receive_calls;

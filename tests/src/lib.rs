@@ -13,6 +13,7 @@ pub mod kernel_drops;
 pub mod multiset;
 pub mod packets_file;
 pub mod pcap;
+pub mod prometheus;
 pub mod run_files;
 pub mod run_limited;
 pub mod trace;

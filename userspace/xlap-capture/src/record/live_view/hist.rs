@@ -1,5 +1,6 @@
 //! Log-bucketed histograms of durations (~4 % resolution): quantiles,
-//! counts at or below a bound, the outlier fence.
+//! counts at or below a bound, the outlier fence; beside them, exact counts
+//! per power of two of nanoseconds for the metrics' exp2 histograms.
 
 /// Sub-buckets per power of two: 16 (~4.4 % wide).
 pub(super) const SUB: f64 = 16.0;
@@ -18,10 +19,26 @@ pub(super) fn half_edge(k: usize) -> f64 {
     edges[k.min(edges.len() - 1)]
 }
 
+/// The largest power-of-two bound of the exp2 histograms: 2^27 ns ≈ 134 ms
+/// (netstacklat's and ebpf_exporter's range for a stack's latencies).
+pub(super) const EXP2_TOP: u32 = 27;
+
+/// The exp2 slot of a duration: k for (2^(k−1), 2^k] ns (0 for 0 and 1 ns),
+/// [`EXP2_TOP`] + 1 above 2^27 ns. Integer bit arithmetic: exact at the
+/// bounds, where `log2` of a float might round.
+pub(super) fn exp2_slot(ns: u64) -> usize {
+    (u64::BITS - ns.saturating_sub(1).leading_zeros()).min(EXP2_TOP + 1) as usize
+}
+
 /// Durations in log buckets: `i = ⌊16·log2(ns)⌋`.
 #[derive(Clone)]
 pub(super) struct Hist {
     pub(super) counts: Vec<u64>,
+    /// Per [`exp2_slot`], its durations. Kept apart from `counts` because a
+    /// Prometheus bucket `le` includes a duration equal to its bound, and the
+    /// log bucket that starts at 2^k ns does not (a stage of exactly 4 096 ns
+    /// would land one bucket up).
+    pub(super) exp2: [u64; EXP2_TOP as usize + 2],
     pub(super) n: u64,
     pub(super) sum_ns: f64,
 }
@@ -30,6 +47,7 @@ impl Hist {
     pub(super) fn new() -> Hist {
         Hist {
             counts: vec![0; BUCKETS],
+            exp2: [0; EXP2_TOP as usize + 2],
             n: 0,
             sum_ns: 0.0,
         }
@@ -49,12 +67,16 @@ impl Hist {
 
     pub(super) fn add(&mut self, ns: u64) {
         self.counts[Self::bucket(ns).min(BUCKETS - 1)] += 1;
+        self.exp2[exp2_slot(ns)] += 1;
         self.n += 1;
         self.sum_ns += ns as f64;
     }
 
     pub(super) fn merge(&mut self, other: &Hist) {
         for (a, b) in self.counts.iter_mut().zip(&other.counts) {
+            *a += b;
+        }
+        for (a, b) in self.exp2.iter_mut().zip(&other.exp2) {
             *a += b;
         }
         self.n += other.n;
@@ -88,9 +110,83 @@ impl Hist {
             .sum()
     }
 
+    /// Durations at or below 2^k ns, for k = 0 ..= [`EXP2_TOP`]: a
+    /// Prometheus histogram's cumulative buckets (the last, +Inf, is `n`).
+    pub(super) fn exp2_cumulative(&self) -> impl Iterator<Item = (u32, u64)> + '_ {
+        self.exp2[..=EXP2_TOP as usize]
+            .iter()
+            .scan(0u64, |sum, c| {
+                *sum += c;
+                Some(*sum)
+            })
+            .zip(0..)
+            .map(|(n, k)| (k, n))
+    }
+
     /// Tukey's upper fence, Q3 + 1.5·IQR.
     pub(super) fn fence(&self) -> Option<f64> {
         let (q1, q3) = (self.quantile(0.25)?, self.quantile(0.75)?);
         Some(q3 + 1.5 * (q3 - q1))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each exp2 bucket holds the durations at or below its bound, the
+    /// bound itself included (Prometheus' `le`), and nothing above it.
+    #[test]
+    fn exp2_buckets_are_exact_at_their_bounds() {
+        let mut h = Hist::new();
+        let top = 1u64 << EXP2_TOP;
+        for ns in [
+            0,
+            1,
+            2,
+            3,
+            4,
+            5,
+            4_095,
+            4_096,
+            4_097,
+            top,
+            top + 1,
+            u64::MAX,
+        ] {
+            h.add(ns);
+        }
+        let at_or_below = |bound: u64| {
+            [
+                0,
+                1,
+                2,
+                3,
+                4,
+                5,
+                4_095,
+                4_096,
+                4_097,
+                top,
+                top + 1,
+                u64::MAX,
+            ]
+            .iter()
+            .filter(|ns| **ns <= bound)
+            .count() as u64
+        };
+        let cumulative: Vec<(u32, u64)> = h.exp2_cumulative().collect();
+        assert_eq!(cumulative.len(), EXP2_TOP as usize + 1);
+        for (k, n) in cumulative {
+            assert_eq!(n, at_or_below(1 << k), "le 2^{k} ns");
+        }
+        assert_eq!(h.n, 12);
+        // Merged, every bucket adds up.
+        let mut m = h.clone();
+        m.merge(&h);
+        assert!(m
+            .exp2_cumulative()
+            .zip(h.exp2_cumulative())
+            .all(|(a, b)| a.1 == 2 * b.1));
     }
 }

@@ -143,6 +143,10 @@ pub struct LiveView {
     app_names: Vec<String>,
     pending: FastMap<(u64, u64), Pending>,
     newest_ns: u64,
+    /// Stamps of packets (with a seq) noted, and that count at the last
+    /// tick: equal when the traffic stopped for a whole tick.
+    packet_stamps: u64,
+    packet_stamps_at_tick: u64,
     total: Stats,
     current: Stats,
     previous: Stats,
@@ -202,6 +206,8 @@ impl LiveView {
             app_names,
             pending: FastMap::default(),
             newest_ns: 0,
+            packet_stamps: 0,
+            packet_stamps_at_tick: 0,
             total: Stats::new(),
             current: Stats::new(),
             previous: Stats::new(),
@@ -232,6 +238,7 @@ impl LiveView {
         // A layout without a kind field: one kind, `all`, as in the analyses.
         let kind = stamp.kind.map_or(xlap_records::kinds::KIND_ALL, u64::from);
         self.newest_ns = self.newest_ns.max(stamp.ts_ns);
+        self.packet_stamps += 1;
         let p = self.pending.entry((kind, seq)).or_insert(Pending {
             newest_ns: 0,
             stamps: Vec::new(),
@@ -251,7 +258,15 @@ impl LiveView {
         if !self.due() {
             return;
         }
-        self.complete(false);
+        // No packet's stamp for a whole tick (a second, five times
+        // QUIET_NS): the traffic stopped, and every pending packet is as
+        // complete as it will get. The stamps' own clock does not advance
+        // without stamps, so the last packets before a pause would wait
+        // for the next one (or the run's end) and a scrape in the pause
+        // would not count them.
+        let idle = self.packet_stamps == self.packet_stamps_at_tick;
+        self.packet_stamps_at_tick = self.packet_stamps;
+        self.complete(idle);
         self.render(losses);
     }
 
@@ -562,7 +577,7 @@ mod tests {
     /// HELP`, `# UNIT`) or `name{labels} value` samples with escaped label
     /// values and a finite or +Inf value, a histogram's buckets
     /// non-decreasing up to its count, `# EOF` last and only there.
-    fn check_openmetrics(text: &str) -> Result<(), String> {
+    pub(super) fn check_openmetrics(text: &str) -> Result<(), String> {
         let body = text
             .strip_suffix("# EOF\n")
             .ok_or("does not end with # EOF")?;
@@ -849,5 +864,43 @@ mod tests {
         );
         assert!(text.contains("\nxlap_sample_one_in 16\n"), "{text}");
         assert!(text.ends_with("# EOF\n"));
+    }
+
+    /// A packet whose stamps stopped, with no stamp after it, completes at
+    /// the first tick that saw no stamp at all (not only at the run's end):
+    /// a scrape while the traffic pauses counts it.
+    #[test]
+    fn the_last_packets_complete_when_the_traffic_stops() {
+        let mut v = LiveView::new(vec!["send".into(), "deliver".into()], false, None).unwrap();
+        let app = xlap_abi::xlap_point::XLAP_POINT_APP_BASE as u16;
+        for (ts, point) in [(1_000_000, app), (1_030_000, app + 1)] {
+            v.note(&Stamp {
+                ts_ns: ts,
+                point,
+                seq: Some(7),
+                kind: Some(1),
+                flow: 0,
+                pid: 1,
+                tid: 1,
+                cpu: 0,
+                len: 0,
+                ifindex: None,
+                queue: None,
+                hw_ts_ns: None,
+                priority: None,
+                from_user: false,
+                fragment: false,
+            });
+        }
+        let a_second_ago = || Instant::now().checked_sub(Duration::from_secs(2)).unwrap();
+        // The tick that saw the stamps: the packet is the newest, not quiet.
+        v.last_tick = a_second_ago();
+        v.tick(&[]);
+        assert_eq!(v.packets, 0);
+        // A tick with no stamp since: the traffic stopped.
+        v.last_tick = a_second_ago();
+        v.tick(&[]);
+        assert_eq!(v.packets, 1);
+        assert!(v.pending.is_empty());
     }
 }
