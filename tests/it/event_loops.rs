@@ -45,15 +45,7 @@ fn run_mode(stage: &Stage, mode: &str) {
             .expect("sockperf (./run.sh setup installs it)"),
     );
     let server_pid = server.0.id();
-    // Bound once /proc lists its socket.
-    for _ in 0..200 {
-        let udp =
-            std::fs::read_to_string(format!("/proc/{server_pid}/net/udp")).unwrap_or_default();
-        if udp.contains(&format!(":{PORT:04X} ")) {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    xlap_tests::wait_for_udp_port(server_pid, PORT);
     let rec = Recorder::start(
         &[server_pid],
         &scratch.path("run"),

@@ -73,6 +73,52 @@ fn quantile(v: &mut [f64], p: f64) -> f64 {
     v[((v.len() - 1) as f64 * p).round() as usize]
 }
 
+/// A server already started on host b and a client command on host a,
+/// which waits for a start file so that its first datagram is traced; both
+/// recorded with `--proto proto` until the client exits (the server is
+/// then ended). The run directory, the client's stdout and its pid.
+fn record_client_server(
+    stage: &Stage,
+    scratch: &Scratch,
+    server: KillOnDrop,
+    port: u16,
+    client: &str,
+    proto: &str,
+) -> (std::path::PathBuf, String, u32) {
+    let server_pid = server.0.id();
+    xlap_tests::wait_for_udp_port(server_pid, port);
+    let start = scratch.path("start");
+    let script = format!(
+        "while [ ! -e '{}' ]; do sleep 0.01; done; exec {client}",
+        start.display()
+    );
+    let mut child = KillOnDrop(
+        stage
+            .host(0)
+            .command("sh")
+            .args(["-c", &script])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("the client"),
+    );
+    let run = scratch.path("run");
+    let client_pid = child.0.id();
+    let rec = Recorder::start(&[client_pid, server_pid], &run, &["--proto", proto]);
+    std::fs::write(&start, "go").unwrap();
+    let mut out = String::new();
+    if let Some(mut o) = child.0.stdout.take() {
+        std::io::Read::read_to_string(&mut o, &mut out).unwrap();
+    }
+    assert!(child.0.wait().unwrap().success(), "{client}: {out}");
+    // The server never exits on its own; the recorder ends with its targets.
+    std::thread::sleep(Duration::from_millis(300));
+    drop(server);
+    rec.wait();
+    (run, out, client_pid)
+}
+
 #[test]
 fn sockperf_round_trips_contain_the_exchanges_and_their_stages_sum_to_them() {
     let Some(_guard) = privileged("exchange") else {
@@ -80,7 +126,7 @@ fn sockperf_round_trips_contain_the_exchanges_and_their_stages_sum_to_them() {
     };
     let stage = Stage::two_hosts().expect("stage");
     let scratch = Scratch::new("exchange");
-    let (a, b) = (stage.host(0), stage.host(1));
+    let b = stage.host(1);
     let server_addr = b.ipv4.to_string();
     let server = KillOnDrop(
         b.command("sockperf")
@@ -91,42 +137,13 @@ fn sockperf_round_trips_contain_the_exchanges_and_their_stages_sum_to_them() {
             .spawn()
             .expect("sockperf server (./run.sh setup installs it)"),
     );
-    let server_pid = server.0.id();
-    for _ in 0..200 {
-        let udp =
-            std::fs::read_to_string(format!("/proc/{server_pid}/net/udp")).unwrap_or_default();
-        if udp.contains(&format!(":{PORT:04X} ")) {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let start = scratch.path("start");
     let log = scratch.path("sockperf.log");
-    let script = format!(
-        "while [ ! -e '{}' ]; do sleep 0.01; done; exec sockperf ping-pong -i {server_addr} -p {PORT} -m 64 --mps 2000 -t 2 --full-log '{}'",
-        start.display(),
+    let client = format!(
+        "sockperf ping-pong -i {server_addr} -p {PORT} -m 64 --mps 2000 -t 2 --full-log '{}'",
         log.display()
     );
-    let mut client = KillOnDrop(
-        a.command("sh")
-            .args(["-c", &script])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("sockperf client"),
-    );
-    let client_pid = client.0.id();
-    let run = scratch.path("run");
-    let rec = Recorder::start(&[client_pid, server_pid], &run, &["--proto", "sockperf"]);
-    std::fs::write(&start, "go").unwrap();
-    assert!(
-        client.0.wait().unwrap().success(),
-        "sockperf ping-pong failed"
-    );
-    std::thread::sleep(Duration::from_millis(300));
-    drop(server);
-    rec.wait();
+    let (run, _, client_pid) =
+        record_client_server(&stage, &scratch, server, PORT, &client, "sockperf");
     let run_arg = run.to_str().unwrap();
 
     // The pair the data shows is sockperf's: ping, then pong.
@@ -243,9 +260,9 @@ fn dnsperf_queries_to_dnsmasq_contain_the_exchanges() {
     };
     let stage = Stage::two_hosts().expect("stage");
     let scratch = Scratch::new("exchange-dns");
-    let (a, b) = (stage.host(0), stage.host(1));
+    let b = stage.host(1);
     let server_addr = b.ipv4.to_string();
-    let port = "15353";
+    let port: u16 = 15353;
     // Answers from its own table only: no upstream, no files of the host.
     let server = KillOnDrop(
         b.command("dnsmasq")
@@ -257,7 +274,12 @@ fn dnsperf_queries_to_dnsmasq_contain_the_exchanges() {
                 "/dev/null",
                 "--bind-interfaces",
             ])
-            .args(["--port", port, "--listen-address", &server_addr])
+            .args([
+                "--port",
+                &port.to_string(),
+                "--listen-address",
+                &server_addr,
+            ])
             .args(["--address=/xlap.test/10.9.9.9", "--pid-file="])
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -265,44 +287,13 @@ fn dnsperf_queries_to_dnsmasq_contain_the_exchanges() {
             .spawn()
             .expect("dnsmasq (./run.sh setup installs dnsmasq-base)"),
     );
-    let server_pid = server.0.id();
-    for _ in 0..200 {
-        let udp =
-            std::fs::read_to_string(format!("/proc/{server_pid}/net/udp")).unwrap_or_default();
-        if udp.contains(":3BF9 ") {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
     let queries = scratch.path("queries.txt");
     std::fs::write(&queries, "a.xlap.test A\nb.xlap.test A\nc.xlap.test A\n").unwrap();
-    let start = scratch.path("start");
-    let script = format!(
-        "while [ ! -e '{}' ]; do sleep 0.01; done; exec dnsperf -s {server_addr} -p {port} -d '{}' -q 1 -Q 1000 -l 2 -v",
-        start.display(),
+    let client = format!(
+        "dnsperf -s {server_addr} -p {port} -d '{}' -q 1 -Q 1000 -l 2 -v",
         queries.display()
     );
-    let mut client = KillOnDrop(
-        a.command("sh")
-            .args(["-c", &script])
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("dnsperf (./run.sh setup installs it)"),
-    );
-    let client_pid = client.0.id();
-    let run = scratch.path("run");
-    let rec = Recorder::start(&[client_pid, server_pid], &run, &["--proto", "dns"]);
-    std::fs::write(&start, "go").unwrap();
-    let mut out = String::new();
-    if let Some(mut o) = client.0.stdout.take() {
-        std::io::Read::read_to_string(&mut o, &mut out).unwrap();
-    }
-    assert!(client.0.wait().unwrap().success(), "dnsperf failed: {out}");
-    std::thread::sleep(Duration::from_millis(300));
-    drop(server);
-    rec.wait();
+    let (run, out, _) = record_client_server(&stage, &scratch, server, port, &client, "dns");
     let run_arg = run.to_str().unwrap();
 
     let declared = xlap_json(&[

@@ -134,6 +134,57 @@ fn assert_same_as_correlate(scratch: &Scratch, a_dir: &Path, b_dir: &Path) {
     }
 }
 
+/// The example protocol (gated, `count` packets every `period_us`) across
+/// the stage, its receiver recorded by a collector listening on a free
+/// loopback port with the token in `token` and `--peer-wait peer_wait`.
+struct Collecting {
+    run: ProtocolRun,
+    sender: u32,
+    listen: String,
+    a_dir: PathBuf,
+    b_dir: PathBuf,
+    collector: Recorder,
+}
+
+fn collecting(
+    stage: &Stage,
+    scratch: &Scratch,
+    (count, period_us): (u32, u64),
+    token: &Path,
+    peer_wait: &str,
+) -> Collecting {
+    let opts = ExampleOptions {
+        count,
+        period_us,
+        gated: true,
+        ..Default::default()
+    };
+    let run = ProtocolRun::spawn(stage, scratch, &opts);
+    let (sender, receiver) = run.pids();
+    let listen = format!("127.0.0.1:{}", free_port());
+    let b_dir = scratch.path("b");
+    let collector = Recorder::start(
+        &[receiver],
+        &b_dir,
+        &[
+            "--collect",
+            &listen,
+            "--token-file",
+            token.to_str().unwrap(),
+            "--peer-wait",
+            peer_wait,
+        ],
+    );
+    Collecting {
+        run,
+        sender,
+        listen,
+        a_dir: scratch.path("a"),
+        b_dir,
+        collector,
+    }
+}
+
 #[test]
 fn a_streamed_peer_run_is_correlated_as_the_two_local_runs_are() {
     let Some(_guard) = privileged("peer_link") else {
@@ -142,23 +193,15 @@ fn a_streamed_peer_run_is_correlated_as_the_two_local_runs_are() {
     let stage = Stage::two_hosts().expect("stage");
     let scratch = Scratch::new("peer_link_stream");
     let token = token_file(&scratch, "token", "a shared secret of the test");
-    let opts = ExampleOptions {
-        count: 3000,
-        period_us: 200,
-        gated: true,
-        ..Default::default()
-    };
-    let run = ProtocolRun::spawn(&stage, &scratch, &opts);
-    let (sender, receiver) = run.pids();
-    let listen = format!("127.0.0.1:{}", free_port());
     let t = token.to_str().unwrap();
-    let b_dir = scratch.path("b");
-    let a_dir = scratch.path("a");
-    let collector = Recorder::start(
-        &[receiver],
-        &b_dir,
-        &["--collect", &listen, "--token-file", t, "--peer-wait", "60"],
-    );
+    let Collecting {
+        run,
+        sender,
+        listen,
+        a_dir,
+        b_dir,
+        collector,
+    } = collecting(&stage, &scratch, (3000, 200), &token, "60");
     let peer = Recorder::start(&[sender], &a_dir, &["--to", &listen, "--token-file", t]);
     run.start();
     let (sent, received) = run.wait();
@@ -250,31 +293,14 @@ fn a_wrong_token_is_said_on_both_sides_and_the_collector_records_on() {
     let scratch = Scratch::new("peer_link_token");
     let right = token_file(&scratch, "right", "the collector's token");
     let wrong = token_file(&scratch, "wrong", "not the collector's token");
-    let run = ProtocolRun::spawn(
-        &stage,
-        &scratch,
-        &ExampleOptions {
-            count: 500,
-            gated: true,
-            ..Default::default()
-        },
-    );
-    let (sender, receiver) = run.pids();
-    let listen = format!("127.0.0.1:{}", free_port());
-    let b_dir = scratch.path("b");
-    let a_dir = scratch.path("a");
-    let collector = Recorder::start(
-        &[receiver],
-        &b_dir,
-        &[
-            "--collect",
-            &listen,
-            "--token-file",
-            right.to_str().unwrap(),
-            "--peer-wait",
-            "2",
-        ],
-    );
+    let Collecting {
+        run,
+        sender,
+        listen,
+        a_dir,
+        b_dir,
+        collector,
+    } = collecting(&stage, &scratch, (500, 100), &right, "2");
     let peer = Recorder::start(
         &[sender],
         &a_dir,
@@ -345,30 +371,13 @@ fn garbage_from_the_network_is_named_and_dropped() {
     let stage = Stage::two_hosts().expect("stage");
     let scratch = Scratch::new("peer_link_garbage");
     let token = token_file(&scratch, "token", "a shared secret of the test");
-    let run = ProtocolRun::spawn(
-        &stage,
-        &scratch,
-        &ExampleOptions {
-            count: 500,
-            gated: true,
-            ..Default::default()
-        },
-    );
-    let (_sender, receiver) = run.pids();
-    let listen = format!("127.0.0.1:{}", free_port());
-    let b_dir = scratch.path("b");
-    let collector = Recorder::start(
-        &[receiver],
-        &b_dir,
-        &[
-            "--collect",
-            &listen,
-            "--token-file",
-            token.to_str().unwrap(),
-            "--peer-wait",
-            "1",
-        ],
-    );
+    let Collecting {
+        run,
+        listen,
+        b_dir,
+        collector,
+        ..
+    } = collecting(&stage, &scratch, (500, 100), &token, "1");
     // Random bytes, then a well-formed header announcing 4 GiB.
     let mut random = vec![0u8; 4096];
     std::fs::File::open("/dev/urandom")
@@ -413,25 +422,14 @@ fn a_peer_killed_mid_run_leaves_what_arrived_to_the_analysis() {
     let scratch = Scratch::new("peer_link_killed");
     let token = token_file(&scratch, "token", "a shared secret of the test");
     let t = token.to_str().unwrap();
-    let run = ProtocolRun::spawn(
-        &stage,
-        &scratch,
-        &ExampleOptions {
-            count: 20_000,
-            period_us: 250,
-            gated: true,
-            ..Default::default()
-        },
-    );
-    let (sender, receiver) = run.pids();
-    let listen = format!("127.0.0.1:{}", free_port());
-    let b_dir = scratch.path("b");
-    let a_dir = scratch.path("a");
-    let collector = Recorder::start(
-        &[receiver],
-        &b_dir,
-        &["--collect", &listen, "--token-file", t, "--peer-wait", "2"],
-    );
+    let Collecting {
+        run,
+        sender,
+        listen,
+        a_dir,
+        b_dir,
+        collector,
+    } = collecting(&stage, &scratch, (20_000, 250), &token, "2");
     let peer = Recorder::start(&[sender], &a_dir, &["--to", &listen, "--token-file", t]);
     run.start();
     // Killed once some batches have reached the collector (a condition,

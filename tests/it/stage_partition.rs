@@ -80,14 +80,7 @@ fn sockperf_ping_pong_stages_partition_each_kinds_path() {
             .expect("sockperf server"),
     );
     let server_pid = server.0.id();
-    for _ in 0..200 {
-        let udp =
-            std::fs::read_to_string(format!("/proc/{server_pid}/net/udp")).unwrap_or_default();
-        if udp.contains(&format!(":{PORT:04X} ")) {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    xlap_tests::wait_for_udp_port(server_pid, PORT);
     // The client waits for the start file, so its first ping is traced.
     let start = scratch.path("start");
     let script = format!(

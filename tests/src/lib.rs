@@ -264,6 +264,19 @@ pub fn wait_for_file(path: &Path, secs: u64) {
 
 /// A helper process (a peer such as iperf3) that must not outlive a failed
 /// test.
+/// Waits (up to 4 s) until `pid`'s network namespace lists a UDP socket
+/// bound to `port` (`/proc/PID/net/udp`): a server its client can reach.
+pub fn wait_for_udp_port(pid: u32, port: u16) {
+    let bound = format!(":{port:04X} ");
+    for _ in 0..200 {
+        let udp = std::fs::read_to_string(format!("/proc/{pid}/net/udp")).unwrap_or_default();
+        if udp.contains(&bound) {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
 pub struct KillOnDrop(pub std::process::Child);
 
 impl Drop for KillOnDrop {
