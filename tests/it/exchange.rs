@@ -201,7 +201,7 @@ fn sockperf_round_trips_contain_the_exchanges_and_their_stages_sum_to_them() {
     // sockperf's account of the same round trips.
     let theirs = full_log(&log);
     assert!(
-        theirs.len() > 500 && theirs.len() <= ours_rtt.len(),
+        theirs.len() > 100 && theirs.len() <= ours_rtt.len(),
         "sockperf measured {} round trips, the table has {}",
         theirs.len(),
         ours_rtt.len()
@@ -239,6 +239,9 @@ fn sockperf_round_trips_contain_the_exchanges_and_their_stages_sum_to_them() {
     // And by little: the calls' entry and return (a few µs on this VM).
     assert!(quantile(&mut gaps, 0.5) < 20_000.0, "{report}");
 }
+
+/// Passes of dnsperf through its three queries.
+const ROUNDS: usize = 200;
 
 /// dnsperf's `-v` lines: the latency of each query, in completion order
 /// (with one query outstanding, the order it sent them), in ns.
@@ -290,7 +293,7 @@ fn dnsperf_queries_to_dnsmasq_contain_the_exchanges() {
     let queries = scratch.path("queries.txt");
     std::fs::write(&queries, "a.xlap.test A\nb.xlap.test A\nc.xlap.test A\n").unwrap();
     let client = format!(
-        "dnsperf -s {server_addr} -p {port} -d '{}' -q 1 -Q 1000 -l 2 -v",
+        "dnsperf -s {server_addr} -p {port} -d '{}' -q 1 -Q 1000 -n {ROUNDS} -v",
         queries.display()
     );
     let (run, out, _) = record_client_server(&stage, &scratch, server, port, &client, "dns");
@@ -323,10 +326,12 @@ fn dnsperf_queries_to_dnsmasq_contain_the_exchanges() {
         .map(|r| r["rtt"].as_f64().unwrap())
         .collect();
     let theirs = dnsperf_latencies(&out);
-    assert!(
-        theirs.len() > 200,
-        "dnsperf answered {}: {out}",
-        theirs.len()
+    // A count, not a time: dnsperf's rate with one query outstanding went
+    // from 88 to 570 queries/s between two CI runs on this machine.
+    assert_eq!(
+        theirs.len(),
+        3 * ROUNDS,
+        "dnsperf answered every query: {out}"
     );
     assert_eq!(
         ours.len(),
