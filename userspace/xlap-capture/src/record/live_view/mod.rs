@@ -806,12 +806,10 @@ mod tests {
         }
     }
 
-    #[test]
-    fn packets_complete_into_stages_in_time_order() {
-        let mut v = LiveView::new(vec!["send".into(), "deliver".into()], false, None).unwrap();
-        let app = xlap_abi::xlap_point::XLAP_POINT_APP_BASE as u16;
-        let stamp = |ts: u64, point: u16, seq: u64| Stamp {
-            ts_ns: ts,
+    /// A marker stamp of kind 1 by pid 1 (no flow, no device).
+    fn marker_stamp(ts_ns: u64, point: u16, seq: u64) -> Stamp {
+        Stamp {
+            ts_ns,
             point,
             seq: Some(seq),
             kind: Some(1),
@@ -826,12 +824,18 @@ mod tests {
             priority: None,
             from_user: false,
             fragment: false,
-        };
+        }
+    }
+
+    #[test]
+    fn packets_complete_into_stages_in_time_order() {
+        let mut v = LiveView::new(vec!["send".into(), "deliver".into()], false, None).unwrap();
+        let app = xlap_abi::xlap_point::XLAP_POINT_APP_BASE as u16;
         for seq in 0..100u64 {
             let t0 = seq * 1_000_000;
             // Out of order on purpose: the view sorts by time.
-            v.note(&stamp(t0 + 30_000, app + 1, seq));
-            v.note(&stamp(t0, app, seq));
+            v.note(&marker_stamp(t0 + 30_000, app + 1, seq));
+            v.note(&marker_stamp(t0, app, seq));
         }
         v.finish(&[]);
         let k = &v.total[&1];
@@ -874,23 +878,7 @@ mod tests {
         let mut v = LiveView::new(vec!["send".into(), "deliver".into()], false, None).unwrap();
         let app = xlap_abi::xlap_point::XLAP_POINT_APP_BASE as u16;
         for (ts, point) in [(1_000_000, app), (1_030_000, app + 1)] {
-            v.note(&Stamp {
-                ts_ns: ts,
-                point,
-                seq: Some(7),
-                kind: Some(1),
-                flow: 0,
-                pid: 1,
-                tid: 1,
-                cpu: 0,
-                len: 0,
-                ifindex: None,
-                queue: None,
-                hw_ts_ns: None,
-                priority: None,
-                from_user: false,
-                fragment: false,
-            });
+            v.note(&marker_stamp(ts, point, 7));
         }
         let a_second_ago = || Instant::now().checked_sub(Duration::from_secs(2)).unwrap();
         // The tick that saw the stamps: the packet is the newest, not quiet.
