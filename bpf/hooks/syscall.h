@@ -478,6 +478,7 @@ calls_recv_return(struct sock *sk, struct xlap_sock *s, int ret, int flags) {
                         .kind = q.kind,
                         .flags = XLAP_FLAG_FROM_USER | q.flags};
   emit(XLAP_POINT_SOCK_RECV_EXIT, now, &id, (__u32)pid_tgid, 0, 0, 0);
+  note_read(id.seq, id.kind, id.flags);
 }
 
 /* The socket a receive call reads (after it read): only traced sockets'

@@ -42,6 +42,11 @@ static __always_inline void stamp_read(__u64 key, struct xl_rx_slot *slot,
   struct xl_at at = {
       .point = XLAP_POINT_SOCK_RECV_EXIT, .ts = now, .tid = (__u32)pid_tgid};
   emit_all(&at, &id, segs, n);
+  if (segs && n > 1)
+    note_read(segs->seq[(n - 1) & (XLAP_MAX_SEGS - 1)],
+              segs->kind[(n - 1) & (XLAP_MAX_SEGS - 1)], id.flags);
+  else
+    note_read(id.seq, id.kind, id.flags);
   if (segs)
     bpf_map_delete_elem(&RX_SEGS, &key);
 }

@@ -214,6 +214,23 @@ static __always_inline int take_woken(struct xl_task *t) {
   return 1;
 }
 
+/* The current thread's receive call read datagram `id` (the last of a UDP
+ * GRO read's, as RX_LAST names it): a later waking of the thread is not
+ * that datagram's (sched.h). The syscall hooks note it at the call's exit
+ * (user_view.h emit_recv); the socket calls here, creating the thread's
+ * storage, as a thread that never slept has none yet. */
+static __always_inline void note_read(__u64 seq, __u32 kind, __u32 flags) {
+  if (!(flags & XLAP_FLAG_SEQ_VALID))
+    return;
+  struct xl_task *t = bpf_task_storage_get(
+      &TASK_CTX, bpf_get_current_task_btf(), 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
+  if (!t)
+    return;
+  t->read_seq = seq;
+  t->read_kind = kind;
+  t->read_valid = 1;
+}
+
 /* A thread's pending wake-up is spent (it ran, or its receive returned). */
 static __always_inline void forget_woken(struct xl_task *t) {
   if (WOKEN_PENDING)
