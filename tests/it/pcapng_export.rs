@@ -11,7 +11,8 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use xlap_stage::Stage;
-use xlap_tests::example::ExampleOptions;
+use xlap_tests::example::{kind_code, ExampleOptions, RECEIVER_PORT};
+use xlap_tests::pcap;
 use xlap_tests::trace::trace_example;
 use xlap_tests::{privileged, xlap_trace, xlap_trace_ok, Scratch};
 
@@ -419,6 +420,110 @@ fn no_packet_and_a_limit() {
     assert_eq!(capinfos(&file).0, frames.len() as u64);
 }
 
+/// The index of device `ifname` in the network namespace `netns`, as
+/// `ip link` there says.
+fn ifindex_in(netns: &str, ifname: &str) -> u32 {
+    let out = Command::new("ip")
+        .args(["-n", netns, "-o", "link", "show", "dev", ifname])
+        .output()
+        .expect("run ip");
+    assert!(out.status.success(), "{out:?}");
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.split(':')
+        .next()
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap_or_else(|_| panic!("{text}"))
+}
+
+/// Each frame's interface and lengths as tshark reads them, against the
+/// stage's devices (`ip link`) and the datagrams tcpdump captured on the
+/// receiver's link: every frame timed at a device point is on that
+/// device's interface, and a data packet's frame has the length its
+/// datagram had on the wire, of which the file holds the headers.
+fn check_devices_and_lengths(file: &Path, stage: &Stage, on_wire: &[pcap::Datagram], ipv6: bool) {
+    let headers: u32 = 14 + if ipv6 { 40 } else { 20 } + 8;
+    let data = kind_code("data");
+    let wire_len: BTreeMap<u64, u32> = on_wire
+        .iter()
+        .filter(|d| d.dst_port == RECEIVER_PORT)
+        .filter_map(|d| {
+            let (h, _) = prrt_lite::wire::Header::decode(&d.payload).ok()?;
+            (h.kind as u32 == data).then(|| (u64::from(h.seq), headers + d.payload.len() as u32))
+        })
+        .collect();
+    assert!(
+        wire_len.len() > 1000,
+        "{} data datagrams on the wire",
+        wire_len.len()
+    );
+    let devices: Vec<(String, u32)> = [stage.host(0), stage.host(1)]
+        .iter()
+        .map(|h| (h.ifname.clone(), ifindex_in(&h.netns, &h.ifname)))
+        .collect();
+    let out = Command::new(tool("tshark"))
+        .arg("-r")
+        .arg(file)
+        .args(["-T", "fields", "-E", "separator=/t", "-E", "occurrence=f"])
+        .args([
+            "-e",
+            "frame.interface_name",
+            "-e",
+            "frame.interface_description",
+        ])
+        .args([
+            "-e",
+            "frame.len",
+            "-e",
+            "frame.cap_len",
+            "-e",
+            "frame.comment",
+        ])
+        .output()
+        .expect("run tshark");
+    assert!(
+        out.status.success(),
+        "tshark: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let (mut at_device, mut checked) = (0, 0);
+    for line in String::from_utf8(out.stdout).unwrap().lines() {
+        let f: Vec<&str> = line.split('\t').collect();
+        assert_eq!(f.len(), 5, "{line}");
+        let (name, description, comment) = (f[0], f[1], f[4]);
+        let (len, cap_len): (u32, u32) = (f[2].parse().unwrap(), f[3].parse().unwrap());
+        assert_eq!(cap_len, headers, "{line}");
+        if comment.contains("(no device point)") {
+            continue;
+        }
+        at_device += 1;
+        assert!(
+            devices
+                .iter()
+                .any(|(n, i)| name.starts_with(&format!("{n}@"))
+                    && description.contains(&format!("(ifindex {i})"))),
+            "{line}: not a stage device {devices:?}"
+        );
+        if !comment.contains("kind=data") {
+            continue;
+        }
+        let seq: u64 = comment
+            .strip_prefix("seq=")
+            .and_then(|c| c.split(' ').next())
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| panic!("{line}"));
+        if let Some(want) = wire_len.get(&seq) {
+            assert_eq!(len, *want, "seq {seq}: {line}");
+            checked += 1;
+        }
+    }
+    assert!(
+        at_device > 0 && checked > 1000,
+        "{at_device} frames at devices, {checked} data frames checked"
+    );
+}
+
 #[test]
 fn a_recorded_run_of_the_example_protocol_reads_in_tshark_as_the_packets_table() {
     let Some(_guard) = privileged("pcapng_export") else {
@@ -426,6 +531,14 @@ fn a_recorded_run_of_the_example_protocol_reads_in_tshark_as_the_packets_table()
     };
     for ipv6 in [false, true] {
         let stage = Stage::two_hosts().expect("stage");
+        // The receiver's link as tcpdump sees it: the data datagrams' real
+        // lengths, against which the export's are checked.
+        let receiver = stage.host(1);
+        let wire_file = std::env::temp_dir().join(format!(
+            "xlap-pcapng-wire-{}-{ipv6}.pcap",
+            std::process::id()
+        ));
+        let wire = pcap::Capture::start(&receiver.netns, &receiver.wire_ifname, &wire_file);
         let t = trace_example(
             &stage,
             if ipv6 {
@@ -446,7 +559,10 @@ fn a_recorded_run_of_the_example_protocol_reads_in_tshark_as_the_packets_table()
         let run = t.run_dir();
         let packets = run.join("packets.parquet");
         assert!(packets.exists(), "{}", t.stderr);
+        let on_wire = wire.stop();
+        let _ = std::fs::remove_file(&wire_file);
         let frames = export_and_check(&t.scratch, &run, &packets, &run.join("run.json"));
+        check_devices_and_lengths(&t.scratch.path("run.pcapng"), &stage, &on_wire, ipv6);
         // The real points: the sender's device point and the receiver's.
         assert!(frames
             .iter()

@@ -108,14 +108,14 @@ fn devices_here(netns: u32) -> Vec<DeviceTimestamping> {
             let mut i = 0;
             while (*list.add(i)).if_index != 0 {
                 let name = std::ffi::CStr::from_ptr((*list.add(i)).if_name);
-                names.push(name.to_string_lossy().into_owned());
+                names.push(((*list.add(i)).if_index, name.to_string_lossy().into_owned()));
                 i += 1;
             }
             libc::if_freenameindex(list);
         }
     }
     let mut out = Vec::new();
-    for ifname in names.into_iter().filter(|n| n != "lo") {
+    for (ifindex, ifname) in names.into_iter().filter(|(_, n)| n != "lo") {
         let mut ts = TsInfo {
             cmd: ETHTOOL_GET_TS_INFO,
             ..Default::default()
@@ -137,6 +137,7 @@ fn devices_here(netns: u32) -> Vec<DeviceTimestamping> {
         let bit = |b: u32| ts.so_timestamping & b != 0;
         out.push(DeviceTimestamping {
             netns,
+            ifindex,
             ifname,
             driver,
             hardware_tx: bit(SOF_TIMESTAMPING_TX_HARDWARE),

@@ -348,6 +348,10 @@ impl SegmentOf {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DeviceTimestamping {
     pub netns: u32,
+    /// Its index in that namespace (0 in runs recorded before it was
+    /// kept): what device points' stamps name it by.
+    #[serde(default)]
+    pub ifindex: u32,
     pub ifname: String,
     /// The driver (`ethtool -i`): veth, tun, virtio_net, ixgbe, ...
     pub driver: String,

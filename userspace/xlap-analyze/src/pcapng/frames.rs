@@ -1,8 +1,9 @@
 //! The frames the export writes: Ethernet, IPv4 or IPv6 and UDP headers
 //! synthesized from a packet's flow. No payload was recorded (the tracer
 //! keeps seq and kind, never the datagram), so a frame is its headers
-//! alone; the IP and UDP lengths say so (a datagram of no payload) rather
-//! than claim bytes the file does not hold.
+//! alone, cut at them as a capture with a snap length is: the IP and UDP
+//! lengths are the datagram's (its payload bytes as the stamps say), and
+//! the packet block's original length says what the file left out.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
@@ -52,8 +53,12 @@ fn v6(a: Option<IpAddr>) -> Ipv6Addr {
     }
 }
 
-/// The Ethernet, IP and UDP headers of a datagram of `flow`.
-pub fn frame(flow: &Flow) -> Vec<u8> {
+/// The Ethernet, IP and UDP headers of a datagram of `flow` carrying
+/// `payload` bytes (not included).
+pub fn frame(flow: &Flow, payload: u32) -> Vec<u8> {
+    // Lengths a header can hold: a larger claim is the stamp's, not a
+    // datagram's (UDP's own field is 16 bits).
+    let udp_len = u16::try_from(payload.saturating_add(u32::from(UDP_HEADER))).unwrap_or(u16::MAX);
     let (src, dst) = addresses(flow);
     let mut f = Vec::with_capacity(14 + 40 + 8);
     f.extend_from_slice(&RECEIVER_MAC);
@@ -61,28 +66,30 @@ pub fn frame(flow: &Flow) -> Vec<u8> {
     match (src, dst) {
         (IpAddr::V4(s), IpAddr::V4(d)) => {
             f.extend_from_slice(&ETHERTYPE_IPV4.to_be_bytes());
-            f.extend_from_slice(&ipv4_header(s, d));
+            f.extend_from_slice(&ipv4_header(s, d, udp_len));
         }
         (s, d) => {
             f.extend_from_slice(&ETHERTYPE_IPV6.to_be_bytes());
-            f.extend_from_slice(&ipv6_header(v6(Some(s)), v6(Some(d))));
+            f.extend_from_slice(&ipv6_header(v6(Some(s)), v6(Some(d)), udp_len));
         }
     }
     f.extend_from_slice(&flow.src_port.to_be_bytes());
     f.extend_from_slice(&flow.dst_port.to_be_bytes());
-    f.extend_from_slice(&UDP_HEADER.to_be_bytes());
-    // Checksum 0: none computed (allowed over IPv4; over IPv6 Wireshark
-    // does not check it unless asked, and there is no payload to cover).
-    f.extend_from_slice(&0u16.to_be_bytes());
+    f.extend_from_slice(&udp_len.to_be_bytes());
+    // None computed: the payload it covers is not here. Over IPv4 that is
+    // 0; over IPv6, where 0 is illegal (Wireshark flags it), 0xffff, a
+    // checksum's value that Wireshark leaves unverified unless asked.
+    let checksum: u16 = if src.is_ipv4() { 0 } else { 0xffff };
+    f.extend_from_slice(&checksum.to_be_bytes());
     f
 }
 
 /// 20 bytes, no options, don't-fragment, the header checksum computed
 /// (Wireshark flags a wrong one).
-fn ipv4_header(src: Ipv4Addr, dst: Ipv4Addr) -> [u8; 20] {
+fn ipv4_header(src: Ipv4Addr, dst: Ipv4Addr, udp_len: u16) -> [u8; 20] {
     let mut h = [0u8; 20];
     h[0] = 0x45;
-    h[2..4].copy_from_slice(&(20 + UDP_HEADER).to_be_bytes());
+    h[2..4].copy_from_slice(&udp_len.saturating_add(20).to_be_bytes());
     h[6] = 0x40;
     h[8] = TTL;
     h[9] = UDP;
@@ -93,10 +100,10 @@ fn ipv4_header(src: Ipv4Addr, dst: Ipv4Addr) -> [u8; 20] {
     h
 }
 
-fn ipv6_header(src: Ipv6Addr, dst: Ipv6Addr) -> [u8; 40] {
+fn ipv6_header(src: Ipv6Addr, dst: Ipv6Addr, udp_len: u16) -> [u8; 40] {
     let mut h = [0u8; 40];
     h[0] = 0x60;
-    h[4..6].copy_from_slice(&UDP_HEADER.to_be_bytes());
+    h[4..6].copy_from_slice(&udp_len.to_be_bytes());
     h[6] = UDP;
     h[7] = TTL;
     h[8..24].copy_from_slice(&src.octets());
@@ -131,8 +138,11 @@ mod tests {
 
     #[test]
     fn an_ipv4_frame_has_a_valid_header_checksum() {
-        let f = frame(&flow(Some("10.77.0.1"), Some("10.77.0.2")));
+        let f = frame(&flow(Some("10.77.0.1"), Some("10.77.0.2")), 100);
         assert_eq!(f.len(), 14 + 20 + 8);
+        // The datagram's lengths, its payload not held.
+        assert_eq!(&f[16..18], &(20u16 + 8 + 100).to_be_bytes());
+        assert_eq!(&f[38..40], &(8u16 + 100).to_be_bytes());
         assert_eq!(&f[12..14], &[0x08, 0x00]);
         // A header with its checksum in place sums to 0xffff.
         assert_eq!(checksum(&f[14..34]), 0);
@@ -142,9 +152,10 @@ mod tests {
 
     #[test]
     fn ipv6_or_one_ipv6_address_makes_an_ipv6_frame() {
-        let f = frame(&flow(Some("fd00::1"), Some("10.0.0.2")));
+        let f = frame(&flow(Some("fd00::1"), Some("10.0.0.2")), 0);
         assert_eq!(f.len(), 14 + 40 + 8);
         assert_eq!(&f[12..14], &[0x86, 0xdd]);
+        assert_eq!(&f[14 + 40 + 6..], &[0xff, 0xff]);
         assert_eq!(
             &f[38..54],
             &"::ffff:10.0.0.2".parse::<Ipv6Addr>().unwrap().octets()
@@ -153,7 +164,8 @@ mod tests {
 
     #[test]
     fn unknown_addresses_are_unspecified() {
-        let f = frame(&flow(None, Some("not an address")));
+        let f = frame(&flow(None, Some("not an address")), u32::MAX);
+        assert_eq!(&f[16..18], &u16::MAX.to_be_bytes());
         assert_eq!(&f[26..34], &[0; 8]);
     }
 }

@@ -28,6 +28,37 @@ pub struct PcapngOptions {
     pub clock_pair: (i64, i64),
     /// Say how far the export is on stderr every so often.
     pub progress: bool,
+    /// The runs' devices: (host, ifindex, name), from their run.json.
+    pub devices: Vec<(String, u32, String)>,
+}
+
+/// Loopback's index in every network namespace: it is the first device
+/// made, and run.json's device list leaves it out.
+const LOOPBACK_IFINDEX: u32 = 1;
+
+/// The name of device `ifindex` of `host`: the one the runs list, when
+/// exactly one name goes by that index there (two traced namespaces of
+/// one host may each have a device of that index), else `if<N>`.
+fn device_name(devices: &[(String, u32, String)], host: &str, ifindex: u32) -> String {
+    let mut names: Vec<&str> = devices
+        .iter()
+        // A device name is at most 15 bytes (IFNAMSIZ): anything else in
+        // a run.json from elsewhere is not one.
+        .filter(|(h, i, n)| {
+            h == host
+                && *i == ifindex
+                && (1..16).contains(&n.len())
+                && n.bytes().all(|b| b.is_ascii_graphic())
+        })
+        .map(|(_, _, n)| n.as_str())
+        .collect();
+    names.sort_unstable();
+    names.dedup();
+    match names.as_slice() {
+        [one] => (*one).to_string(),
+        [] if ifindex == LOOPBACK_IFINDEX => "lo".to_string(),
+        _ => format!("if{ifindex}"),
+    }
 }
 
 pub struct Exported {
@@ -88,16 +119,29 @@ fn write(conn: &Connection, path: &Path, opts: &PcapngOptions) -> Result<(u64, u
     )
     .map_err(io)?;
     let interfaces = rows::interfaces(conn)?;
-    for (side, host) in &interfaces {
+    for (side, host, ifindex) in &interfaces {
         let (role, name) = if *side == 0 {
             ("sender", "tx")
         } else {
             ("receiver", "rx")
         };
+        let (name, device) = match ifindex {
+            Some(i) => {
+                let device = device_name(&opts.devices, host, *i);
+                (
+                    format!("{device}@{host}"),
+                    format!("device {device} (ifindex {i})"),
+                )
+            }
+            None => (
+                format!("{name}@{host}"),
+                "its socket point (no device point)".to_string(),
+            ),
+        };
         blocks::interface(
             &mut w,
-            &format!("{name}@{host}"),
-            &format!("{role} side on host {host:?} as xlap-trace stamped it ({SYNTHESIZED})"),
+            &name,
+            &format!("{role} side on host {host:?}, at {device}, as xlap-trace stamped it ({SYNTHESIZED})"),
         )
         .map_err(io)?;
     }
@@ -118,15 +162,21 @@ fn write(conn: &Connection, path: &Path, opts: &PcapngOptions) -> Result<(u64, u
         };
         let interface = interfaces
             .iter()
-            .position(|(s, h)| *s == row.side && *h == row.host)
+            .position(|(s, h, i)| *s == row.side && *h == row.host && *i == row.ifindex)
             .unwrap_or(0) as u32;
-        let frame = frames::frame(&frames::Flow {
-            src_addr: row.src_addr.as_deref(),
-            dst_addr: row.dst_addr.as_deref(),
-            src_port: row.src_port,
-            dst_port: row.dst_port,
-        });
-        let len = frame.len() as u32;
+        let payload = row.payload.unwrap_or(0);
+        let frame = frames::frame(
+            &frames::Flow {
+                src_addr: row.src_addr.as_deref(),
+                dst_addr: row.dst_addr.as_deref(),
+                src_port: row.src_port,
+                dst_port: row.dst_port,
+            },
+            payload,
+        );
+        // The datagram's length on the wire; the file holds its headers
+        // (the snap length), as a capture cut short does.
+        let len = (frame.len() as u32).saturating_add(payload);
         blocks::packet(&mut w, interface, wall as u64, &frame, len, &comment(&row)).map_err(io)?;
         frames += 1;
         if opts.progress && said.elapsed() >= Duration::from_secs(2) {
@@ -140,4 +190,28 @@ fn write(conn: &Connection, path: &Path, opts: &PcapngOptions) -> Result<(u64, u
     file.sync_all().map_err(io)?;
     let bytes = file.metadata().map_err(io)?.len();
     Ok((frames, interfaces.len(), bytes))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_device_is_named_only_when_its_index_names_one_device() {
+        let devices = vec![
+            ("h".to_string(), 2, "xl0".to_string()),
+            ("h".to_string(), 2, "xl0".to_string()),
+            ("h".to_string(), 3, "eth0".to_string()),
+            ("h".to_string(), 3, "veth9".to_string()),
+            ("h".to_string(), 4, "a\nforged".to_string()),
+            ("h".to_string(), 5, "x".repeat(16)),
+            ("other".to_string(), 6, "eth1".to_string()),
+        ];
+        assert_eq!(device_name(&devices, "h", 2), "xl0");
+        assert_eq!(device_name(&devices, "h", 3), "if3");
+        assert_eq!(device_name(&devices, "h", 4), "if4");
+        assert_eq!(device_name(&devices, "h", 5), "if5");
+        assert_eq!(device_name(&devices, "h", 6), "if6");
+        assert_eq!(device_name(&devices, "h", 1), "lo");
+    }
 }

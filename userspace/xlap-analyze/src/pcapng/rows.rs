@@ -25,6 +25,12 @@ pub struct Row {
     pub t_ns: i64,
     /// The point column stem the frame is timed at.
     pub at: String,
+    /// The device its stamp there names (None at a socket point, or
+    /// without the run's stamps).
+    pub ifindex: Option<u32>,
+    /// The datagram's UDP payload bytes, as that stamp says (None when
+    /// it is not known: a frame of headers alone then).
+    pub payload: Option<u32>,
     pub src_addr: Option<String>,
     pub dst_addr: Option<String>,
     pub src_port: u16,
@@ -69,6 +75,47 @@ fn first_stamped(columns: &[String], stems: &[&str]) -> (String, String) {
     (value, name)
 }
 
+/// The stamp each frame is timed at, as a CTE `at_stamp` of the run's
+/// stamps (host, point stem, packet: its device and payload bytes), and
+/// the SQL of a frame's device (NULL at socket points, which name none).
+/// Without a `stamps` view (a packets file alone) the CTE is empty.
+fn wire_stamps(conn: &Connection) -> Result<(String, impl Fn(&str) -> String)> {
+    let has_stamps: bool = conn.query_row(
+        "SELECT count(*) > 0 FROM duckdb_views() WHERE view_name = 'stamps'",
+        [],
+        |r| r.get(0),
+    )?;
+    let device = |at: &str| {
+        format!(
+            "CASE WHEN {at} IN ({}) THEN d.ifindex END",
+            sql::literals([TX_WIRE, RX_WIRE].concat())
+        )
+    };
+    let stems: Vec<&str> = [TX_WIRE, TX_SOCKET, RX_WIRE, RX_SOCKET].concat();
+    let source = if has_stamps {
+        format!(
+            "SELECT host, replace(point, '.', '_') AS stem, flow, coalesce(kind::UBIGINT, {all}) AS kind,
+                    seq, min(ifindex) AS ifindex, max(len) AS payload
+             FROM stamps WHERE replace(point, '.', '_') IN ({stems}) AND seq IS NOT NULL GROUP BY ALL",
+            all = crate::KIND_ALL,
+            stems = sql::literals(&stems)
+        )
+    } else {
+        "SELECT NULL::VARCHAR AS host, NULL::VARCHAR AS stem, NULL::UBIGINT AS flow, NULL::UBIGINT AS kind,
+                NULL::UBIGINT AS seq, NULL::UINTEGER AS ifindex, NULL::UINTEGER AS payload WHERE false"
+            .to_string()
+    };
+    Ok((format!(", at_stamp AS ({source})"), device))
+}
+
+/// The join of a side's frames with the stamps they are timed at.
+fn join(host: &str, at: &str) -> String {
+    format!(
+        "LEFT JOIN at_stamp d ON d.host = coalesce(c.{host}, '') AND d.stem = {at}
+           AND d.flow = c.flow AND d.kind = c.kind AND d.seq = c.seq"
+    )
+}
+
 /// Makes the frames' table from the first `max_packets` packets sent (0:
 /// all) of `kind` (None: every kind); returns how many packets that kind
 /// has in all.
@@ -90,8 +137,9 @@ pub fn select(conn: &Connection, max_packets: u64, kind: Option<u64>) -> Result<
         n => format!("LIMIT {n}"),
     };
     let common =
-        "src_addr, dst_addr, src_port, dst_port, seq, kind_name, e2e_ns, sender_total_ns, \
-                  channel_ns, receiver_total_ns, coalesce(lost, false) AS lost, flow";
+        "src_addr, dst_addr, src_port, dst_port, c.seq, kind_name, e2e_ns, sender_total_ns, \
+                  channel_ns, receiver_total_ns, coalesce(lost, false) AS lost, c.flow";
+    let (at_stamp, device) = wire_stamps(conn)?;
     conn.execute_batch(&format!(
         "CREATE OR REPLACE TEMP TABLE {TABLE} AS
          WITH names AS (SELECT kind, any_value(name) AS name FROM kinds GROUP BY kind),
@@ -101,12 +149,18 @@ pub fn select(conn: &Connection, max_packets: u64, kind: Option<u64>) -> Result<
            FROM packets p LEFT JOIN names n ON n.kind = p.kind
            WHERE {p_kind}
            ORDER BY p.sent_ns NULLS LAST, p.flow, p.kind, p.seq {limit})
-         SELECT 0::UTINYINT AS side, coalesce(tx_host, '') AS host, {tx_t} AS t_ns, {tx_at} AS wire_at, {common}
-         FROM chosen WHERE {tx_t} IS NOT NULL
+         {at_stamp}
+         SELECT 0::UTINYINT AS side, coalesce(tx_host, '') AS host, {tx_t} AS t_ns, {tx_at} AS wire_at,
+                {tx_device} AS ifindex, d.payload, {common}
+         FROM chosen c {join_tx} WHERE {tx_t} IS NOT NULL
          UNION ALL
-         SELECT 1::UTINYINT, coalesce(rx_host, ''), {rx_t}, {rx_at}, {common}
-         FROM chosen WHERE {rx_t} IS NOT NULL;",
-        p_kind = kind_filter("p.")
+         SELECT 1::UTINYINT, coalesce(rx_host, ''), {rx_t}, {rx_at}, {rx_device}, d.payload, {common}
+         FROM chosen c {join_rx} WHERE {rx_t} IS NOT NULL;",
+        p_kind = kind_filter("p."),
+        join_tx = join("tx_host", &tx_at),
+        join_rx = join("rx_host", &rx_at),
+        tx_device = device(&tx_at),
+        rx_device = device(&rx_at),
     ))?;
     let total: i64 = conn.query_row(
         &format!("SELECT count(*) FROM packets WHERE {}", kind_filter("")),
@@ -116,12 +170,13 @@ pub fn select(conn: &Connection, max_packets: u64, kind: Option<u64>) -> Result<
     Ok(total.max(0) as u64)
 }
 
-/// The interfaces the frames need: (side, host), in a fixed order.
-pub fn interfaces(conn: &Connection) -> Result<Vec<(u8, String)>> {
+/// The interfaces the frames need: (side, host, device), in a fixed
+/// order.
+pub fn interfaces(conn: &Connection) -> Result<Vec<(u8, String, Option<u32>)>> {
     let mut stmt = conn.prepare(&format!(
-        "SELECT DISTINCT side, host FROM {TABLE} ORDER BY side, host"
+        "SELECT DISTINCT side, host, ifindex FROM {TABLE} ORDER BY side, host, ifindex NULLS FIRST"
     ))?;
-    let rows = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?;
+    let rows = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?;
     Ok(rows.collect::<std::result::Result<_, _>>()?)
 }
 
@@ -129,7 +184,7 @@ pub fn interfaces(conn: &Connection) -> Result<Vec<(u8, String)>> {
 pub fn for_each(conn: &Connection, mut each: impl FnMut(Row) -> Result<()>) -> Result<()> {
     let mut stmt = conn.prepare(&format!(
         "SELECT side, host, t_ns, wire_at, src_addr, dst_addr, src_port, dst_port, seq, kind_name,
-                e2e_ns, sender_total_ns, channel_ns, receiver_total_ns, lost
+                e2e_ns, sender_total_ns, channel_ns, receiver_total_ns, lost, ifindex, payload
          FROM {TABLE} ORDER BY t_ns, side, flow, seq"
     ))?;
     let mut rows = stmt.query([])?;
@@ -150,6 +205,8 @@ pub fn for_each(conn: &Connection, mut each: impl FnMut(Row) -> Result<()>) -> R
             channel_ns: r.get(12)?,
             receiver_total_ns: r.get(13)?,
             lost: r.get(14)?,
+            ifindex: r.get(15)?,
+            payload: r.get(16)?,
         })?;
     }
     Ok(())

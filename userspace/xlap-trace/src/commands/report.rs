@@ -118,6 +118,22 @@ fn clock_pair(ds: &xlap_analyze::dataset::Dataset) -> Result<(i64, i64)> {
     ))
 }
 
+/// Every run's devices, (host, ifindex, name), to name the pcapng
+/// interfaces by.
+fn devices(ds: &xlap_analyze::dataset::Dataset) -> Result<Vec<(String, u32, String)>> {
+    let mut out = Vec::new();
+    for file in &ds.run_files {
+        let meta = xlap_analyze::runs::read_meta(file)?;
+        out.extend(
+            meta.device_timestamping
+                .into_iter()
+                .filter(|d| d.ifindex != 0)
+                .map(|d| (meta.host.clone(), d.ifindex, d.ifname)),
+        );
+    }
+    Ok(out)
+}
+
 fn export_pcapng(
     conn: &duckdb::Connection,
     ds: &xlap_analyze::dataset::Dataset,
@@ -134,6 +150,7 @@ fn export_pcapng(
             kind,
             clock_pair: clock_pair(ds)?,
             progress: std::io::IsTerminal::is_terminal(&std::io::stderr()),
+            devices: devices(ds)?,
         },
     )?;
     println!(
