@@ -152,6 +152,7 @@ fn collecting(
     (count, period_us): (u32, u64),
     token: &Path,
     peer_wait: &str,
+    extra: &[&str],
 ) -> Collecting {
     let opts = ExampleOptions {
         count,
@@ -163,18 +164,16 @@ fn collecting(
     let (sender, receiver) = run.pids();
     let listen = format!("127.0.0.1:{}", free_port());
     let b_dir = scratch.path("b");
-    let collector = Recorder::start(
-        &[receiver],
-        &b_dir,
-        &[
-            "--collect",
-            &listen,
-            "--token-file",
-            token.to_str().unwrap(),
-            "--peer-wait",
-            peer_wait,
-        ],
-    );
+    let mut args = vec![
+        "--collect",
+        &listen,
+        "--token-file",
+        token.to_str().unwrap(),
+        "--peer-wait",
+        peer_wait,
+    ];
+    args.extend_from_slice(extra);
+    let collector = Recorder::start(&[receiver], &b_dir, &args);
     Collecting {
         run,
         sender,
@@ -201,7 +200,7 @@ fn a_streamed_peer_run_is_correlated_as_the_two_local_runs_are() {
         a_dir,
         b_dir,
         collector,
-    } = collecting(&stage, &scratch, (3000, 200), &token, "60");
+    } = collecting(&stage, &scratch, (3000, 200), &token, "60", &[]);
     let peer = Recorder::start(&[sender], &a_dir, &["--to", &listen, "--token-file", t]);
     run.start();
     let (sent, received) = run.wait();
@@ -300,7 +299,7 @@ fn a_wrong_token_is_said_on_both_sides_and_the_collector_records_on() {
         a_dir,
         b_dir,
         collector,
-    } = collecting(&stage, &scratch, (500, 100), &right, "2");
+    } = collecting(&stage, &scratch, (500, 100), &right, "2", &[]);
     let peer = Recorder::start(
         &[sender],
         &a_dir,
@@ -377,7 +376,7 @@ fn garbage_from_the_network_is_named_and_dropped() {
         b_dir,
         collector,
         ..
-    } = collecting(&stage, &scratch, (500, 100), &token, "1");
+    } = collecting(&stage, &scratch, (500, 100), &token, "1", &[]);
     // Random bytes, then a well-formed header announcing 4 GiB.
     let mut random = vec![0u8; 4096];
     std::fs::File::open("/dev/urandom")
@@ -429,7 +428,7 @@ fn a_peer_killed_mid_run_leaves_what_arrived_to_the_analysis() {
         a_dir,
         b_dir,
         collector,
-    } = collecting(&stage, &scratch, (20_000, 250), &token, "2");
+    } = collecting(&stage, &scratch, (20_000, 250), &token, "2", &[]);
     let peer = Recorder::start(&[sender], &a_dir, &["--to", &listen, "--token-file", t]);
     run.start();
     // Killed once some batches have reached the collector (a condition,
@@ -490,4 +489,190 @@ fn a_peer_killed_mid_run_leaves_what_arrived_to_the_analysis() {
         before_last,
         arrival.stream_bytes
     );
+}
+
+/// The recorder's stdout read line by line as it comes, each line with
+/// the instant it was read.
+fn read_lines(rec: &mut Recorder) -> std::thread::JoinHandle<Vec<(Instant, String)>> {
+    let out = rec.child.stdout.take().expect("piped stdout");
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        std::io::BufReader::new(out)
+            .lines()
+            .map_while(Result::ok)
+            .map(|l| (Instant::now(), l))
+            .collect()
+    })
+}
+
+/// A number after `prefix` in `line`.
+fn number_after(line: &str, prefix: &str) -> Option<f64> {
+    line.split(prefix)
+        .nth(1)?
+        .split_whitespace()
+        .next()?
+        .trim_end_matches(',')
+        .parse()
+        .ok()
+}
+
+/// `--live` on the collector: while the run goes on, its view shows the
+/// peer's data packets end to end (the peer's sock.send_enter to this
+/// host's sock.recv_exit), clock-corrected by an online offset. Both
+/// namespaces share one kernel clock, so the true offset is 0: the
+/// online estimate must hold it within its bound. The live count and
+/// median agree with the packets table the run ends with.
+#[test]
+fn the_live_view_shows_the_cross_host_latency_the_packets_table_confirms() {
+    let Some(_guard) = privileged("peer_link") else {
+        return;
+    };
+    let stage = Stage::two_hosts().expect("stage");
+    let scratch = Scratch::new("peer_link_live");
+    let token = token_file(&scratch, "token", "a shared secret of the test");
+    let t = token.to_str().unwrap();
+    // 8000 packets (within the view's 8192 kept per series), ~8 s: longer
+    // than the join's wait, so lines come while the protocol runs.
+    let Collecting {
+        run,
+        sender,
+        listen,
+        a_dir: _,
+        b_dir,
+        mut collector,
+    } = collecting(&stage, &scratch, (8000, 1000), &token, "60", &["--live"]);
+    let lines = read_lines(&mut collector);
+    let a_dir = scratch.path("a");
+    let peer = Recorder::start(&[sender], &a_dir, &["--to", &listen, "--token-file", t]);
+    run.start();
+    let _ = run.wait();
+    let protocol_ended = Instant::now();
+    let peer_out = finish(peer);
+    let coll_out = finish(collector);
+    assert!(peer_out.status.success(), "peer: {}", stderr(&peer_out));
+    assert!(coll_out.status.success(), "{}", stderr(&coll_out));
+    let lines = lines.join().unwrap();
+    let data = kind_code("data");
+    let cross = format!("cross-host kind {data} peer-1-");
+    let inbound: Vec<&(Instant, String)> = lines
+        .iter()
+        .filter(|(_, l)| l.starts_with(&cross) && l.contains("->here:"))
+        .collect();
+    let text: String = lines.iter().map(|(_, l)| format!("{l}\n")).collect();
+    let (first_at, first) = inbound
+        .iter()
+        .find(|(_, l)| number_after(l, ": ").is_some_and(|n| n > 0.0))
+        .unwrap_or_else(|| panic!("no cross-host line in the live view:\n{text}"));
+    assert!(
+        *first_at < protocol_ended,
+        "the first cross-host line came after the protocol ended: {first}"
+    );
+    // The view's last block: the whole run.
+    let last = &inbound.last().unwrap().1;
+    eprintln!("first: {first}\nlast: {last}");
+    let packets = number_after(last, ": ").unwrap() as i64;
+    let p50 = number_after(last, "e2e p50 ").unwrap_or_else(|| panic!("{last}"));
+    let bound = number_after(last, "± ").unwrap_or_else(|| panic!("not corrected: {last}"));
+    assert!(
+        last.contains("(sock.send_enter -> sock.recv_exit)"),
+        "{last}"
+    );
+    let clock = lines
+        .iter()
+        .rev()
+        .find(|(_, l)| l.starts_with("peer peer-1-") && l.contains(": clock offset "))
+        .map(|(_, l)| l.clone())
+        .unwrap_or_else(|| panic!("no clock line:\n{text}"));
+    let offset = number_after(&clock, "clock offset ").unwrap();
+    let offset_bound = number_after(&clock, "± ").unwrap();
+    eprintln!("{clock}");
+    // One kernel clock: the truth is 0, and it lies within the bound.
+    assert!(
+        offset.abs() <= offset_bound + 0.1,
+        "online offset {offset} µs ± {offset_bound} µs, the truth 0: {clock}"
+    );
+    assert!((bound - offset_bound).abs() < 0.2, "{last} / {clock}");
+
+    // The packets table the run ended with (correlate's mapping: the same
+    // boot id, the identity).
+    let conn = duckdb::Connection::open_in_memory().unwrap();
+    let p = b_dir.join("packets.parquet");
+    let (n, median_us): (i64, f64) = conn
+        .query_row(
+            &format!(
+                "SELECT count(*), median(sock_recv_exit_ns - sock_send_enter_ns) / 1e3 FROM '{}' \
+                 WHERE kind = {data} AND sock_send_enter_ns IS NOT NULL AND sock_recv_exit_ns IS NOT NULL",
+                p.display()
+            ),
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .unwrap();
+    eprintln!(
+        "live: {packets} packets, p50 {p50} µs ± {bound} µs; packets table: {n} packets, median {median_us:.1} µs; offset {offset} µs ± {offset_bound} µs"
+    );
+    assert_eq!(packets, n, "every packet of the table joined live: {last}");
+    assert!(
+        (p50 - median_us).abs() <= bound + 0.2,
+        "live p50 {p50} µs ± {bound} µs, the packets table's median {median_us} µs"
+    );
+    let status = lines
+        .iter()
+        .rev()
+        .find(|(_, l)| l.starts_with("peer peer-1-") && l.contains("stamps arrived"))
+        .unwrap();
+    eprintln!("{}", status.1);
+}
+
+/// The peer killed mid-run: the collector's live view says it is gone,
+/// and the collector records on to its run's end.
+#[test]
+fn a_peer_killed_mid_run_is_said_gone_in_the_live_view() {
+    let Some(_guard) = privileged("peer_link") else {
+        return;
+    };
+    let stage = Stage::two_hosts().expect("stage");
+    let scratch = Scratch::new("peer_link_live_killed");
+    let token = token_file(&scratch, "token", "a shared secret of the test");
+    let t = token.to_str().unwrap();
+    let Collecting {
+        run,
+        sender,
+        listen,
+        a_dir,
+        b_dir,
+        mut collector,
+    } = collecting(&stage, &scratch, (6000, 1000), &token, "2", &["--live"]);
+    let lines = read_lines(&mut collector);
+    let peer = Recorder::start(&[sender], &a_dir, &["--to", &listen, "--token-file", t]);
+    run.start();
+    let start = Instant::now();
+    let stream = || {
+        peer_dirs(&b_dir)
+            .first()
+            .and_then(|d| std::fs::metadata(d.join("stamps.arrows")).ok())
+            .map_or(0, |m| m.len())
+    };
+    while stream() < 16 << 10 {
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "no stream arrived"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // SAFETY: a signal to the recorder this test started.
+    unsafe { libc::kill(peer.child.id() as libc::pid_t, libc::SIGKILL) };
+    let _ = finish(peer);
+    let (_sent, received) = run.wait();
+    let out = finish(collector);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let lines = lines.join().unwrap();
+    let text: String = lines.iter().map(|(_, l)| format!("{l}\n")).collect();
+    let gone = lines
+        .iter()
+        .find(|(_, l)| l.starts_with("peer peer-1-") && l.contains(": gone (connection dropped"))
+        .unwrap_or_else(|| panic!("the live view never said the peer is gone:\n{text}"));
+    eprintln!("{}", gone.1);
+    // The collector recorded on: its receiver's packets all there.
+    assert_receiver_packets(&b_dir, &received);
 }
