@@ -673,6 +673,12 @@ fn a_peer_killed_mid_run_is_said_gone_in_the_live_view() {
         .find(|(_, l)| l.starts_with("peer peer-1-") && l.contains(": gone (connection dropped"))
         .unwrap_or_else(|| panic!("the live view never said the peer is gone:\n{text}"));
     eprintln!("{}", gone.1);
+    // The view went on after it (the capture did not wait on the peer).
+    let later = lines
+        .iter()
+        .filter(|(at, l)| *at > gone.0 && l.starts_with("xlap-trace live "))
+        .count();
+    assert!(later > 0, "no view after the peer went:\n{text}");
     // The collector recorded on: its receiver's packets all there.
     assert_receiver_packets(&b_dir, &received);
 }

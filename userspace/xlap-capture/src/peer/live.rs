@@ -89,6 +89,21 @@ impl PeerFeed {
         live
     }
 
+    /// A peer without a decoder, its stamps queued by the caller.
+    #[cfg(test)]
+    pub(crate) fn add_fed(&self, name: &str) -> Arc<PeerLive> {
+        let live = Arc::new(PeerLive {
+            name: name.into(),
+            state: Mutex::new(PeerState {
+                connected: true,
+                ..Default::default()
+            }),
+            child: Mutex::new(None),
+        });
+        self.peers.lock().unwrap().push(live.clone());
+        live
+    }
+
     /// At the collector's end: the decoders stopped.
     pub fn stop(&self) {
         for p in self.peers.lock().unwrap().iter() {

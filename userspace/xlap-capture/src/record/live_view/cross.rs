@@ -56,7 +56,11 @@ impl Ends {
         match info.side {
             Side::Tx => {
                 if point == send_enter {
-                    self.tx_start = Some(self.tx_start.filter(|_| self.tx_named).map_or(ts, |t| t.min(ts)));
+                    self.tx_start = Some(
+                        self.tx_start
+                            .filter(|_| self.tx_named)
+                            .map_or(ts, |t| t.min(ts)),
+                    );
                     self.tx_named = true;
                 } else if !self.tx_named {
                     self.tx_start = Some(self.tx_start.map_or(ts, |t| t.min(ts)));
@@ -69,7 +73,11 @@ impl Ends {
             }
             Side::Rx => {
                 if point == recv_exit {
-                    self.rx_end = Some(self.rx_end.filter(|_| self.rx_named).map_or(ts, |t| t.max(ts)));
+                    self.rx_end = Some(
+                        self.rx_end
+                            .filter(|_| self.rx_named)
+                            .map_or(ts, |t| t.max(ts)),
+                    );
                     self.rx_named = true;
                 } else if !self.rx_named {
                     self.rx_end = Some(self.rx_end.map_or(ts, |t| t.max(ts)));
@@ -250,7 +258,10 @@ impl Cross {
             }
             let mut joined = false;
             // In: the peer sent, this host received; Out: the other way.
-            for (dir, tx, rx) in [(Dir::In, &w.theirs, &w.ours), (Dir::Out, &w.ours, &w.theirs)] {
+            for (dir, tx, rx) in [
+                (Dir::In, &w.theirs, &w.ours),
+                (Dir::Out, &w.ours, &w.theirs),
+            ] {
                 let (Some(t), Some(r)) = (tx.tx_start, rx.rx_end) else {
                     continue;
                 };
@@ -392,7 +403,11 @@ impl Cross {
                 let (shift, tail, corrected) = match (offset, key.2) {
                     (Some(o), Dir::In) => (-o.theta_ns, format!(" ± {} µs", us(o.bound_ns)), true),
                     (Some(o), Dir::Out) => (o.theta_ns, format!(" ± {} µs", us(o.bound_ns)), true),
-                    (None, _) => (0.0, " (uncorrected: includes the clock offset)".into(), false),
+                    (None, _) => (
+                        0.0,
+                        " (uncorrected: includes the clock offset)".into(),
+                        false,
+                    ),
                 };
                 let ends = if s.named {
                     "sock.send_enter -> sock.recv_exit"
@@ -423,10 +438,142 @@ impl Cross {
                         (q(p) + shift) / 1e9
                     );
                 }
-                let _ = writeln!(summaries, "xlap_cross_host_e2e_seconds_count{{{labels}}} {}", s.n);
+                let _ = writeln!(
+                    summaries,
+                    "xlap_cross_host_e2e_seconds_count{{{labels}}} {}",
+                    s.n
+                );
             }
         }
         let _ = write!(om, "# TYPE xlap_peer_connected gauge\n# HELP xlap_peer_connected A peer recorder is connected now (1) or gone (0).\n{gauges}# TYPE xlap_peer_clock_offset_seconds gauge\n# HELP xlap_peer_clock_offset_seconds This host's clock minus the peer's, from the minimum wire delays both ways (absent when packets went one way only).\n# UNIT xlap_peer_clock_offset_seconds seconds\n{offsets}# TYPE xlap_peer_clock_uncertainty_seconds gauge\n# HELP xlap_peer_clock_uncertainty_seconds Half-width of the interval the true offset lies in.\n# UNIT xlap_peer_clock_uncertainty_seconds seconds\n{bounds}# TYPE xlap_cross_host_e2e_seconds summary\n# HELP xlap_cross_host_e2e_seconds Cross-host end to end (sender's sock.send_enter to receiver's sock.recv_exit) of the latest {KEPT} packets per peer, kind and direction, clock-corrected by the online offset (xlap_peer_clock_offset_seconds, within xlap_peer_clock_uncertainty_seconds) where corrected=\"true\".\n# UNIT xlap_cross_host_e2e_seconds seconds\n{summaries}");
         (view, om)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn id(name: &str) -> u16 {
+        point_id(name)
+    }
+
+    /// Packets both ways between clocks `theta` apart (local − peer), with
+    /// known delays: the estimate holds θ within its bound, and the
+    /// corrected end to end is the true one within it.
+    #[test]
+    fn the_offset_comes_back_within_its_bound_and_one_way_is_not_identified() {
+        let feed = Arc::new(PeerFeed::default());
+        let peer = feed.add_fed("peer-1-a");
+        let mut c = Cross::new(feed.clone());
+        let theta: i64 = 3_700_000;
+        let (send, wire_tx, wire_rx, recv) = (
+            id("sock.send_enter"),
+            id("dev.xmit"),
+            id("dev.netif_rx"),
+            id("sock.recv_exit"),
+        );
+        assert!(send != 0 && wire_tx != 0 && wire_rx != 0 && recv != 0);
+        let push = |c: &mut Cross, seq: u64, kind: u32, ours: bool, pts: &[(u16, i64)]| {
+            for (p, t) in pts {
+                if ours {
+                    c.note_local(kind as u64, seq, *p, *t);
+                } else {
+                    peer.state.lock().unwrap().queue.push_back(PeerStamp {
+                        ts_ns: *t - theta,
+                        seq,
+                        kind: Some(kind),
+                        point: *p,
+                    });
+                }
+            }
+        };
+        // In one direction only first: not identifiable.
+        for seq in 0..100u64 {
+            let t = 1_000_000_000 + seq as i64 * 1_000_000;
+            // The peer sends (its clock), this host receives.
+            push(&mut c, seq, 1, false, &[(send, t), (wire_tx, t + 5_000)]);
+            push(
+                &mut c,
+                seq,
+                1,
+                true,
+                &[(wire_rx, t + 15_000), (recv, t + 40_000)],
+            );
+        }
+        c.tick();
+        c.complete(true);
+        assert!(c.offset(0).is_none());
+        let (view, _) = c.render();
+        assert!(view.contains("not identifiable"), "{view}");
+        assert!(view.contains("uncorrected"), "{view}");
+        // Then feedback the other way: wire delay 12 µs.
+        for seq in 0..100u64 {
+            let t = 2_000_000_000 + seq as i64 * 1_000_000;
+            push(&mut c, seq, 3, true, &[(send, t), (wire_tx, t + 5_000)]);
+            push(
+                &mut c,
+                seq,
+                3,
+                false,
+                &[(wire_rx, t + 17_000), (recv, t + 30_000)],
+            );
+        }
+        c.tick();
+        c.complete(true);
+        let o = c.offset(0).expect("both ways");
+        assert!((o.theta_ns - theta as f64).abs() <= o.bound_ns, "{o:?}");
+        assert_eq!(o.bound_ns, 11_000.0, "(10 + 12 µs)/2");
+        let (view, om) = c.render();
+        // 40 µs end to end, within ±11 µs.
+        let line = view
+            .lines()
+            .find(|l| l.contains("kind 1 peer-1-a->here"))
+            .unwrap();
+        assert!(line.contains("100 packets"), "{line}");
+        let p50: f64 = line
+            .split("p50 ")
+            .nth(1)
+            .unwrap()
+            .split(' ')
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert!((p50 - 40.0).abs() <= 11.0, "{line}");
+        assert!(
+            om.contains("xlap_peer_stamps_total{peer=\"peer-1-a\",outcome=\"joined\"} 400"),
+            "{om}"
+        );
+        assert!(
+            om.contains("xlap_peer_clock_uncertainty_seconds{peer=\"peer-1-a\"} 1.1"),
+            "{om}"
+        );
+    }
+
+    /// A peer's stamps with no local match are counted dropped once their
+    /// wait is over; beyond MAX_JOIN waiting packets, at once.
+    #[test]
+    fn what_does_not_join_is_counted_and_the_window_is_bounded() {
+        let feed = Arc::new(PeerFeed::default());
+        let peer = feed.add_fed("peer-1-a");
+        let mut c = Cross::new(feed);
+        let send = id("sock.send_enter");
+        for seq in 0..(MAX_JOIN as u64 + 10) {
+            c.note_local(1, seq, send, 1);
+        }
+        assert_eq!(c.waiting.len(), MAX_JOIN);
+        assert_eq!(c.local_dropped, 10);
+        peer.state.lock().unwrap().queue.push_back(PeerStamp {
+            ts_ns: 5,
+            seq: u64::MAX,
+            kind: Some(1),
+            point: send,
+        });
+        c.tick();
+        c.complete(true);
+        assert!(c.waiting.is_empty());
+        assert_eq!(c.counts[0].window_dropped, 1);
+        assert_eq!(c.counts[0].joined, 0);
     }
 }
