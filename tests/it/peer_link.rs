@@ -5,6 +5,7 @@
 //! token, garbage from a raw client, and a peer killed mid-run each leave
 //! the collector's run complete.
 
+use crate::live_view::scrape;
 use std::collections::BTreeSet;
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -505,6 +506,51 @@ fn read_lines(rec: &mut Recorder) -> std::thread::JoinHandle<Vec<(Instant, Strin
     })
 }
 
+/// /proc/PID/status of the collector's `peer-decode` child, once it runs.
+fn decoder_status(collector: u32) -> String {
+    let start = Instant::now();
+    loop {
+        for e in std::fs::read_dir("/proc").unwrap().filter_map(|e| e.ok()) {
+            let p = e.path();
+            let (Ok(stat), Ok(cmd)) = (
+                std::fs::read_to_string(p.join("stat")),
+                std::fs::read(p.join("cmdline")),
+            ) else {
+                continue;
+            };
+            // pid (comm) state ppid ...
+            let ppid = stat
+                .rsplit(") ")
+                .next()
+                .and_then(|r| r.split_whitespace().nth(1))
+                .and_then(|n| n.parse::<u32>().ok());
+            let decoding = cmd.split(|b| *b == 0).any(|a| a == b"peer-decode");
+            if ppid == Some(collector) && decoding {
+                if let Ok(status) = std::fs::read_to_string(p.join("status")) {
+                    return status;
+                }
+            }
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "no peer-decode child of the collector"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The value of `family`'s sample for the collector's first peer whose
+/// labels end with `labels_end`.
+fn peer_series(text: &str, family: &str, labels_end: &str) -> Option<f64> {
+    let start = format!("{family}{{peer=\"peer-1-");
+    text.lines().find_map(|l| {
+        let (series, value) = l.rsplit_once(' ')?;
+        (series.starts_with(&start) && series.ends_with(labels_end))
+            .then(|| value.parse().ok())
+            .flatten()
+    })
+}
+
 /// A number after `prefix` in `line`.
 fn number_after(line: &str, prefix: &str) -> Option<f64> {
     line.split(prefix)
@@ -529,6 +575,11 @@ fn the_live_view_shows_the_cross_host_latency_the_packets_table_confirms() {
     };
     let stage = Stage::two_hosts().expect("stage");
     let scratch = Scratch::new("peer_link_live");
+    let metrics = format!("127.0.0.1:{}", free_port());
+    let cross_series = format!(
+        "kind=\"{}\",direction=\"in\",corrected=\"true\"}}",
+        kind_code("data")
+    );
     let token = token_file(&scratch, "token", "a shared secret of the test");
     let t = token.to_str().unwrap();
     // 8000 packets (within the view's 8192 kept per series), ~8 s: longer
@@ -540,11 +591,47 @@ fn the_live_view_shows_the_cross_host_latency_the_packets_table_confirms() {
         a_dir: _,
         b_dir,
         mut collector,
-    } = collecting(&stage, &scratch, (8000, 1000), &token, "60", &["--live"]);
+    } = collecting(
+        &stage,
+        &scratch,
+        (8000, 1000),
+        &token,
+        "60",
+        &["--live", "--metrics", &metrics],
+    );
     let lines = read_lines(&mut collector);
+    // Scrapes until the cross-host series are there (the run lasts ~8 s).
+    let scraper = {
+        let (addr, series) = (metrics.clone(), cross_series.clone());
+        std::thread::spawn(move || {
+            let start = Instant::now();
+            while start.elapsed() < Duration::from_secs(60) {
+                if let Some(text) = scrape(&addr) {
+                    if peer_series(&text, "xlap_cross_host_e2e_seconds_count", &series)
+                        .is_some_and(|n| n > 0.0)
+                        && text.contains("xlap_peer_clock_offset_seconds{")
+                    {
+                        return Some(text);
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(300));
+            }
+            None
+        })
+    };
     let a_dir = scratch.path("a");
     let peer = Recorder::start(&[sender], &a_dir, &["--to", &listen, "--token-file", t]);
     run.start();
+    // The peer's decoder, by the kernel's account: a child of the
+    // collector, no capability, no_new_privs.
+    let decoder = decoder_status(collector.child.id());
+    for field in [
+        "CapEff:\t0000000000000000",
+        "CapPrm:\t0000000000000000",
+        "NoNewPrivs:\t1",
+    ] {
+        assert!(decoder.contains(field), "{field}: {decoder}");
+    }
     let _ = run.wait();
     let protocol_ended = Instant::now();
     let peer_out = finish(peer);
@@ -553,6 +640,24 @@ fn the_live_view_shows_the_cross_host_latency_the_packets_table_confirms() {
     assert!(coll_out.status.success(), "{}", stderr(&coll_out));
     let lines = lines.join().unwrap();
     let data = kind_code("data");
+    // The same while it ran, as OpenMetrics: the offset within its bound.
+    let scraped = scraper
+        .join()
+        .unwrap()
+        .expect("no cross-host series in the metrics while the run went on");
+    assert!(scraped.ends_with("# EOF\n"), "{scraped}");
+    let gauge = |name: &str| {
+        peer_series(&scraped, name, "\"}").unwrap_or_else(|| panic!("{name}: {scraped}"))
+    };
+    let (theta, u) = (
+        gauge("xlap_peer_clock_offset_seconds"),
+        gauge("xlap_peer_clock_uncertainty_seconds"),
+    );
+    eprintln!("scraped: offset {theta:e} s ± {u:e} s");
+    assert!(
+        theta.abs() <= u,
+        "scraped offset {theta} s ± {u} s, the truth 0"
+    );
     let cross = format!("cross-host kind {data} peer-1-");
     let inbound: Vec<&(Instant, String)> = lines
         .iter()
