@@ -654,6 +654,14 @@ fn the_live_view_shows_the_cross_host_latency_the_packets_table_confirms() {
         gauge("xlap_peer_clock_uncertainty_seconds"),
     );
     eprintln!("scraped: offset {theta:e} s ± {u:e} s");
+    // The text with the peers' families is still well-formed (promtool,
+    // where it is installed, as the Prometheus scrape test has it).
+    let promtool = Path::new("/usr/bin/promtool");
+    if promtool.exists() {
+        let body = scraped.split_once("\r\n\r\n").map_or(&*scraped, |b| b.1);
+        let said = crate::prometheus_scrape::promtool_says(promtool, body);
+        assert!(said.is_empty(), "promtool: {said:?}\n{body}");
+    }
     assert!(
         theta.abs() <= u,
         "scraped offset {theta} s ± {u} s, the truth 0"
