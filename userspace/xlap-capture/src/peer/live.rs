@@ -18,7 +18,8 @@ use xlap_records::peer_stamps::{PeerStamp, RECORD};
 /// The hidden command the decoder runs as.
 pub const DECODE_COMMAND: &str = "peer-decode";
 /// Stamps waiting for the view per peer (the view takes them every
-/// second): beyond, the newest are dropped and counted.
+/// second): beyond, the newest are dropped and counted. 32 bytes each:
+/// 8 MiB per peer at most, 64 MiB for the 8 peers a collector takes.
 pub const QUEUE: usize = 1 << 18;
 /// The decoder's memory ceiling (xlap_exit::memory): an Arrow message
 /// claiming more ends the decoder, not the recorder.

@@ -28,7 +28,8 @@ use xlap_records::stages::wire_rank;
 /// How long a packet waits for its other host's stamps (the peer's come
 /// after its recorder's flush, its sender's tail and the decoder).
 pub const JOIN_WAIT: Duration = Duration::from_secs(3);
-/// Packets waiting at most (~100 bytes each).
+/// Packets waiting at most: 224 bytes each with its key (~26 MB with the
+/// map's slack, at most).
 pub const MAX_JOIN: usize = 100_000;
 /// Latencies kept per (peer, kind, direction) for the quantiles.
 pub const KEPT: usize = 8192;
