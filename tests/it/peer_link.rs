@@ -795,3 +795,72 @@ fn a_peer_killed_mid_run_is_said_gone_in_the_live_view() {
     // The collector recorded on: its receiver's packets all there.
     assert_receiver_packets(&b_dir, &received);
 }
+
+/// A peer that holds the token and streams garbage (an Arrow message of
+/// 64 bytes of random metadata, then random bytes): its decoder ends, said
+/// on the peer's line of the live view; the collector records on, its run
+/// complete.
+#[test]
+fn garbage_from_an_authenticated_peer_ends_only_its_live_decoder() {
+    use xlap_capture::peer::auth::Token;
+    use xlap_capture::peer::frame::{self, Kind};
+    let Some(_guard) = privileged("peer_link") else {
+        return;
+    };
+    let stage = Stage::two_hosts().expect("stage");
+    let scratch = Scratch::new("peer_link_live_garbage");
+    let text = "a shared secret of the test";
+    let token = token_file(&scratch, "token", text);
+    let Collecting {
+        run,
+        listen,
+        b_dir,
+        mut collector,
+        ..
+    } = collecting(&stage, &scratch, (3000, 1000), &token, "1", &["--live"]);
+    let lines = read_lines(&mut collector);
+    // The handshake as a peer makes it (sender.rs), then the garbage.
+    let token = Token::from_text(text).unwrap();
+    let mut conn = TcpStream::connect(&listen).unwrap();
+    let (kind, theirs) = frame::read(&mut conn).unwrap();
+    assert_eq!(kind, Kind::Nonce);
+    let ours = xlap_capture::peer::auth::nonce().unwrap();
+    let hello = r#"{"run_id":"garbage-run","host":"evil"}"#;
+    let tag = token.hello_tag(&theirs, &ours, hello.as_bytes());
+    frame::write(&mut conn, Kind::Hello, &[&ours, &tag, hello.as_bytes()]).unwrap();
+    let (kind, _) = frame::read(&mut conn).unwrap();
+    assert_eq!(kind, Kind::Accept);
+    let mut garbage = vec![0xff, 0xff, 0xff, 0xff];
+    garbage.extend_from_slice(&64u32.to_le_bytes());
+    let mut random = vec![0u8; 64 << 10];
+    std::fs::File::open("/dev/urandom")
+        .unwrap()
+        .read_exact(&mut random)
+        .unwrap();
+    garbage.extend_from_slice(&random);
+    frame::write(&mut conn, Kind::Stream, &[&0u64.to_be_bytes(), &garbage]).unwrap();
+    run.start();
+    let (_sent, received) = run.wait();
+    let out = finish(collector);
+    drop(conn);
+    let e = stderr(&out);
+    assert!(out.status.success(), "{e}");
+    let lines = lines.join().unwrap();
+    let text: String = lines.iter().map(|(_, l)| format!("{l}\n")).collect();
+    let said = lines
+        .iter()
+        .find(|(_, l)| {
+            l.starts_with("peer peer-1-evil: ") && l.contains("its live decoding ended: ")
+        })
+        .unwrap_or_else(|| panic!("the decoder's end is not said:\n{text}\n{e}"));
+    eprintln!("{}", said.1);
+    // The view went on after it.
+    assert!(lines
+        .iter()
+        .any(|(at, l)| *at > said.0 && l.starts_with("xlap-trace live ")));
+    assert_eq!(
+        run_meta(&b_dir).state,
+        xlap_records::run_meta::RunState::Complete
+    );
+    assert_receiver_packets(&b_dir, &received);
+}

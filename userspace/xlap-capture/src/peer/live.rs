@@ -140,6 +140,13 @@ fn start_decoder(live: &Arc<PeerLive>, dir: &Path) -> std::io::Result<()> {
             let _ = (&mut err).take(512).read_to_end(&mut why);
             let why = String::from_utf8_lossy(&why);
             let why = why.lines().next().unwrap_or("").trim();
+            // A stream that ended (the peer's run complete) is no news;
+            // the collector's stop (a kill) is not said either: the view
+            // has ended by then.
+            let status = l.child.lock().unwrap().as_mut().and_then(|c| c.wait().ok());
+            if status.is_some_and(|s| s.success()) {
+                return;
+            }
             let mut s = l.state.lock().unwrap();
             if s.decoder.is_none() {
                 s.decoder = Some(if why.is_empty() {
