@@ -22,7 +22,7 @@ use std::fmt::Write as _;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use xlap_records::peer_stamps::PeerStamp;
-use xlap_records::points::{kernel_point, kernel_points, Side};
+use xlap_records::points::{kernel_points, Side};
 use xlap_records::stages::wire_rank;
 
 /// How long a packet waits for its other host's stamps (the peer's come
@@ -49,12 +49,12 @@ struct Ends {
 }
 
 impl Ends {
-    fn add(&mut self, point: u16, ts: i64, send_enter: u16, recv_exit: u16) {
-        let Some(info) = kernel_point(point as u32) else {
+    fn add(&mut self, point: u16, ts: i64, points: &Points) {
+        let Some(Some((side, rank))) = points.info.get(point as usize).copied() else {
             return;
         };
-        let rank = wire_rank(info.side, &xlap_records::points::column_stem(info.name));
-        match info.side {
+        let (send_enter, recv_exit) = (points.send_enter, points.recv_exit);
+        match side {
             Side::Tx => {
                 if point == send_enter {
                     self.tx_start = Some(
@@ -89,6 +89,34 @@ impl Ends {
                     }
                 }
             }
+        }
+    }
+}
+
+/// Per kernel point id its side and wire rank (asked once: naming a point
+/// allocates, and every stamp of this host passes here), and the two
+/// named ends.
+struct Points {
+    info: Vec<Option<(Side, Option<usize>)>>,
+    send_enter: u16,
+    recv_exit: u16,
+}
+
+impl Points {
+    fn new() -> Points {
+        let mut info = Vec::new();
+        for p in kernel_points() {
+            let i = p.id as usize;
+            if info.len() <= i {
+                info.resize(i + 1, None);
+            }
+            let rank = wire_rank(p.side, &xlap_records::points::column_stem(p.name));
+            info[i] = Some((p.side, rank));
+        }
+        Points {
+            info,
+            send_enter: point_id("sock.send_enter"),
+            recv_exit: point_id("sock.recv_exit"),
         }
     }
 }
@@ -151,8 +179,7 @@ pub struct Offset {
 pub struct Cross {
     feed: Arc<PeerFeed>,
     waiting: FastMap<(u64, u64), Waiting>,
-    send_enter: u16,
-    recv_exit: u16,
+    points: Points,
     series: FastMap<(usize, u64, Dir), Series>,
     counts: Vec<PeerCounts>,
     clock: Vec<VecDeque<Slot>>,
@@ -169,8 +196,7 @@ impl Cross {
         Cross {
             feed,
             waiting: FastMap::default(),
-            send_enter: point_id("sock.send_enter"),
-            recv_exit: point_id("sock.recv_exit"),
+            points: Points::new(),
             series: FastMap::default(),
             counts: Vec::new(),
             clock: Vec::new(),
@@ -180,13 +206,12 @@ impl Cross {
 
     /// A stamp of this host (kernel points of a packet only).
     pub fn note_local(&mut self, kind: u64, seq: u64, point: u16, ts: i64) {
-        if kernel_point(point as u32).is_none() {
+        if !matches!(self.points.info.get(point as usize), Some(Some(_))) {
             return;
         }
-        let (se, re) = (self.send_enter, self.recv_exit);
         let full = self.waiting.len() >= MAX_JOIN;
         match self.waiting.get_mut(&(kind, seq)) {
-            Some(w) => w.ours.add(point, ts, se, re),
+            Some(w) => w.ours.add(point, ts, &self.points),
             None if full => self.local_dropped += 1,
             None => {
                 let mut w = Waiting {
@@ -196,7 +221,7 @@ impl Cross {
                     theirs: Ends::default(),
                     ours: Ends::default(),
                 };
-                w.ours.add(point, ts, se, re);
+                w.ours.add(point, ts, &self.points);
                 self.waiting.insert((kind, seq), w);
             }
         }
@@ -206,7 +231,6 @@ impl Cross {
     /// over.
     pub fn tick(&mut self) {
         let peers: Vec<_> = self.feed.peers.lock().unwrap().clone();
-        let (se, re) = (self.send_enter, self.recv_exit);
         for (i, p) in peers.iter().enumerate() {
             let stamps: Vec<PeerStamp> = p.state.lock().unwrap().queue.drain(..).collect();
             while self.counts.len() <= i {
@@ -220,7 +244,7 @@ impl Cross {
                     Some(w) if w.peer == usize::MAX || w.peer == i => {
                         w.peer = i;
                         w.peer_stamps += 1;
-                        w.theirs.add(s.point, s.ts_ns, se, re);
+                        w.theirs.add(s.point, s.ts_ns, &self.points);
                     }
                     // Another peer's packet of the same seq, or the window
                     // full: not joined.
@@ -234,7 +258,7 @@ impl Cross {
                             theirs: Ends::default(),
                             ours: Ends::default(),
                         };
-                        w.theirs.add(s.point, s.ts_ns, se, re);
+                        w.theirs.add(s.point, s.ts_ns, &self.points);
                         self.waiting.insert((kind, s.seq), w);
                     }
                 }
