@@ -12,7 +12,7 @@ use xlap_tests::example::{events, kind_code, ExampleOptions};
 use xlap_tests::privileged;
 use xlap_tests::trace::trace_example;
 
-fn scrape(addr: &str) -> Option<String> {
+pub(crate) fn scrape(addr: &str) -> Option<String> {
     let mut conn = TcpStream::connect(addr).ok()?;
     conn.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
     conn.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")

@@ -5,6 +5,7 @@
 //! token, garbage from a raw client, and a peer killed mid-run each leave
 //! the collector's run complete.
 
+use crate::live_view::scrape;
 use std::collections::BTreeSet;
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -152,6 +153,7 @@ fn collecting(
     (count, period_us): (u32, u64),
     token: &Path,
     peer_wait: &str,
+    extra: &[&str],
 ) -> Collecting {
     let opts = ExampleOptions {
         count,
@@ -163,18 +165,16 @@ fn collecting(
     let (sender, receiver) = run.pids();
     let listen = format!("127.0.0.1:{}", free_port());
     let b_dir = scratch.path("b");
-    let collector = Recorder::start(
-        &[receiver],
-        &b_dir,
-        &[
-            "--collect",
-            &listen,
-            "--token-file",
-            token.to_str().unwrap(),
-            "--peer-wait",
-            peer_wait,
-        ],
-    );
+    let mut args = vec![
+        "--collect",
+        &listen,
+        "--token-file",
+        token.to_str().unwrap(),
+        "--peer-wait",
+        peer_wait,
+    ];
+    args.extend_from_slice(extra);
+    let collector = Recorder::start(&[receiver], &b_dir, &args);
     Collecting {
         run,
         sender,
@@ -201,7 +201,7 @@ fn a_streamed_peer_run_is_correlated_as_the_two_local_runs_are() {
         a_dir,
         b_dir,
         collector,
-    } = collecting(&stage, &scratch, (3000, 200), &token, "60");
+    } = collecting(&stage, &scratch, (3000, 200), &token, "60", &[]);
     let peer = Recorder::start(&[sender], &a_dir, &["--to", &listen, "--token-file", t]);
     run.start();
     let (sent, received) = run.wait();
@@ -300,7 +300,7 @@ fn a_wrong_token_is_said_on_both_sides_and_the_collector_records_on() {
         a_dir,
         b_dir,
         collector,
-    } = collecting(&stage, &scratch, (500, 100), &right, "2");
+    } = collecting(&stage, &scratch, (500, 100), &right, "2", &[]);
     let peer = Recorder::start(
         &[sender],
         &a_dir,
@@ -377,7 +377,7 @@ fn garbage_from_the_network_is_named_and_dropped() {
         b_dir,
         collector,
         ..
-    } = collecting(&stage, &scratch, (500, 100), &token, "1");
+    } = collecting(&stage, &scratch, (500, 100), &token, "1", &[]);
     // Random bytes, then a well-formed header announcing 4 GiB.
     let mut random = vec![0u8; 4096];
     std::fs::File::open("/dev/urandom")
@@ -429,7 +429,7 @@ fn a_peer_killed_mid_run_leaves_what_arrived_to_the_analysis() {
         a_dir,
         b_dir,
         collector,
-    } = collecting(&stage, &scratch, (20_000, 250), &token, "2");
+    } = collecting(&stage, &scratch, (20_000, 250), &token, "2", &[]);
     let peer = Recorder::start(&[sender], &a_dir, &["--to", &listen, "--token-file", t]);
     run.start();
     // Killed once some batches have reached the collector (a condition,
@@ -490,4 +490,377 @@ fn a_peer_killed_mid_run_leaves_what_arrived_to_the_analysis() {
         before_last,
         arrival.stream_bytes
     );
+}
+
+/// The recorder's stdout read line by line as it comes, each line with
+/// the instant it was read.
+fn read_lines(rec: &mut Recorder) -> std::thread::JoinHandle<Vec<(Instant, String)>> {
+    let out = rec.child.stdout.take().expect("piped stdout");
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        std::io::BufReader::new(out)
+            .lines()
+            .map_while(Result::ok)
+            .map(|l| (Instant::now(), l))
+            .collect()
+    })
+}
+
+/// /proc/PID/status of the collector's `peer-decode` child, once it runs.
+fn decoder_status(collector: u32) -> String {
+    let start = Instant::now();
+    loop {
+        for e in std::fs::read_dir("/proc").unwrap().filter_map(|e| e.ok()) {
+            let p = e.path();
+            let (Ok(stat), Ok(cmd)) = (
+                std::fs::read_to_string(p.join("stat")),
+                std::fs::read(p.join("cmdline")),
+            ) else {
+                continue;
+            };
+            // pid (comm) state ppid ...
+            let ppid = stat
+                .rsplit(") ")
+                .next()
+                .and_then(|r| r.split_whitespace().nth(1))
+                .and_then(|n| n.parse::<u32>().ok());
+            let decoding = cmd.split(|b| *b == 0).any(|a| a == b"peer-decode");
+            if ppid == Some(collector) && decoding {
+                if let Ok(status) = std::fs::read_to_string(p.join("status")) {
+                    return status;
+                }
+            }
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "no peer-decode child of the collector"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The value of `family`'s sample for the collector's first peer whose
+/// labels end with `labels_end`.
+fn peer_series(text: &str, family: &str, labels_end: &str) -> Option<f64> {
+    let start = format!("{family}{{peer=\"peer-1-");
+    text.lines().find_map(|l| {
+        let (series, value) = l.rsplit_once(' ')?;
+        (series.starts_with(&start) && series.ends_with(labels_end))
+            .then(|| value.parse().ok())
+            .flatten()
+    })
+}
+
+/// A number after `prefix` in `line`.
+fn number_after(line: &str, prefix: &str) -> Option<f64> {
+    line.split(prefix)
+        .nth(1)?
+        .split_whitespace()
+        .next()?
+        .trim_end_matches(',')
+        .parse()
+        .ok()
+}
+
+/// `--live` on the collector: while the run goes on, its view shows the
+/// peer's data packets end to end (the peer's sock.send_enter to this
+/// host's sock.recv_exit), clock-corrected by an online offset. Both
+/// namespaces share one kernel clock, so the true offset is 0: the
+/// online estimate must hold it within its bound. The live count and
+/// median agree with the packets table the run ends with.
+#[test]
+fn the_live_view_shows_the_cross_host_latency_the_packets_table_confirms() {
+    let Some(_guard) = privileged("peer_link") else {
+        return;
+    };
+    let stage = Stage::two_hosts().expect("stage");
+    let scratch = Scratch::new("peer_link_live");
+    let metrics = format!("127.0.0.1:{}", free_port());
+    let cross_series = format!(
+        "kind=\"{}\",direction=\"in\",corrected=\"true\"}}",
+        kind_code("data")
+    );
+    let token = token_file(&scratch, "token", "a shared secret of the test");
+    let t = token.to_str().unwrap();
+    // 8000 packets (within the view's 8192 kept per series), ~8 s: longer
+    // than the join's wait, so lines come while the protocol runs.
+    let Collecting {
+        run,
+        sender,
+        listen,
+        a_dir: _,
+        b_dir,
+        mut collector,
+    } = collecting(
+        &stage,
+        &scratch,
+        (8000, 1000),
+        &token,
+        "60",
+        &["--live", "--metrics", &metrics],
+    );
+    let lines = read_lines(&mut collector);
+    // Scrapes until the cross-host series are there (the run lasts ~8 s).
+    let scraper = {
+        let (addr, series) = (metrics.clone(), cross_series.clone());
+        std::thread::spawn(move || {
+            let start = Instant::now();
+            while start.elapsed() < Duration::from_secs(60) {
+                if let Some(text) = scrape(&addr) {
+                    if peer_series(&text, "xlap_cross_host_e2e_seconds_count", &series)
+                        .is_some_and(|n| n > 0.0)
+                        && text.contains("xlap_peer_clock_offset_seconds{")
+                    {
+                        return Some(text);
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(300));
+            }
+            None
+        })
+    };
+    let a_dir = scratch.path("a");
+    let peer = Recorder::start(&[sender], &a_dir, &["--to", &listen, "--token-file", t]);
+    run.start();
+    // The peer's decoder, by the kernel's account: a child of the
+    // collector, no capability, no_new_privs.
+    let decoder = decoder_status(collector.child.id());
+    for field in [
+        "CapEff:\t0000000000000000",
+        "CapPrm:\t0000000000000000",
+        "NoNewPrivs:\t1",
+    ] {
+        assert!(decoder.contains(field), "{field}: {decoder}");
+    }
+    let _ = run.wait();
+    let protocol_ended = Instant::now();
+    let peer_out = finish(peer);
+    let coll_out = finish(collector);
+    assert!(peer_out.status.success(), "peer: {}", stderr(&peer_out));
+    assert!(coll_out.status.success(), "{}", stderr(&coll_out));
+    let lines = lines.join().unwrap();
+    let data = kind_code("data");
+    // The same while it ran, as OpenMetrics: the offset within its bound.
+    let scraped = scraper
+        .join()
+        .unwrap()
+        .expect("no cross-host series in the metrics while the run went on");
+    assert!(scraped.ends_with("# EOF\n"), "{scraped}");
+    let gauge = |name: &str| {
+        peer_series(&scraped, name, "\"}").unwrap_or_else(|| panic!("{name}: {scraped}"))
+    };
+    let (theta, u) = (
+        gauge("xlap_peer_clock_offset_seconds"),
+        gauge("xlap_peer_clock_uncertainty_seconds"),
+    );
+    eprintln!("scraped: offset {theta:e} s ± {u:e} s");
+    // The text with the peers' families is still well-formed (promtool,
+    // where it is installed, as the Prometheus scrape test has it).
+    let promtool = Path::new("/usr/bin/promtool");
+    if promtool.exists() {
+        let body = scraped.split_once("\r\n\r\n").map_or(&*scraped, |b| b.1);
+        let said = crate::prometheus_scrape::promtool_says(promtool, body);
+        assert!(said.is_empty(), "promtool: {said:?}\n{body}");
+    }
+    assert!(
+        theta.abs() <= u,
+        "scraped offset {theta} s ± {u} s, the truth 0"
+    );
+    let cross = format!("cross-host kind {data} peer-1-");
+    let inbound: Vec<&(Instant, String)> = lines
+        .iter()
+        .filter(|(_, l)| l.starts_with(&cross) && l.contains("->here:"))
+        .collect();
+    let text: String = lines.iter().map(|(_, l)| format!("{l}\n")).collect();
+    let (first_at, first) = inbound
+        .iter()
+        .find(|(_, l)| number_after(l, ": ").is_some_and(|n| n > 0.0))
+        .unwrap_or_else(|| panic!("no cross-host line in the live view:\n{text}"));
+    assert!(
+        *first_at < protocol_ended,
+        "the first cross-host line came after the protocol ended: {first}"
+    );
+    // The view's last block: the whole run.
+    let last = &inbound.last().unwrap().1;
+    eprintln!("first: {first}\nlast: {last}");
+    let packets = number_after(last, ": ").unwrap() as i64;
+    let p50 = number_after(last, "e2e p50 ").unwrap_or_else(|| panic!("{last}"));
+    let bound = number_after(last, "± ").unwrap_or_else(|| panic!("not corrected: {last}"));
+    assert!(
+        last.contains("(sock.send_enter -> sock.recv_exit)"),
+        "{last}"
+    );
+    let clock = lines
+        .iter()
+        .rev()
+        .find(|(_, l)| l.starts_with("peer peer-1-") && l.contains(": clock offset "))
+        .map(|(_, l)| l.clone())
+        .unwrap_or_else(|| panic!("no clock line:\n{text}"));
+    let offset = number_after(&clock, "clock offset ").unwrap();
+    let offset_bound = number_after(&clock, "± ").unwrap();
+    eprintln!("{clock}");
+    // One kernel clock: the truth is 0, and it lies within the bound.
+    assert!(
+        offset.abs() <= offset_bound + 0.1,
+        "online offset {offset} µs ± {offset_bound} µs, the truth 0: {clock}"
+    );
+    assert!((bound - offset_bound).abs() < 0.2, "{last} / {clock}");
+
+    // The packets table the run ended with (correlate's mapping: the same
+    // boot id, the identity).
+    let conn = duckdb::Connection::open_in_memory().unwrap();
+    let p = b_dir.join("packets.parquet");
+    let (n, median_us): (i64, f64) = conn
+        .query_row(
+            &format!(
+                "SELECT count(*), median(sock_recv_exit_ns - sock_send_enter_ns) / 1e3 FROM '{}' \
+                 WHERE kind = {data} AND sock_send_enter_ns IS NOT NULL AND sock_recv_exit_ns IS NOT NULL",
+                p.display()
+            ),
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .unwrap();
+    eprintln!(
+        "live: {packets} packets, p50 {p50} µs ± {bound} µs; packets table: {n} packets, median {median_us:.1} µs; offset {offset} µs ± {offset_bound} µs"
+    );
+    assert_eq!(packets, n, "every packet of the table joined live: {last}");
+    assert!(
+        (p50 - median_us).abs() <= bound + 0.2,
+        "live p50 {p50} µs ± {bound} µs, the packets table's median {median_us} µs"
+    );
+    let status = lines
+        .iter()
+        .rev()
+        .find(|(_, l)| l.starts_with("peer peer-1-") && l.contains("stamps arrived"))
+        .unwrap();
+    eprintln!("{}", status.1);
+}
+
+/// The peer killed mid-run: the collector's live view says it is gone,
+/// and the collector records on to its run's end.
+#[test]
+fn a_peer_killed_mid_run_is_said_gone_in_the_live_view() {
+    let Some(_guard) = privileged("peer_link") else {
+        return;
+    };
+    let stage = Stage::two_hosts().expect("stage");
+    let scratch = Scratch::new("peer_link_live_killed");
+    let token = token_file(&scratch, "token", "a shared secret of the test");
+    let t = token.to_str().unwrap();
+    let Collecting {
+        run,
+        sender,
+        listen,
+        a_dir,
+        b_dir,
+        mut collector,
+    } = collecting(&stage, &scratch, (6000, 1000), &token, "2", &["--live"]);
+    let lines = read_lines(&mut collector);
+    let peer = Recorder::start(&[sender], &a_dir, &["--to", &listen, "--token-file", t]);
+    run.start();
+    let start = Instant::now();
+    let stream = || {
+        peer_dirs(&b_dir)
+            .first()
+            .and_then(|d| std::fs::metadata(d.join("stamps.arrows")).ok())
+            .map_or(0, |m| m.len())
+    };
+    while stream() < 16 << 10 {
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "no stream arrived"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // SAFETY: a signal to the recorder this test started.
+    unsafe { libc::kill(peer.child.id() as libc::pid_t, libc::SIGKILL) };
+    let _ = finish(peer);
+    let (_sent, received) = run.wait();
+    let out = finish(collector);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let lines = lines.join().unwrap();
+    let text: String = lines.iter().map(|(_, l)| format!("{l}\n")).collect();
+    let gone = lines
+        .iter()
+        .find(|(_, l)| l.starts_with("peer peer-1-") && l.contains(": gone (connection dropped"))
+        .unwrap_or_else(|| panic!("the live view never said the peer is gone:\n{text}"));
+    eprintln!("{}", gone.1);
+    // The view went on after it (the capture did not wait on the peer).
+    let later = lines
+        .iter()
+        .filter(|(at, l)| *at > gone.0 && l.starts_with("xlap-trace live "))
+        .count();
+    assert!(later > 0, "no view after the peer went:\n{text}");
+    // The collector recorded on: its receiver's packets all there.
+    assert_receiver_packets(&b_dir, &received);
+}
+
+/// A peer that holds the token and streams garbage (an Arrow message of
+/// 64 bytes of random metadata, then random bytes): its decoder ends, said
+/// on the peer's line of the live view; the collector records on, its run
+/// complete.
+#[test]
+fn garbage_from_an_authenticated_peer_ends_only_its_live_decoder() {
+    use xlap_capture::peer::auth::Token;
+    use xlap_capture::peer::frame::{self, Kind};
+    let Some(_guard) = privileged("peer_link") else {
+        return;
+    };
+    let stage = Stage::two_hosts().expect("stage");
+    let scratch = Scratch::new("peer_link_live_garbage");
+    let text = "a shared secret of the test";
+    let token = token_file(&scratch, "token", text);
+    let Collecting {
+        run,
+        listen,
+        b_dir,
+        mut collector,
+        ..
+    } = collecting(&stage, &scratch, (3000, 1000), &token, "1", &["--live"]);
+    let lines = read_lines(&mut collector);
+    // The handshake as a peer makes it (sender.rs), then the garbage.
+    let token = Token::from_text(text).unwrap();
+    let mut conn = TcpStream::connect(&listen).unwrap();
+    let (kind, theirs) = frame::read(&mut conn).unwrap();
+    assert_eq!(kind, Kind::Nonce);
+    let ours = xlap_capture::peer::auth::nonce().unwrap();
+    let hello = r#"{"run_id":"garbage-run","host":"evil"}"#;
+    let tag = token.hello_tag(&theirs, &ours, hello.as_bytes());
+    frame::write(&mut conn, Kind::Hello, &[&ours, &tag, hello.as_bytes()]).unwrap();
+    let (kind, _) = frame::read(&mut conn).unwrap();
+    assert_eq!(kind, Kind::Accept);
+    let mut garbage = vec![0xff, 0xff, 0xff, 0xff];
+    garbage.extend_from_slice(&64u32.to_le_bytes());
+    let mut random = vec![0u8; 64 << 10];
+    std::fs::File::open("/dev/urandom")
+        .unwrap()
+        .read_exact(&mut random)
+        .unwrap();
+    garbage.extend_from_slice(&random);
+    frame::write(&mut conn, Kind::Stream, &[&0u64.to_be_bytes(), &garbage]).unwrap();
+    run.start();
+    let (_sent, received) = run.wait();
+    let out = finish(collector);
+    drop(conn);
+    let e = stderr(&out);
+    assert!(out.status.success(), "{e}");
+    let lines = lines.join().unwrap();
+    let text: String = lines.iter().map(|(_, l)| format!("{l}\n")).collect();
+    let said = lines
+        .iter()
+        .find(|(_, l)| {
+            l.starts_with("peer peer-1-evil: ") && l.contains("its live decoding ended: ")
+        })
+        .unwrap_or_else(|| panic!("the decoder's end is not said:\n{text}\n{e}"));
+    eprintln!("{}", said.1);
+    // The view went on after it.
+    assert!(lines
+        .iter()
+        .any(|(at, l)| *at > said.0 && l.starts_with("xlap-trace live ")));
+    assert_eq!(
+        run_meta(&b_dir).state,
+        xlap_records::run_meta::RunState::Complete
+    );
+    assert_receiver_packets(&b_dir, &received);
 }

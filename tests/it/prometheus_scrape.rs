@@ -61,7 +61,7 @@ fn settled(addr: &str) -> String {
 /// `x_total`): so "`x_total` no help text" for a counter family `x` with
 /// its HELP is the two formats' difference, not a fault, and is left out.
 /// Anything else (a parse error, exit 1, or another lint) is returned.
-fn promtool_says(promtool: &Path, text: &str) -> Vec<String> {
+pub(crate) fn promtool_says(promtool: &Path, text: &str) -> Vec<String> {
     let mut child = Command::new(promtool)
         .args(["check", "metrics"])
         .stdin(Stdio::piped())

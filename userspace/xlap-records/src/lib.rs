@@ -5,6 +5,7 @@
 pub mod escape;
 pub mod kinds;
 pub mod parquet_check;
+pub mod peer_stamps;
 pub mod points;
 pub mod run_dir;
 pub mod run_file;

@@ -97,6 +97,10 @@ pub enum Command {
     /// rotated recording.
     #[command(name = xlap_capture::record::segments::FINISH_COMMAND, hide = true)]
     Finish(FinishArgs),
+    /// Decode a peer's stamps stream (stdin) into records (stdout), confined:
+    /// what `record --collect --live` runs per peer.
+    #[command(name = xlap_capture::peer::live::DECODE_COMMAND, hide = true)]
+    PeerDecode,
 }
 
 #[derive(Args, Debug)]

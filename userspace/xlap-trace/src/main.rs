@@ -165,6 +165,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
         Some(Command::Record(a)) => record::record(&a),
         Some(Command::Run(a)) => return record::run(&a),
         Some(Command::Finish(a)) => record::finish(&a),
+        Some(Command::PeerDecode) => commands::peer_link::decode(),
         Some(Command::Summary(a)) => ci::summary(&a),
         // 1 is compare's regression: any other failure exits 2.
         Some(Command::Compare(a)) => {

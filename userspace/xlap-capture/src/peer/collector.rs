@@ -9,6 +9,7 @@
 use super::auth::{self, Token};
 use super::files::{sane_host, PeerFiles};
 use super::frame::{self, FrameError, Kind};
+use super::live::{PeerFeed, PeerLive};
 use super::{MAX_CONNECTIONS, MAX_PEERS};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -31,6 +32,8 @@ pub struct CollectOptions {
     /// Bytes one peer may send in all (run.json, stream, Parquet).
     pub max_bytes_per_peer: u64,
     pub quiet: bool,
+    /// `--live`: each peer's stamps decoded as they arrive (live.rs).
+    pub live: Option<Arc<PeerFeed>>,
 }
 
 /// One peer recorder, by its run id, across its connections.
@@ -48,6 +51,8 @@ struct Peer {
     error: Option<String>,
     /// To end a connection still open when the collector stops.
     socket: Option<TcpStream>,
+    /// Its state in the live view (`--live`).
+    live: Option<Arc<PeerLive>>,
 }
 
 struct Shared {
@@ -98,6 +103,11 @@ impl Collector {
         Ok(Collector { shared, local })
     }
 
+    /// The peers' live state, when `--live` asked for it.
+    pub fn feed(&self) -> Option<Arc<PeerFeed>> {
+        self.shared.opts.live.clone()
+    }
+
     /// Where it listens (the port chosen when 0 was given).
     pub fn local_addr(&self) -> SocketAddr {
         self.local
@@ -119,6 +129,9 @@ impl Collector {
             peers = self.shared.ended.wait_timeout(peers, step).unwrap().0;
         }
         self.shared.stop.store(true, Ordering::SeqCst);
+        if let Some(f) = &self.shared.opts.live {
+            f.stop();
+        }
         let waited_s = started.elapsed().as_secs_f64();
         let mut arrivals = Vec::new();
         let mut dirs = Vec::new();
@@ -148,6 +161,9 @@ impl Collector {
 impl Drop for Collector {
     fn drop(&mut self) {
         self.shared.stop.store(true, Ordering::SeqCst);
+        if let Some(f) = &self.shared.opts.live {
+            f.stop();
+        }
     }
 }
 
@@ -234,6 +250,12 @@ fn serve(shared: &Shared, mut conn: TcpStream, addr: SocketAddr) {
     p.connected = false;
     p.socket = None;
     let name = p.files.dir().display().to_string();
+    if let Some(l) = &p.live {
+        l.gone(match &result {
+            Ok(()) => "its run ended".to_string(),
+            Err(e) => format!("connection dropped: {e}"),
+        });
+    }
     // A run that ended is said once, at the collector's end.
     match result {
         Ok(()) => {}
@@ -334,6 +356,9 @@ fn handshake(
     p.connections += 1;
     p.address = addr.to_string();
     p.socket = conn.try_clone().ok();
+    if let Some(l) = &p.live {
+        l.connected();
+    }
     if !shared.opts.quiet {
         eprintln!(
             "xlap-trace: peer {addr} ({}) connected: its run goes to {}{}",
@@ -410,7 +435,13 @@ fn find_or_add(
         closed: false,
         error: None,
         socket: None,
+        live: None,
     }));
+    // Its decoder tails the stream file made above.
+    if let Some(feed) = &shared.opts.live {
+        let live = feed.add(peer.lock().unwrap().files.dir());
+        peer.lock().unwrap().live = Some(live);
+    }
     peers.push(peer.clone());
     Ok(peer)
 }

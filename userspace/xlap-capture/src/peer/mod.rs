@@ -10,6 +10,7 @@ pub mod auth;
 pub mod collector;
 pub mod files;
 pub mod frame;
+pub mod live;
 pub mod sender;
 #[cfg(test)]
 mod tests;

@@ -93,6 +93,7 @@ fn a_cut_connection_resumes_where_the_collector_was() {
         dir: dst.clone(),
         max_bytes_per_peer: 1 << 30,
         quiet: true,
+        live: None,
     })
     .unwrap();
     let via = proxy(collector.local_addr(), 700_000);

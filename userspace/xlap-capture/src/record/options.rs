@@ -167,4 +167,7 @@ pub struct View {
     pub live: bool,
     /// Serve OpenMetrics on this address while recording.
     pub metrics: Option<std::net::SocketAddr>,
+    /// `--collect` with the view: the peers' stamps as they arrive, joined
+    /// with this host's for the cross-host latency.
+    pub peers: Option<std::sync::Arc<crate::peer::live::PeerFeed>>,
 }

@@ -6,9 +6,11 @@
 use crate::cli::RecordArgs;
 use anyhow::Result;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 use xlap_capture::peer::auth::Token;
 use xlap_capture::peer::collector::{CollectOptions, Collector};
+use xlap_capture::peer::live::PeerFeed;
 use xlap_capture::peer::sender::{SendOptions, Sender};
 use xlap_capture::peer::DEFAULT_MAX_BYTES_PER_PEER;
 use xlap_exit::{failure, Code};
@@ -19,6 +21,16 @@ pub enum Link {
     None,
     Send(Sender),
     Collect(Collector),
+}
+
+impl Link {
+    /// A collector's peers as the live view sees them (`--live`).
+    pub fn feed(&self) -> Option<Arc<PeerFeed>> {
+        match self {
+            Link::Collect(c) => c.feed(),
+            _ => None,
+        }
+    }
 }
 
 /// What the link came to, for the exit code.
@@ -83,6 +95,8 @@ pub fn start(a: &RecordArgs) -> Result<Link> {
         dir: a.output.clone(),
         max_bytes_per_peer: a.max_size.unwrap_or(DEFAULT_MAX_BYTES_PER_PEER),
         quiet: a.quiet,
+        // The live view (or metrics) shows the peers' stamps joined with ours.
+        live: (a.live || a.metrics.is_some()).then(|| Arc::new(PeerFeed::default())),
     })?;
     Ok(Link::Collect(c))
 }
@@ -177,6 +191,36 @@ fn say_collected(c: &xlap_records::run_meta::PeersCollected, quiet: bool) {
             c.waited_s
         );
     }
+}
+
+/// `peer-decode` (hidden): a collector's child that decodes one peer's
+/// stamps stream as it grows (its stdin, the file the collector opened)
+/// into records on stdout (xlap_records::peer_stamps). The bytes are the
+/// network's: it confines itself first (no capability, no_new_privs, no
+/// file to open or write; without Landlock, user nobody), and runs under
+/// the memory ceiling its parent set. It ends when its parent stops
+/// reading or is gone, or when the stream is not one.
+pub fn decode() -> Result<()> {
+    // Not PR_SET_PDEATHSIG: it fires when the thread that started the
+    // child ends (the peer's connection), not the recorder. Its stdout
+    // closing, or the parent gone at the stream's end, ends it.
+    let parent = std::os::unix::process::parent_id();
+    let mut policy = xlap_sandbox::Policy::new();
+    if xlap_sandbox::landlock_abi().is_err() {
+        policy = policy.as_user(65534, 65534);
+    }
+    policy
+        .apply()
+        .map_err(|e| anyhow::anyhow!("cannot confine the peer's decoder: {e}"))?;
+    let input = xlap_records::peer_stamps::Tail {
+        inner: std::io::stdin().lock(),
+        done: move || std::os::unix::process::parent_id() != parent,
+        poll: Duration::from_millis(100),
+    };
+    let out = std::io::BufWriter::new(std::io::stdout().lock());
+    xlap_records::peer_stamps::decode_stream(std::io::BufReader::new(input), out)
+        .map(|_| ())
+        .map_err(|e| anyhow::anyhow!("{e}"))
 }
 
 #[cfg(test)]

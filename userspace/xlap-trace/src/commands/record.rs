@@ -77,6 +77,7 @@ impl TryFrom<&RecordArgs> for RecordOptions {
                 quiet: a.quiet,
                 live: a.live,
                 metrics: a.metrics,
+                peers: None,
             },
         })
     }
@@ -154,10 +155,11 @@ fn layout(a: &RecordArgs) -> Result<Layout> {
 
 /// `record` (and `xlap-trace --pid PID`).
 pub fn record(args: &RecordArgs) -> Result<()> {
-    let opts = RecordOptions::try_from(args)?;
+    let mut opts = RecordOptions::try_from(args)?;
     // Before the run: a collector listens from the start (its peers may
     // start first); a failing run drops the link, which stops it.
     let link = peer_link::start(args)?;
+    opts.view.peers = link.feed();
     let meta = record::run(&opts)?;
     record::print_summary(&meta, &record::segments::final_dir(&opts.output.dir));
     let ended = peer_link::end(link, args)?;
@@ -178,8 +180,9 @@ fn undelivered(ended: peer_link::Ended) -> Result<()> {
 
 /// `run -- CMD`: traced like `record`, then the command's own status.
 pub fn run(a: &RunArgs) -> Result<ExitCode> {
-    let opts = RecordOptions::try_from(&a.record)?;
+    let mut opts = RecordOptions::try_from(&a.record)?;
     let link = peer_link::start(&a.record)?;
+    opts.view.peers = link.feed();
     let (meta, status) = record::command::run(&opts, &a.command)?;
     record::print_summary(&meta, &record::segments::final_dir(&opts.output.dir));
     let ended = peer_link::end(link, &a.record)?;

@@ -15,6 +15,10 @@ impl LiveView {
             self.previous = std::mem::take(&mut self.current);
             self.window_start = Instant::now();
         }
+        let (cross_view, cross_om) = self
+            .cross
+            .as_ref()
+            .map_or((String::new(), String::new()), |c| c.render());
         if let Some(m) = &self.metrics {
             let one_in = self.sample.as_ref().map_or(1, |s| s.0);
             let text = openmetrics(
@@ -25,6 +29,11 @@ impl LiveView {
                 losses,
                 &|k| self.stage_name(k),
             );
+            // The peers' series before the end marker.
+            let text = match text.strip_suffix("# EOF\n") {
+                Some(head) => format!("{head}{cross_om}# EOF\n"),
+                None => text,
+            };
             if let Ok(mut slot) = m.lock() {
                 *slot = text;
             }
@@ -34,7 +43,7 @@ impl LiveView {
             for (k, s) in &self.current {
                 shown.entry(*k).or_default().merge(s);
             }
-            let text = self.view(&shown, stamp_rate, packet_rate, losses);
+            let text = self.view(&shown, stamp_rate, packet_rate, losses) + &cross_view;
             let mut out = std::io::stdout().lock();
             if self.terminal {
                 // Home and clear: the view redraws in place.

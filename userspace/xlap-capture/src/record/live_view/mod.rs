@@ -31,6 +31,7 @@ use xlap_records::stages::{self, Part, Precedence};
 type FastMap<K, V> = HashMap<K, V, BuildHasherDefault<FastHasher>>;
 use xlap_records::Stamp;
 
+mod cross;
 mod draw;
 mod hist;
 mod metrics;
@@ -176,12 +177,19 @@ pub struct LiveView {
     /// each of its stages (under `--metrics --sample 1/64`, 2.4 → 2.0 % of a
     /// core for the recorder).
     wire_ranks: std::cell::RefCell<FastMap<(u16, bool), Option<usize>>>,
+    /// `--collect`: the peers' stamps joined with ours (cross.rs).
+    cross: Option<cross::Cross>,
 }
 
 impl LiveView {
     /// The run's sample (`--sample`): the view and the metrics say it.
     pub fn set_sample(&mut self, sample: Option<&xlap_records::sample::Sample>) {
         self.sample = sample.map(|s| (s.one_in, s.describe()));
+    }
+
+    /// `--collect`: the peers' stamps, joined with this host's.
+    pub fn set_peers(&mut self, feed: Arc<crate::peer::live::PeerFeed>) {
+        self.cross = Some(cross::Cross::new(feed));
     }
 
     /// The app point names when points were added during the run.
@@ -227,6 +235,7 @@ impl LiveView {
             app_side: FastMap::default(),
             sample: None,
             wire_ranks: Default::default(),
+            cross: None,
         })
     }
 
@@ -245,6 +254,9 @@ impl LiveView {
         });
         p.newest_ns = p.newest_ns.max(stamp.ts_ns);
         p.stamps.push((stamp.ts_ns, stamp.point, stamp.pid));
+        if let Some(c) = self.cross.as_mut() {
+            c.note_local(kind, seq, stamp.point, stamp.ts_ns as i64);
+        }
     }
 
     /// A second has passed since the last render.
@@ -267,6 +279,9 @@ impl LiveView {
         let idle = self.packet_stamps == self.packet_stamps_at_tick;
         self.packet_stamps_at_tick = self.packet_stamps;
         self.complete(idle);
+        if let Some(c) = self.cross.as_mut() {
+            c.tick();
+        }
         self.render(losses);
     }
 
@@ -274,6 +289,10 @@ impl LiveView {
     /// metrics show the whole run.
     pub fn finish(&mut self, losses: &[(&str, u64)]) {
         self.complete(true);
+        if let Some(c) = self.cross.as_mut() {
+            c.tick();
+            c.complete(true);
+        }
         self.render(losses);
     }
 

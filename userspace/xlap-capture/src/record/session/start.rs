@@ -202,6 +202,9 @@ fn live_view(args: &RecordOptions, markers: &Markers) -> Result<Option<LiveView>
             )
             .map(|mut v| {
                 v.set_sample(args.stamping.sample.as_ref());
+                if let Some(feed) = &view.peers {
+                    v.set_peers(feed.clone());
+                }
                 v
             })
         })
