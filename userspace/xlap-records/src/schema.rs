@@ -55,6 +55,8 @@ pub fn stamps() -> Arc<Schema> {
             Field::new("queue", DataType::UInt16, true),
             Field::new("hw_ts_ns", DataType::Int64, true),
             Field::new("priority", DataType::UInt32, true),
+            Field::new("cgroup_id", DataType::UInt64, true),
+            Field::new("netns", DataType::UInt32, true),
             Field::new("from_user", DataType::Boolean, false),
             Field::new("fragment", DataType::Boolean, false),
         ],
