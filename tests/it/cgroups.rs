@@ -177,7 +177,14 @@ fn stamps_carry_each_process_cgroup_and_each_device_netns() {
         *checked.entry(point_kind(point)).or_default() += 1;
     }
     eprintln!("stamps checked: {checked:?}");
-    for kind in ["app", "sock.send", "sock.recv_exit", "sched", "dev tx", "dev rx"] {
+    for kind in [
+        "app",
+        "sock.send",
+        "sock.recv_exit",
+        "sched",
+        "dev tx",
+        "dev rx",
+    ] {
         assert!(
             checked.get(kind).copied().unwrap_or(0) > 0,
             "no {kind} stamps: {checked:?}"
@@ -195,6 +202,44 @@ fn stamps_carry_each_process_cgroup_and_each_device_netns() {
         assert_eq!(listed.path.as_deref(), Some(cg.path().as_str()));
         assert_eq!((&listed.container, &listed.pod_uid), (&None, &None));
     }
+
+    // The packets table: each packet's sender and receiver cgroup, as the
+    // processes at its two ends had them.
+    let out = std::process::Command::new(xlap_tests::bin("xlap-trace"))
+        .arg("sql")
+        .arg(&dir)
+        .arg(
+            "SELECT tx_pid, rx_pid, tx_cgroup, rx_cgroup, count(*) AS n FROM packets \
+             WHERE rx_pid IS NOT NULL GROUP BY ALL ORDER BY ALL",
+        )
+        .args(["-f", "json"])
+        .output()
+        .expect("xlap-trace sql");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let groups: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON rows");
+    let groups = groups.as_array().expect("rows");
+    eprintln!("packets by end: {groups:?}");
+    assert!(!groups.is_empty());
+    let of = |v: &serde_json::Value| v.as_u64().map(|p| p as u32);
+    for g in groups {
+        let (tx, rx) = (of(&g["tx_pid"]).unwrap(), of(&g["rx_pid"]).unwrap());
+        assert_eq!(g["tx_cgroup"].as_u64(), cgroup_of(tx), "{g}");
+        // Null where the receiver took no stamp in its own name for the
+        // packet (it reached the device and the socket, never the read).
+        if !g["rx_cgroup"].is_null() {
+            assert_eq!(g["rx_cgroup"].as_u64(), cgroup_of(rx), "{g}");
+        }
+    }
+    let read_by_receiver: u64 = groups
+        .iter()
+        .filter(|g| of(&g["tx_pid"]) == Some(sender) && !g["rx_cgroup"].is_null())
+        .map(|g| g["n"].as_u64().unwrap())
+        .sum();
+    assert!(read_by_receiver > 0, "{groups:?}");
     drop((cg_a, cg_b));
 }
 

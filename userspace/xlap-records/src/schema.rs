@@ -91,6 +91,10 @@ pub fn packets_head() -> Vec<Field> {
         Field::new("rx_pid", DataType::UInt32, true),
         Field::new("sent_ns", DataType::Int64, true),
         Field::new("priority", DataType::UInt32, true),
+        // The cgroup v2 id of the sending process (at its send or marker
+        // points) and of the receiving one; run.json `cgroups` names them.
+        Field::new("tx_cgroup", DataType::UInt64, true),
+        Field::new("rx_cgroup", DataType::UInt64, true),
     ]
 }
 
