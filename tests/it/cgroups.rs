@@ -267,3 +267,69 @@ fn point_kind(point: &str) -> &'static str {
         "other"
     }
 }
+
+/// `record --cgroup PATH` traces the processes in the cgroup and none
+/// outside it: two example pairs run side by side, one in the cgroup.
+#[test]
+fn record_cgroup_traces_the_cgroup_processes_only() {
+    let Some(_guard) = privileged("cgroups") else {
+        return;
+    };
+    let Some(root) = cgroup2_root() else {
+        xlap_tests::may_skip("cgroups", "no cgroup2 hierarchy is mounted");
+        return;
+    };
+    let stage = Stage::two_hosts().expect("stage");
+    let cg = TestCgroup::new(&root, "traced");
+    let scratch = Scratch::new("record-cgroup");
+    let opts = ExampleOptions {
+        count: 200,
+        gated: true,
+        ..Default::default()
+    };
+    let inside = ProtocolRun::spawn(&stage, &scratch, &opts);
+    let outside_scratch = Scratch::new("record-cgroup-outside");
+    let outside = ProtocolRun::spawn(
+        &stage,
+        &outside_scratch,
+        &ExampleOptions {
+            port_offset: 10,
+            ..opts.clone()
+        },
+    );
+    let (s_in, r_in) = inside.pids();
+    let (s_out, r_out) = outside.pids();
+    cg.enter(s_in);
+    cg.enter(r_in);
+    assert_eq!(proc_cgroup(s_in), cg.path());
+    assert_ne!(proc_cgroup(s_out), cg.path());
+    let rec = Recorder::start(&[], &scratch.path("run"), &["--cgroup", &cg.path()]);
+    inside.start();
+    outside.start();
+    let (_, received_in) = inside.wait();
+    let (_, received_out) = outside.wait();
+    assert!(!received_in.is_empty() && !received_out.is_empty());
+    let dir = rec.dir.clone();
+    rec.wait();
+    let stamps = read_stamps(&dir.join("stamps.parquet"));
+    let by_pid = stamps.iter().fold(
+        std::collections::BTreeMap::<u32, usize>::new(),
+        |mut m, s| {
+            *m.entry(s.pid).or_default() += 1;
+            m
+        },
+    );
+    eprintln!("stamps by pid: {by_pid:?} (inside {s_in}, {r_in}; outside {s_out}, {r_out})");
+    assert!(by_pid.get(&s_in).copied().unwrap_or(0) > 0, "{by_pid:?}");
+    assert!(by_pid.get(&r_in).copied().unwrap_or(0) > 0, "{by_pid:?}");
+    for pid in by_pid.keys() {
+        assert!(
+            [s_in, r_in].contains(pid),
+            "a stamp of pid {pid}, outside the cgroup"
+        );
+    }
+    let meta = run_meta(&dir);
+    let targets: Vec<u32> = meta.targets.iter().map(|t| t.pid).collect();
+    assert_eq!(targets.len(), 2, "{targets:?}");
+    assert!(targets.contains(&s_in) && targets.contains(&r_in));
+}
