@@ -240,6 +240,34 @@ fn stamps_carry_each_process_cgroup_and_each_device_netns() {
         .map(|g| g["n"].as_u64().unwrap())
         .sum();
     assert!(read_by_receiver > 0, "{groups:?}");
+
+    // The bundled split (`analyze -q cgroups`): the stages of the packets
+    // the sender sent and the receiver read stand under their two cgroups.
+    let rows = xlap_tests::trace::analyze_rows(&dir, "cgroups", &[]);
+    let pair = |r: &serde_json::Value| (r["tx_cgroup"].as_u64(), r["rx_cgroup"].as_u64());
+    let a_to_b: Vec<_> = rows
+        .iter()
+        .filter(|r| pair(r) == (Some(cg_a.id()), Some(cg_b.id())))
+        .collect();
+    assert!(
+        a_to_b
+            .iter()
+            .any(|r| r["stage"] == "e2e" && r["packets"].as_u64() > Some(0)),
+        "no end-to-end row from {} to {}: {rows:?}",
+        cg_a.path(),
+        cg_b.path()
+    );
+    for r in &rows {
+        let (tx, rx) = pair(r);
+        assert!(
+            tx.is_none() || tx == Some(cg_a.id()) || tx == Some(cg_b.id()),
+            "{r}"
+        );
+        assert!(
+            rx.is_none() || rx == Some(cg_a.id()) || rx == Some(cg_b.id()),
+            "{r}"
+        );
+    }
     drop((cg_a, cg_b));
 }
 
