@@ -94,6 +94,13 @@ struct xlap_stamp {
   __u32 kind;     /* the protocol's packet kind, full width (XLAP_FLAG_KIND) */
   __u32 priority; /* skb->priority at transmit device points (the class an
                    * htb/prio qdisc reads from SO_PRIORITY), else 0 */
+  /* Where the point ran, for container attribution: the cgroup v2 id of
+   * the process at the points taken in a process's name (system and
+   * socket calls, markers, the woken reader's sched points), the inode of
+   * the device's network namespace at the device and qdisc points, 0 at
+   * the socket queue and where unknown. Which one a point carries is the
+   * point vocabulary's (xlap-records points.rs). */
+  __u64 scope;
 };
 
 /* The instants (CLOCK_MONOTONIC ns) a run's stamps lie between, written by

@@ -102,6 +102,8 @@ fn packet(ids: &Ids, i: u64, out: &mut Vec<Stamp>) {
         queue: None,
         hw_ts_ns: None,
         priority: None,
+        cgroup_id: None,
+        netns: None,
         from_user: flow == 0,
         fragment: false,
     };

@@ -233,7 +233,7 @@ int BPF_PROG(on_sock_send_length, struct sock *sk, int ret, int flags) {
   if (sys_enter > ts_enter)
     ts_enter = sys_enter;
   struct xl_send_ctx *sc = &t->send;
-  struct xl_at at = {.tid = tid};
+  struct xl_at at = {.tid = tid, .scope = bpf_get_current_cgroup_id()};
   struct xl_ident id = sc->id;
   id.pid = pid_tgid >> 32;
   __u32 n = sc->n;

@@ -68,7 +68,12 @@ static __always_inline void stamp_rx_dev_at(struct xl_rd *r, __u16 point,
       return; /* not ours (or its first fragment was not seen) */
     struct xl_ident id = *f;
     id.flags |= XLAP_FLAG_FRAGMENT;
-    emit(point, now, &id, 0, dev->ifindex, skb->queue_mapping, 0);
+    struct xl_at at = {.point = point,
+                       .ts = now,
+                       .ifindex = dev->ifindex,
+                       .queue = skb->queue_mapping,
+                       .rx_netns = dev->nd_net.net->ns.inum};
+    xl_emit(&at, &id);
     return;
   }
   struct xlap_port_key pk = {.netns = dev->nd_net.net->ns.inum,
@@ -117,7 +122,8 @@ static __always_inline void stamp_rx_dev_at(struct xl_rd *r, __u16 point,
                      .ts = now,
                      .hw_ts = sh.hw_ts,
                      .ifindex = dev->ifindex,
-                     .queue = skb->queue_mapping};
+                     .queue = skb->queue_mapping,
+                     .rx_netns = pk.netns};
   emit_all(&at, &id, segs, got);
 }
 

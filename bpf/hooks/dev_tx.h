@@ -174,8 +174,7 @@ tx_first_queue_at(struct xl_rd *r, struct sk_buff *skb, __u64 key, __u32 tgid,
     id.flags |= XLAP_FLAG_FRAGMENT;
     struct xl_tx e = {.id = id, .sk = (__u64)skb->sk, .nseg = 1, .depth = 1};
     if (tx_put(key, &e) == 0 && iface_allowed(skb->dev))
-      stamp_tx(point, key, &e, skb->dev->ifindex, skb->queue_mapping,
-               skb->priority);
+      stamp_tx(point, key, &e, skb->dev, skb->queue_mapping, skb->priority);
     return;
   }
   if (ret != XL_OK) {
@@ -227,7 +226,8 @@ tx_first_queue_at(struct xl_rd *r, struct sk_buff *skb, __u64 key, __u32 tgid,
    * stack limit. */
   struct xl_at at = {.point = XLAP_POINT_SOCK_SEND_ENTER,
                      .ts = enter,
-                     .tid = (__u32)bpf_get_current_pid_tgid()};
+                     .tid = (__u32)bpf_get_current_pid_tgid(),
+                     .scope = bpf_get_current_cgroup_id()};
   if (enter)
     emit_all(&at, &id, segs, e.nseg);
   if (!e.unsampled && point_on(point) && iface_allowed(skb->dev)) {
@@ -236,6 +236,7 @@ tx_first_queue_at(struct xl_rd *r, struct sk_buff *skb, __u64 key, __u32 tgid,
     at.ifindex = skb->dev->ifindex;
     at.priority = skb->priority;
     at.queue = skb->queue_mapping;
+    at.scope = dev_scope(skb->dev);
     emit_all(&at, &id, segs, e.nseg);
     if (e.beyond)
       count_losses(point, loss, e.beyond);
@@ -318,8 +319,8 @@ int BPF_PROG(on_net_dev_queue, struct sk_buff *skb) {
     if (e->depth < TX_DEPTH_MAX)
       e->depth++;
     if (iface_allowed(skb->dev))
-      stamp_tx(XLAP_POINT_DEV_QUEUE, key, e, skb->dev->ifindex,
-               skb->queue_mapping, skb->priority);
+      stamp_tx(XLAP_POINT_DEV_QUEUE, key, e, skb->dev, skb->queue_mapping,
+               skb->priority);
     return 0;
   }
   if (e)
@@ -348,8 +349,8 @@ int BPF_PROG(on_net_dev_start_xmit, struct sk_buff *skb,
     e->started++;
     tx_note_driver(key);
     if (iface_allowed(dev))
-      stamp_tx(XLAP_POINT_DEV_START_XMIT, key, e, dev->ifindex,
-               skb->queue_mapping, skb->priority);
+      stamp_tx(XLAP_POINT_DEV_START_XMIT, key, e, dev, skb->queue_mapping,
+               skb->priority);
     return 0;
   }
   /* Every device that queued this entry's skb is already in its driver:
@@ -389,7 +390,7 @@ int BPF_PROG(on_net_dev_xmit, struct sk_buff *skb, int rc,
   /* rc 0: sent. Otherwise dropped or congested on a lower device (an
    * upper device returns its lower queue's verdict): no stamp. */
   if (rc == 0 && iface_allowed(dev))
-    stamp_tx(XLAP_POINT_DEV_XMIT, key, e, dev->ifindex, 0, 0);
+    stamp_tx(XLAP_POINT_DEV_XMIT, key, e, dev, 0, 0);
   if (e->depth > 1)
     e->depth--;
   else

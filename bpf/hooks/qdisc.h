@@ -13,7 +13,7 @@ static __always_inline void stamp_qdisc(__u16 point, struct sk_buff *skb) {
   struct xl_tx *e = tx_find(key);
   if (!e || !iface_allowed(skb->dev))
     return;
-  stamp_tx(point, key, e, skb->dev->ifindex, skb->queue_mapping, skb->priority);
+  stamp_tx(point, key, e, skb->dev, skb->queue_mapping, skb->priority);
 }
 
 SEC("tp_btf/qdisc_enqueue")

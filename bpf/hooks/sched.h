@@ -82,7 +82,7 @@ int BPF_PROG(on_sched_waking, struct task_struct *p) {
   last->valid = 0;
   struct xl_ident id = last->id;
   id.pid = tgid; /* the reader: a forked child reads its parent's socket */
-  emit(XLAP_POINT_SCHED_WAKEUP, now, &id, tid, 0, 0, 0);
+  emit(XLAP_POINT_SCHED_WAKEUP, now, &id, tid, 0, 0, task_scope(p));
   /* A thread still on its CPU (it had not slept yet) is not switched in
    * for this wake-up; the syscall hooks forget it at the call's exit. */
   if (CFG.syscall_hooks || !p->on_cpu)
@@ -115,7 +115,8 @@ int BPF_PROG(on_sched_switch, bool preempt, struct task_struct *prev,
     return 0;
   struct xl_ident copy = t->woken;
   if (take_woken(t))
-    emit(XLAP_POINT_SCHED_SWITCH_IN, bpf_ktime_get_ns(), &copy, tid, 0, 0, 0);
+    emit(XLAP_POINT_SCHED_SWITCH_IN, bpf_ktime_get_ns(), &copy, tid, 0, 0,
+         task_scope(next));
   return 0;
 }
 

@@ -64,7 +64,7 @@ int BPF_PROG(on_sys_enter, struct pt_regs *regs, long id) {
 /* The send points of every datagram the call put on a device. */
 static __always_inline void stamp_send(struct xl_send_ctx *sc, __u32 tgid,
                                        __u32 tid) {
-  struct xl_at at = {.tid = tid};
+  struct xl_at at = {.tid = tid, .scope = bpf_get_current_cgroup_id()};
   struct xl_ident id = sc->id;
   id.pid = tgid;
   at.point = XLAP_POINT_SOCK_SEND_ENTER;
@@ -477,7 +477,8 @@ calls_recv_return(struct sock *sk, struct xlap_sock *s, int ret, int flags) {
                         .len = (__u32)ret,
                         .kind = q.kind,
                         .flags = XLAP_FLAG_FROM_USER | q.flags};
-  emit(XLAP_POINT_SOCK_RECV_EXIT, now, &id, (__u32)pid_tgid, 0, 0, 0);
+  emit(XLAP_POINT_SOCK_RECV_EXIT, now, &id, (__u32)pid_tgid, 0, 0,
+       bpf_get_current_cgroup_id());
   note_read(id.seq, id.kind, id.flags);
 }
 

@@ -193,9 +193,11 @@ int BPF_PROG(on_io_uring_complete, struct io_ring_ctx *ring, void *req,
     s.id.seq = q.seq;
     s.id.kind = q.kind;
     s.id.flags |= q.flags;
-    emit(XLAP_POINT_SOCK_SEND_ENTER, s.ts_submit, &s.id, tid, 0, 0, 0);
+    emit(XLAP_POINT_SOCK_SEND_ENTER, s.ts_submit, &s.id, tid, 0, 0,
+         bpf_get_current_cgroup_id());
     if (res >= 0)
-      emit(XLAP_POINT_SOCK_SEND_EXIT, ts, &s.id, tid, 0, 0, 0);
+      emit(XLAP_POINT_SOCK_SEND_EXIT, ts, &s.id, tid, 0, 0,
+           bpf_get_current_cgroup_id());
     return 0;
   }
   /* Without syscall hooks, a receive request's socket call stamps it

@@ -82,7 +82,8 @@ int on_usdt(struct pt_regs *ctx) {
   id.flags = XLAP_FLAG_SEQ_VALID | XLAP_FLAG_FROM_USER;
   if (spec->kind.kind != XLAP_ARG_NONE)
     id.flags |= XLAP_FLAG_KIND;
-  emit(spec->point, now, &id, (__u32)pid_tgid, 0, 0, 0);
+  emit(spec->point, now, &id, (__u32)pid_tgid, 0, 0,
+       bpf_get_current_cgroup_id());
   return 0;
 }
 

@@ -211,15 +211,69 @@ static __always_inline int iface_allowed(struct net_device *dev) {
 
 /* ---- the stamp path --------------------------------------------------- */
 
+/* xlap_stamp.scope of a point taken in the name of task `p`: its cgroup v2
+ * id (the cgroup directory's inode number), as bpf_get_current_cgroup_id()
+ * gives it for the current task. For a task other than the current one
+ * (the woken reader, the thread switched in). */
+static __always_inline __u64 task_scope(struct task_struct *p) {
+  return BPF_CORE_READ(p, cgroups, dfl_cgrp, kn, id);
+}
+
+/* xlap_stamp.scope at a device point: the inode number of the device's
+ * network namespace (as `stat -L /proc/PID/ns/net` gives it). */
+static __always_inline __u64 dev_scope(struct net_device *dev) {
+  if (!dev)
+    return 0;
+  return BPF_CORE_READ(dev, nd_net.net, ns.inum);
+}
+
+/* Where a stamp of several datagrams was taken: everything but the
+ * datagrams' own seq and kind. The stamp's scope (xlap_stamp.scope) has no
+ * room of its own: the stamp path's frames are at the 512-byte combined
+ * stack limit of Linux 6.1/6.12 (build.rs checks it), so it rides in a
+ * field the point has no use for: a receive device point's in rx_netns
+ * (those points carry no priority), every other point's in scope (no
+ * hardware timestamp there). fill() takes them apart. */
+struct xl_at {
+  __u64 ts;
+  union {
+    __u64 hw_ts; /* receive device points */
+    __u64 scope; /* every other point: task_scope() or dev_scope() */
+  };
+  __u32 tid;
+  __u32 ifindex;
+  union {
+    __u32 priority; /* transmit device points */
+    __u32 rx_netns; /* receive device points: dev_scope() */
+  };
+  __u16 point;
+  __u16 queue;
+};
+
 static __always_inline __u64 wakeup_flag(void) {
   __u64 waiting = bpf_ringbuf_query(&STAMPS, BPF_RB_AVAIL_DATA);
   return waiting >= CFG.wakeup_bytes ? BPF_RB_FORCE_WAKEUP : BPF_RB_NO_WAKEUP;
 }
 
-static __always_inline void fill(struct xlap_stamp *s, __u16 point, __u64 ts,
-                                 const struct xl_ident *id, __u32 tid,
-                                 __u32 ifindex, __u16 queue, __u64 hw_ts,
-                                 __u32 priority) {
+/* Whether `point` is a receive device point (the one kind of point whose
+ * scope rides in xl_at.rx_netns). */
+static __always_inline int rx_device_point(__u16 point) {
+  return point >= XLAP_POINT_DEV_NETIF_RX &&
+         point <= XLAP_POINT_DEV_RECEIVE_SKB;
+}
+
+static __always_inline void fill(struct xlap_stamp *s, const struct xl_at *at,
+                                 __u64 ts, const struct xl_ident *id) {
+  __u16 point = at->point;
+  __u64 hw_ts = 0, scope = at->scope;
+  __u32 priority = at->priority;
+  if (rx_device_point(point)) {
+    hw_ts = at->hw_ts;
+    scope = at->rx_netns;
+    priority = 0;
+  }
+  __u32 tid = at->tid, ifindex = at->ifindex;
+  __u16 queue = at->queue;
   s->ts_ns = ts;
   s->flow = id->flow;
   s->seq = id->seq;
@@ -234,6 +288,7 @@ static __always_inline void fill(struct xlap_stamp *s, __u16 point, __u64 ts,
   s->kind = id->kind;
   s->_pad = 0;
   s->priority = priority;
+  s->scope = scope;
   s->flags = id->flags | (hw_ts ? XLAP_FLAG_HW_TS : 0);
 }
 
@@ -275,18 +330,6 @@ static __always_inline void batch_leave(struct xlap_batch *b) {
   asm volatile("" ::: "memory");
   *d = *d - 1;
 }
-
-/* Where a stamp of several datagrams was taken: everything but the
- * datagrams' own seq and kind. */
-struct xl_at {
-  __u64 ts;
-  __u64 hw_ts;
-  __u32 tid;
-  __u32 ifindex;
-  __u32 priority;
-  __u16 point;
-  __u16 queue;
-};
 
 /* Returns v, as a value the verifier knows nothing about. The paths
  * through the packet parser end with many different known ranges of the
@@ -357,8 +400,7 @@ __attribute__((noinline)) int xl_emit(const struct xl_at *at,
         }
         if (n == 0)
           b->oldest_ns = ts;
-        fill(&b->stamps[n & (XLAP_BATCH_STAMPS - 1)], at->point, ts, id,
-             at->tid, at->ifindex, at->queue, at->hw_ts, at->priority);
+        fill(&b->stamps[n & (XLAP_BATCH_STAMPS - 1)], at, ts, id);
         b->n = n + 1;
         if (n + 1 >= XLAP_BATCH_STAMPS ||
             (__s64)(ts - b->oldest_ns) > (__s64)XLAP_BATCH_MAX_AGE_NS)
@@ -374,17 +416,16 @@ __attribute__((noinline)) int xl_emit(const struct xl_at *at,
     count_loss(at->point, XLAP_LOSS_RINGBUF_FULL);
     return 0;
   }
-  fill(s, at->point, ts, id, at->tid, at->ifindex, at->queue, at->hw_ts,
-       at->priority);
+  fill(s, at, ts, id);
   bpf_ringbuf_submit(s, wakeup_flag());
   return 0;
 }
 
 static __always_inline void emit(__u16 point, __u64 ts,
                                  const struct xl_ident *id, __u32 tid,
-                                 __u32 ifindex, __u16 queue, __u64 hw_ts) {
+                                 __u32 ifindex, __u16 queue, __u64 scope) {
   struct xl_at at = {.ts = ts,
-                     .hw_ts = hw_ts,
+                     .scope = scope,
                      .tid = tid,
                      .ifindex = ifindex,
                      .point = point,

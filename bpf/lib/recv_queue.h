@@ -39,8 +39,10 @@ static __always_inline void stamp_read(__u64 key, struct xl_rx_slot *slot,
   __u32 n = slot->nseg;
   struct xl_segs *segs = rx_segs(key, &n, XLAP_POINT_SOCK_RECV_EXIT);
   rx_free(slot, key);
-  struct xl_at at = {
-      .point = XLAP_POINT_SOCK_RECV_EXIT, .ts = now, .tid = (__u32)pid_tgid};
+  struct xl_at at = {.point = XLAP_POINT_SOCK_RECV_EXIT,
+                     .ts = now,
+                     .tid = (__u32)pid_tgid,
+                     .scope = bpf_get_current_cgroup_id()};
   emit_all(&at, &id, segs, n);
   if (segs && n > 1)
     note_read(segs->seq[(n - 1) & (XLAP_MAX_SEGS - 1)],

@@ -163,16 +163,18 @@ static __always_inline void tx_forget(__u64 key, const struct xl_tx *e) {
 
 /* One stamp per datagram of a known skb. */
 static __always_inline void stamp_tx(__u16 point, __u64 key,
-                                     const struct xl_tx *e, __u32 ifindex,
-                                     __u16 queue, __u32 priority) {
+                                     const struct xl_tx *e,
+                                     struct net_device *dev, __u16 queue,
+                                     __u32 priority) {
   if (e->unsampled || !point_on(point))
     return; /* before the clock read: a lookup and a return */
   struct xl_at at = {.point = point,
                      .ts = bpf_ktime_get_ns(),
                      .tid = (__u32)bpf_get_current_pid_tgid(),
-                     .ifindex = ifindex,
+                     .ifindex = dev->ifindex,
                      .priority = priority,
-                     .queue = queue};
+                     .queue = queue,
+                     .scope = dev_scope(dev)};
   if (!e->nseg) {
     count_losses(point, e->unread_loss, e->beyond);
     return;

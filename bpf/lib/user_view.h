@@ -176,7 +176,8 @@ static __always_inline void emit_recv(const struct xl_uview *v, __u64 at,
   id.seq = q.seq;
   id.kind = q.kind;
   id.flags |= q.flags;
-  emit(XLAP_POINT_SOCK_RECV_EXIT, ts, &id, tid, 0, 0, 0);
+  emit(XLAP_POINT_SOCK_RECV_EXIT, ts, &id, tid, 0, 0,
+       bpf_get_current_cgroup_id());
   if (read && (id.flags & XLAP_FLAG_SEQ_VALID)) {
     read->read_seq = id.seq;
     read->read_kind = id.kind;

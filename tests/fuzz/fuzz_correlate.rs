@@ -392,6 +392,8 @@ fn generate(sc: &Scenario) -> Generated {
                         queue: None,
                         hw_ts_ns: None,
                         priority: None,
+                        cgroup_id: None,
+                        netns: None,
                         from_user: flow == 0,
                         fragment: false,
                     });

@@ -27,7 +27,7 @@ fn config(cases: u32) -> Config {
 }
 
 /// (offset, width) of every field of `struct xlap_stamp`, padding included.
-const FIELDS: [(usize, usize); 15] = [
+const FIELDS: [(usize, usize); 16] = [
     (offset_of!(xlap_stamp, ts_ns), 8),
     (offset_of!(xlap_stamp, flow), 8),
     (offset_of!(xlap_stamp, seq), 8),
@@ -43,10 +43,11 @@ const FIELDS: [(usize, usize); 15] = [
     (offset_of!(xlap_stamp, _pad), 1),
     (offset_of!(xlap_stamp, kind), 4),
     (offset_of!(xlap_stamp, priority), 4),
+    (offset_of!(xlap_stamp, scope), 8),
 ];
 
 /// The fields of a stamp as u64s, in FIELDS order.
-fn values(s: &xlap_stamp) -> [u64; 15] {
+fn values(s: &xlap_stamp) -> [u64; 16] {
     [
         s.ts_ns,
         s.flow,
@@ -63,12 +64,13 @@ fn values(s: &xlap_stamp) -> [u64; 15] {
         s._pad as u64,
         s.kind as u64,
         s.priority as u64,
+        s.scope,
     ]
 }
 
 /// The stamp whose bytes are `b`, read field by field (native byte order,
 /// as the kernel writes them on this machine).
-fn read_fields(b: &[u8]) -> [u64; 15] {
+fn read_fields(b: &[u8]) -> [u64; 16] {
     FIELDS.map(|(off, width)| {
         let mut v = [0u8; 8];
         if cfg!(target_endian = "little") {
@@ -120,14 +122,14 @@ fn raw_stamp() -> impl Strategy<Value = xlap_stamp> {
             any::<u8>(),
             any::<u8>(),
         ),
-        (any::<u32>(), any::<u32>()),
+        (any::<u32>(), any::<u32>(), any::<u64>()),
     )
         .prop_map(
             |(
                 (ts_ns, flow, seq, hw_ts_ns),
                 (pid, tid, len, ifindex),
                 (point, cpu, queue, flags, pad),
-                (kind, priority),
+                (kind, priority, scope),
             )| {
                 xlap_stamp {
                     ts_ns,
@@ -145,6 +147,7 @@ fn raw_stamp() -> impl Strategy<Value = xlap_stamp> {
                     _pad: pad,
                     kind,
                     priority,
+                    scope,
                 }
             },
         )
@@ -220,6 +223,25 @@ proptest! {
         prop_assert_eq!(s.queue, has_dev.then_some(raw.queue));
         prop_assert_eq!(s.hw_ts_ns, flag(XLAP_FLAG_HW_TS).then_some(raw.hw_ts_ns));
         prop_assert_eq!(s.priority, device_tx.then_some(raw.priority));
+        // The scope as the point's kind: a cgroup id at app, send, receive
+        // and sched points, a 32-bit namespace inode at device points, 0 =
+        // none.
+        let device = (xlap_point::XLAP_POINT_DEV_QUEUE..=xlap_point::XLAP_POINT_DEV_RECEIVE_SKB)
+            .contains(&(raw.point as u32));
+        let cgroup_point = (raw.point as u32) >= xlap_point::XLAP_POINT_APP_BASE
+            || [
+                xlap_point::XLAP_POINT_SOCK_SEND_ENTER,
+                xlap_point::XLAP_POINT_SOCK_SEND_EXIT,
+                xlap_point::XLAP_POINT_SCHED_WAKEUP,
+                xlap_point::XLAP_POINT_SCHED_SWITCH_IN,
+                xlap_point::XLAP_POINT_SOCK_RECV_EXIT,
+            ]
+            .contains(&(raw.point as u32));
+        prop_assert_eq!(s.cgroup_id, (cgroup_point && raw.scope != 0).then_some(raw.scope));
+        prop_assert_eq!(
+            s.netns,
+            (device && raw.scope != 0 && raw.scope <= u32::MAX as u64).then_some(raw.scope as u32)
+        );
         prop_assert_eq!((s.from_user, s.fragment), (flag(XLAP_FLAG_FROM_USER), flag(XLAP_FLAG_FRAGMENT)));
     }
 }

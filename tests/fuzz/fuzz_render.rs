@@ -330,6 +330,8 @@ pub(crate) fn generate(sh: &Shape) -> Generated {
             queue: None,
             hw_ts_ns: None,
             priority: None,
+            cgroup_id: None,
+            netns: None,
             from_user: flow == 0,
             fragment: false,
         };

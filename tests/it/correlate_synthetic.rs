@@ -32,6 +32,8 @@ fn stamp(point: u16, ts: u64, seq: u64, flow: u64, pid: u32) -> Stamp {
         queue: None,
         hw_ts_ns: None,
         priority: None,
+        cgroup_id: None,
+        netns: None,
         from_user: flow == 0,
         fragment: false,
     }

@@ -15,6 +15,7 @@ mod boundary_auto;
 mod bpf_stats;
 mod c_markers;
 mod capture;
+mod cgroups;
 mod ci_example;
 mod cli;
 mod compare;

@@ -62,6 +62,8 @@ pub fn stamp(ts_ns: u64, point: u32, seq: u64, kind: Option<u32>, flow: u64, pid
         queue: None,
         hw_ts_ns: None,
         priority: None,
+        cgroup_id: None,
+        netns: None,
         from_user: flow == 0,
         fragment: false,
     }

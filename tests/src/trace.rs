@@ -43,6 +43,11 @@ pub struct Row {
     pub ifindex: Option<u32>,
     /// skb->priority at the transmit device points.
     pub priority: Option<u32>,
+    /// The process's cgroup v2 id at the points taken in its name (absent
+    /// in runs recorded before the column).
+    pub cgroup_id: Option<u64>,
+    /// The device's network namespace inode at device points.
+    pub netns: Option<u32>,
     /// A later IP fragment's extra stamp.
     pub fragment: bool,
 }
@@ -271,6 +276,15 @@ pub fn read_stamps(path: &Path) -> Vec<Row> {
         let ifindex = ifindex.as_any().downcast_ref::<UInt32Array>().unwrap();
         let priority = col("priority");
         let priority = priority.as_any().downcast_ref::<UInt32Array>().unwrap();
+        // Columns added later: read as absent from older runs.
+        let cgroup_id = batch.column_by_name("cgroup_id").cloned();
+        let cgroup_id = cgroup_id
+            .as_ref()
+            .map(|c| c.as_any().downcast_ref::<UInt64Array>().unwrap());
+        let netns = batch.column_by_name("netns").cloned();
+        let netns = netns
+            .as_ref()
+            .map(|c| c.as_any().downcast_ref::<UInt32Array>().unwrap());
         let fragment = col("fragment");
         let fragment = fragment.as_any().downcast_ref::<BooleanArray>().unwrap();
         for i in 0..batch.num_rows() {
@@ -290,6 +304,8 @@ pub fn read_stamps(path: &Path) -> Vec<Row> {
                 cpu: cpu.value(i),
                 ifindex: (!ifindex.is_null(i)).then(|| ifindex.value(i)),
                 priority: (!priority.is_null(i)).then(|| priority.value(i)),
+                cgroup_id: cgroup_id.filter(|c| !c.is_null(i)).map(|c| c.value(i)),
+                netns: netns.filter(|c| !c.is_null(i)).map(|c| c.value(i)),
                 fragment: fragment.value(i),
             });
         }

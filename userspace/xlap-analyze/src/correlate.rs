@@ -296,6 +296,7 @@ struct StampColumns {
     has_fragment: bool,
     has_addresses: bool,
     has_priority: bool,
+    has_cgroup: bool,
 }
 
 impl StampColumns {
@@ -321,10 +322,18 @@ impl StampColumns {
             [],
             |r| r.get(0),
         )?;
+        // The processes' cgroups (runs from before they were recorded have
+        // none).
+        let has_cgroup: bool = conn.query_row(
+            "SELECT count(*) > 0 FROM (DESCRIBE stamps) WHERE column_name = 'cgroup_id'",
+            [],
+            |r| r.get(0),
+        )?;
         Ok(StampColumns {
             has_fragment,
             has_addresses,
             has_priority,
+            has_cgroup,
         })
     }
 }
@@ -335,6 +344,11 @@ fn domains_and_flows(conn: &Connection, columns: &StampColumns) -> Result<()> {
         "s.priority"
     } else {
         "NULL::UINTEGER"
+    };
+    let cgroup_col = if columns.has_cgroup {
+        "s.cgroup_id"
+    } else {
+        "NULL::UBIGINT"
     };
     let whole = if columns.has_fragment {
         "AND NOT s.fragment"
@@ -353,7 +367,8 @@ fn domains_and_flows(conn: &Connection, columns: &StampColumns) -> Result<()> {
            SELECT s.run_id, s.host, s.point, s.side, s.ts_ns, s.seq::HUGEINT AS seq,
                   CASE WHEN s.point LIKE 'app.%' AND NOT coalesce(k.has_kind, true) THEN -1
                        ELSE coalesce(s.kind::BIGINT, -1) END AS kind,
-                  s.flow, s.pid, s.ifindex, {priority_col} AS priority, d.domain, d.span
+                  s.flow, s.pid, s.ifindex, {priority_col} AS priority,
+                  {cgroup_col} AS cgroup_id, d.domain, d.span
            FROM stamps s JOIN run_domain d USING (run_id) LEFT JOIN kinded k USING (run_id, pid)
            WHERE s.seq IS NOT NULL {whole};
          CREATE OR REPLACE TEMP TABLE kflow AS
@@ -596,7 +611,12 @@ fn pivot(conn: &Connection, cols: &[(String, String)]) -> Result<()> {
     };
     conn.execute_batch(&format!(
         "CREATE OR REPLACE TEMP TABLE pk AS
-         SELECT flow, kind, useq, {priority}::UINTEGER AS __priority, {pivot_cols}
+         SELECT flow, kind, useq, {priority}::UINTEGER AS __priority,
+                -- the sender's and the receiver's cgroup: each end's first
+                -- stamp that carries one
+                arg_min(cgroup_id, t) FILTER (WHERE cgroup_id IS NOT NULL AND end_side = 'tx')::UBIGINT AS __tx_cgroup,
+                arg_min(cgroup_id, t) FILTER (WHERE cgroup_id IS NOT NULL AND end_side = 'rx')::UBIGINT AS __rx_cgroup,
+                {pivot_cols}
          FROM s5 GROUP BY flow, kind, useq;"
     ))?;
     Ok(())
@@ -655,6 +675,8 @@ fn write_packets(
         "dst_port" => "nullif(p.flow & 65535, 0)".into(),
         "tx_host" | "rx_host" | "tx_pid" | "rx_pid" => format!("e.{column}"),
         "priority" => "p.__priority".into(),
+        "tx_cgroup" => "p.__tx_cgroup".into(),
+        "rx_cgroup" => "p.__rx_cgroup".into(),
         "lost" => format!("NOT ({}) AND rs.flow IS NOT NULL", d.rx_any),
         "untraced" => format!("NOT ({}) AND rs.flow IS NULL", d.rx_any),
         "partial" => "false".into(),

@@ -30,6 +30,7 @@ const SOURCES: &[(&str, &str)] = bundled!(
     "qdisc_classes",
     "redundancy",
     "exchange",
+    "cgroups",
 );
 
 /// A query file: its header and its SQL.

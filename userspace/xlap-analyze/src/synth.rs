@@ -395,6 +395,7 @@ pub fn generate(conn: &Connection, dir: &RunDir, packets: u64, seed: u32) -> Res
         "rx_pid" => "CASE WHEN p.lost THEN NULL ELSE 2000 END".into(),
         // the htb classes 1:10 (kind 0) and 1:20 (kind 1) by SO_PRIORITY
         "priority" => "CASE WHEN p.kind = 1 THEN 65568 ELSE 65552 END".into(),
+        "tx_cgroup" | "rx_cgroup" => "NULL".into(),
         "lost" => "p.lost".into(),
         "untraced" | "partial" => "false".into(),
         "recovered" | "duplicate" | "reordered" | "retransmitted" => "false".into(),

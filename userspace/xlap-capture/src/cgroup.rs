@@ -31,7 +31,7 @@ pub fn open_root() -> Result<File> {
 }
 
 /// The first cgroup2 mount point in /proc/self/mountinfo.
-fn cgroup2_mount() -> Option<PathBuf> {
+pub(crate) fn cgroup2_mount() -> Option<PathBuf> {
     let text = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
     text.lines().find_map(parse_mountinfo_cgroup2)
 }

@@ -9,6 +9,7 @@ pub mod batch_export;
 pub mod capabilities;
 pub mod capture;
 pub mod cgroup;
+pub mod cgroup_names;
 pub mod hooks;
 pub mod hwts;
 pub mod ifaces;

@@ -2,6 +2,7 @@
 //! xlap-trace writes, writers for it, and `run.json` (typed, written and
 //! read through one declaration). Pure Rust: testable without root.
 
+pub mod cgroups;
 pub mod escape;
 pub mod kinds;
 pub mod parquet_check;

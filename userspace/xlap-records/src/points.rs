@@ -39,6 +39,29 @@ impl Layer {
     }
 }
 
+/// What a point's stamps carry in `xlap_stamp.scope`: where the point ran,
+/// for container attribution.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Scope {
+    /// The cgroup v2 id of the process in whose name the point ran (its
+    /// system or socket call, its marker, the reader woken or switched in).
+    Cgroup,
+    /// The inode number of the device's network namespace.
+    Netns,
+    /// Nothing: a point run for no process of its own (the socket queue, in
+    /// softirq or in the sender's context).
+    None,
+}
+
+/// The scope of any point id: app points (markers) run in the process's
+/// own context.
+pub fn scope_of(id: u16) -> Scope {
+    if id as u32 >= xlap_point::XLAP_POINT_APP_BASE {
+        return Scope::Cgroup;
+    }
+    kernel_point(id as u32).map_or(Scope::None, |p| p.scope)
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PointInfo {
     pub id: u16,
@@ -49,6 +72,8 @@ pub struct PointInfo {
     /// transmit points that read the skb before the driver has it
     /// (dev.xmit does not read the skb: the driver may have freed it).
     pub carries_priority: bool,
+    /// What its stamps' `scope` holds (the BPF side sets it to match).
+    pub scope: Scope,
 }
 
 /// Name, layer and side of a kernel point id (`enum xlap_point` of the C
@@ -82,12 +107,18 @@ pub const fn kernel_point(id: u32) -> Option<PointInfo> {
             | XLAP_POINT_QDISC_DEQUEUE
             | XLAP_POINT_DEV_START_XMIT
     );
+    let scope = match layer {
+        Dev | Qdisc => Scope::Netns,
+        _ if id == XLAP_POINT_SOCK_QUEUE => Scope::None,
+        _ => Scope::Cgroup,
+    };
     Some(PointInfo {
         id: id as u16,
         name,
         layer,
         side,
         carries_priority,
+        scope,
     })
 }
 

@@ -442,6 +442,10 @@ pub struct RunMeta {
     /// and scripts), counted only.
     #[serde(default, skip_serializing_if = "zero")]
     pub followed_unlisted: u64,
+    /// The cgroups of the stamps' `cgroup_id`s: each id's path below the
+    /// cgroup2 root and the container and pod the path names.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cgroups: Vec<crate::cgroups::CgroupInfo>,
     /// Receive-device stamps taken by port for datagrams that went to a
     /// socket not traced (an SO_REUSEPORT group, a more specific bind on
     /// the port), left out of stamps.parquet.

@@ -55,6 +55,8 @@ pub fn stamps() -> Arc<Schema> {
             Field::new("queue", DataType::UInt16, true),
             Field::new("hw_ts_ns", DataType::Int64, true),
             Field::new("priority", DataType::UInt32, true),
+            Field::new("cgroup_id", DataType::UInt64, true),
+            Field::new("netns", DataType::UInt32, true),
             Field::new("from_user", DataType::Boolean, false),
             Field::new("fragment", DataType::Boolean, false),
         ],
@@ -89,6 +91,10 @@ pub fn packets_head() -> Vec<Field> {
         Field::new("rx_pid", DataType::UInt32, true),
         Field::new("sent_ns", DataType::Int64, true),
         Field::new("priority", DataType::UInt32, true),
+        // The cgroup v2 id of the sending process (at its send or marker
+        // points) and of the receiving one; run.json `cgroups` names them.
+        Field::new("tx_cgroup", DataType::UInt64, true),
+        Field::new("rx_cgroup", DataType::UInt64, true),
     ]
 }
 

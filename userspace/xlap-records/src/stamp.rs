@@ -1,5 +1,6 @@
 //! A decoded stamp: one point passed by one packet.
 
+use crate::points::Scope;
 use xlap_abi::{
     xlap_stamp, XLAP_FLAG_FRAGMENT, XLAP_FLAG_FROM_USER, XLAP_FLAG_HW_TS, XLAP_FLAG_KIND,
     XLAP_FLAG_SEQ_VALID,
@@ -29,6 +30,13 @@ pub struct Stamp {
     /// an htb or prio qdisc picks from SO_PRIORITY (major:minor as
     /// 0xMMMMmmmm). `None` at other points.
     pub priority: Option<u32>,
+    /// The cgroup v2 id of the process at the points taken in its name
+    /// (`points::Scope::Cgroup`); `None` elsewhere and where the kernel
+    /// gave none.
+    pub cgroup_id: Option<u64>,
+    /// The inode number of the device's network namespace at the device
+    /// and qdisc points; `None` elsewhere.
+    pub netns: Option<u32>,
     /// Seq and kind came from the syscall's user buffer, not from an skb.
     pub from_user: bool,
     /// A later IP fragment of the datagram (an extra stamp at a device
@@ -40,6 +48,7 @@ impl Stamp {
     pub fn decode(raw: &xlap_stamp) -> Stamp {
         let flags = raw.flags as u32;
         let seq_valid = flags & XLAP_FLAG_SEQ_VALID != 0;
+        let scope = crate::points::scope_of(raw.point);
         Stamp {
             ts_ns: raw.ts_ns,
             point: raw.point,
@@ -56,6 +65,11 @@ impl Stamp {
             priority: crate::points::kernel_point(raw.point as u32)
                 .is_some_and(|p| p.carries_priority)
                 .then_some(raw.priority),
+            cgroup_id: (scope == Scope::Cgroup && raw.scope != 0).then_some(raw.scope),
+            netns: (scope == Scope::Netns)
+                .then(|| u32::try_from(raw.scope).ok())
+                .flatten()
+                .filter(|&n| n != 0),
             from_user: flags & XLAP_FLAG_FROM_USER != 0,
             fragment: flags & XLAP_FLAG_FRAGMENT != 0,
         }
@@ -102,5 +116,30 @@ mod tests {
             (s.seq, s.kind, s.ifindex, s.hw_ts_ns),
             (None, None, Some(4), Some(77))
         );
+    }
+
+    /// `scope` is a cgroup id at the points taken in a process's name, a
+    /// network namespace at device points, and nothing at the socket queue.
+    #[test]
+    fn scope_is_read_as_the_point_says() {
+        use xlap_abi::xlap_point::*;
+        let at = |point: u32, scope: u64| {
+            let s = Stamp::decode(&xlap_stamp {
+                point: point as u16,
+                scope,
+                ..Default::default()
+            });
+            (s.cgroup_id, s.netns)
+        };
+        assert_eq!(at(XLAP_POINT_SOCK_SEND_ENTER, 9), (Some(9), None));
+        assert_eq!(at(XLAP_POINT_APP_BASE + 3, 9), (Some(9), None));
+        assert_eq!(
+            at(XLAP_POINT_DEV_XMIT, 4026531840),
+            (None, Some(4026531840))
+        );
+        assert_eq!(at(XLAP_POINT_SOCK_QUEUE, 9), (None, None));
+        assert_eq!(at(XLAP_POINT_SOCK_RECV_EXIT, 0), (None, None));
+        // A namespace inode beyond 32 bits is no inode the kernel gives.
+        assert_eq!(at(XLAP_POINT_DEV_QUEUE, 1 << 40), (None, None));
     }
 }

@@ -71,6 +71,8 @@ pub struct StampBatcher {
     queues: UInt16Builder,
     hw_ts: Int64Builder,
     priorities: UInt32Builder,
+    cgroups: UInt64Builder,
+    netns: UInt32Builder,
     from_user: BooleanBuilder,
     fragment: BooleanBuilder,
     rows: usize,
@@ -106,6 +108,8 @@ impl StampBatcher {
             queues: UInt16Builder::new(),
             hw_ts: Int64Builder::new(),
             priorities: UInt32Builder::new(),
+            cgroups: UInt64Builder::new(),
+            netns: UInt32Builder::new(),
             from_user: BooleanBuilder::new(),
             fragment: BooleanBuilder::new(),
             rows: 0,
@@ -164,6 +168,8 @@ impl StampBatcher {
         self.queues.append_option(s.queue);
         self.hw_ts.append_option(s.hw_ts_ns.map(|v| v as i64));
         self.priorities.append_option(s.priority);
+        self.cgroups.append_option(s.cgroup_id);
+        self.netns.append_option(s.netns);
         self.from_user.append_value(s.from_user);
         self.fragment.append_value(s.fragment);
         self.rows += 1;
@@ -208,6 +214,8 @@ impl StampBatcher {
             "queue" => Arc::new(self.queues.finish()),
             "hw_ts_ns" => Arc::new(self.hw_ts.finish()),
             "priority" => Arc::new(self.priorities.finish()),
+            "cgroup_id" => Arc::new(self.cgroups.finish()),
+            "netns" => Arc::new(self.netns.finish()),
             "from_user" => Arc::new(self.from_user.finish()),
             "fragment" => Arc::new(self.fragment.finish()),
             other => panic!("the stamps schema's column {other} has no builder in StampBatcher"),
@@ -552,6 +560,8 @@ mod tests {
             queue: None,
             hw_ts_ns: None,
             priority: None,
+            cgroup_id: None,
+            netns: None,
             from_user: false,
             fragment: false,
         }
@@ -581,6 +591,8 @@ mod tests {
             queue: Some(19),
             hw_ts_ns: Some(20),
             priority: Some(21),
+            cgroup_id: None,
+            netns: Some(22),
             from_user: true,
             fragment: false,
         });
@@ -624,6 +636,8 @@ mod tests {
             ("queue", "19".to_string()),
             ("hw_ts_ns", "20".to_string()),
             ("priority", "21".to_string()),
+            ("cgroup_id", "null".to_string()),
+            ("netns", "22".to_string()),
             ("from_user", "true".to_string()),
             ("fragment", "false".to_string()),
         ];

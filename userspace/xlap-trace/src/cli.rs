@@ -435,6 +435,16 @@ pub struct RecordArgs {
     /// Process to trace (repeatable): its UDP sockets, send and receive paths.
     #[arg(short, long = "pid", value_name = "PID")]
     pub pids: Vec<u32>,
+    /// Trace every process of this cgroup v2 and of the cgroups below it
+    /// (a path below the cgroup2 root, as /proc/PID/cgroup writes it):
+    /// those there at the start, and the processes they fork.
+    #[arg(long = "cgroup", value_name = "PATH")]
+    pub cgroups: Vec<String>,
+    /// Trace every process of the container whose id starts with ID
+    /// (docker, containerd/CRI, CRI-O, podman; found by its cgroup's path),
+    /// as --cgroup does its cgroup.
+    #[arg(long = "container", value_name = "ID")]
+    pub containers: Vec<String>,
     /// Set by `run`: the pid is the command it started, which holds no
     /// socket before its exec (not a target to warn about).
     #[arg(skip)]

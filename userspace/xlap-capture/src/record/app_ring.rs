@@ -76,6 +76,11 @@ struct AppRing {
     stuck_since: Option<Instant>,
     /// Whether a record's pid is the process or one it forked (cached).
     pids: HashMap<u32, bool>,
+    /// The cgroup id of each process seen writing (the stamps' scope: the
+    /// ring has none, the BPF markers read theirs at the stamp). Read at a
+    /// process's first record: a process moved to another cgroup later
+    /// keeps its first one here. Its keys are `pids`' (bounded as those).
+    cgroups: HashMap<u32, u64>,
     report: MarkerRing,
 }
 
@@ -252,6 +257,7 @@ impl AppRing {
             tail: 0,
             stuck_since: None,
             pids: HashMap::new(),
+            cgroups: HashMap::new(),
             report: MarkerRing {
                 pid,
                 binary: binary.display().to_string(),
@@ -404,15 +410,13 @@ impl AppRing {
         if pid != self.pid && !self.is_child(pid) {
             return None;
         }
-        Some(stamp(
-            ts_ns,
-            seq,
-            kind,
-            pid,
-            tid,
-            u16::try_from(cpu).ok()?,
-            &info,
-        ))
+        let scope = *self
+            .cgroups
+            .entry(pid)
+            .or_insert_with(|| crate::cgroup_names::cgroup_id_of(pid).unwrap_or(0));
+        let mut s = stamp(ts_ns, seq, kind, pid, tid, u16::try_from(cpu).ok()?, &info);
+        s.scope = scope;
+        Some(s)
     }
 }
 

@@ -13,6 +13,10 @@ pub struct Tally {
     per_point: Vec<u64>,
     pub packets: PacketCounter,
     pub stamps: u64,
+    /// The cgroup ids the stamps carried (run.json names them at the end);
+    /// the last one apart, since a batch's stamps mostly share theirs.
+    cgroups: FastSet<u64>,
+    last_cgroup: u64,
 }
 
 impl Tally {
@@ -22,6 +26,10 @@ impl Tally {
             self.per_point.resize(idx + 1, 0);
         }
         self.per_point[idx] += 1;
+        if let Some(id) = stamp.cgroup_id.filter(|id| *id != self.last_cgroup) {
+            self.cgroups.insert(id);
+            self.last_cgroup = id;
+        }
         if let (Some(seq), true) = (stamp.seq, stamp.flow != 0) {
             self.packets
                 .add((stamp.flow, stamp.kind.unwrap_or(0), seq), stamp.ts_ns);
@@ -36,7 +44,14 @@ impl Tally {
             per_point: Vec::new(),
             packets: self.packets.next_segment(),
             stamps: 0,
+            cgroups: FastSet::default(),
+            last_cgroup: 0,
         }
+    }
+
+    /// The cgroup ids the stamps carried.
+    pub fn cgroup_ids(&self) -> impl Iterator<Item = u64> + '_ {
+        self.cgroups.iter().copied()
     }
 
     /// (point id, stamps) of the points seen.

@@ -15,6 +15,32 @@ use xlap_exit::{failure, Code};
 use xlap_records::sample::Sample;
 use xlap_records::RunDir;
 
+/// `--pid`s, and the processes now in each `--cgroup` and `--container`
+/// (their children are followed as any target's).
+fn target_pids(a: &RecordArgs) -> Result<Vec<u32>> {
+    let mut pids = a.pids.clone();
+    for path in &a.cgroups {
+        let members = xlap_capture::cgroup_names::members_of_cgroup(path)?;
+        if members.is_empty() {
+            anyhow::bail!(
+                "--cgroup {path}: the cgroup has no process now; start the protocol in it first"
+            );
+        }
+        pids.extend(members);
+    }
+    for id in &a.containers {
+        let (path, members) = xlap_capture::cgroup_names::members_of_container(id)?;
+        if members.is_empty() {
+            anyhow::bail!("--container {id}: its cgroup {path} has no process now");
+        }
+        pids.extend(members);
+    }
+    // In the order given, each once (a --pid inside a --cgroup too).
+    let mut seen = std::collections::HashSet::new();
+    pids.retain(|p| seen.insert(*p));
+    Ok(pids)
+}
+
 impl TryFrom<&RecordArgs> for RecordOptions {
     type Error = anyhow::Error;
 
@@ -27,7 +53,7 @@ impl TryFrom<&RecordArgs> for RecordOptions {
         let sample = sample(a, &layouts.default)?;
         Ok(RecordOptions {
             targets: Targets {
-                pids: a.pids.clone(),
+                pids: target_pids(a)?,
                 started_here: a.started_here,
             },
             stop: Stop {

@@ -799,6 +799,8 @@ mod tests {
                         queue: None,
                         hw_ts_ns: None,
                         priority: None,
+                        cgroup_id: None,
+                        netns: None,
                         from_user: point >= app,
                         fragment: mask >> 16 & 15 == 0,
                     };
@@ -841,6 +843,8 @@ mod tests {
             queue: None,
             hw_ts_ns: None,
             priority: None,
+            cgroup_id: None,
+            netns: None,
             from_user: false,
             fragment: false,
         }

@@ -393,6 +393,7 @@ impl RunInfo {
             p.add_losses(&[0; xlap_loss::XLAP_LOSS_COUNT as usize]); // every reason listed
         }
         meta.points = points;
+        meta.cgroups = crate::cgroup_names::describe(tally.cgroup_ids().collect());
         meta.lost = lost;
         meta.stamps = tally.stamps - dropped.values().sum::<u64>();
         meta.packets = tally.packets.len_without(foreign_flows);

@@ -309,6 +309,7 @@ fn initial_meta(
         targets: Vec::new(),
         followed: Vec::new(),
         followed_unlisted: 0,
+        cgroups: Vec::new(),
         foreign_stamps_dropped: 0,
         window: Some(runmeta::StampWindow {
             from_ns: clock_start.monotonic_ns,

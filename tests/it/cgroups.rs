@@ -1,0 +1,363 @@
+//! Privileged: container attribution (issue 55). The example's sender and
+//! receiver run in two real cgroups the test makes under the cgroup2 root;
+//! every stamp taken in a process's name carries the cgroup id that
+//! `/proc/PID/cgroup` (and the cgroup directory's inode) gave for that
+//! process, every device stamp the network namespace inode that the
+//! stage's `ip netns` name (`/var/run/netns/NAME`) of the socket owner's
+//! host has, and run.json names both cgroups by their paths.
+
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use xlap_records::points::{RX_DEVICE_POINTS, TX_DEVICE_POINTS};
+use xlap_stage::Stage;
+use xlap_tests::example::{ExampleOptions, ProtocolRun};
+use xlap_tests::privileged;
+use xlap_tests::trace::{read_stamps, run_meta, Recorder};
+use xlap_tests::Scratch;
+
+/// The cgroup2 mount point, from /proc/self/mountinfo (`/sys/fs/cgroup` on
+/// a pure v2 host, `/sys/fs/cgroup/unified` on a hybrid one).
+fn cgroup2_root() -> Option<PathBuf> {
+    let text = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    text.lines().find_map(|l| {
+        let (left, right) = l.split_once(" - ")?;
+        if right.split_whitespace().next()? != "cgroup2" {
+            return None;
+        }
+        Some(PathBuf::from(left.split_whitespace().nth(4)?))
+    })
+}
+
+/// A cgroup the test made; removed when dropped, also after a failed
+/// assertion (its processes moved back to the root first).
+struct TestCgroup {
+    root: PathBuf,
+    dir: PathBuf,
+}
+
+impl TestCgroup {
+    fn new(root: &Path, name: &str) -> TestCgroup {
+        let dir = root.join(format!("xlap-test-{}-{name}", std::process::id()));
+        std::fs::create_dir(&dir).unwrap_or_else(|e| panic!("mkdir {}: {e}", dir.display()));
+        TestCgroup {
+            root: root.to_path_buf(),
+            dir,
+        }
+    }
+
+    /// Moves process `pid` (all its threads) here.
+    fn enter(&self, pid: u32) {
+        std::fs::write(self.dir.join("cgroup.procs"), pid.to_string())
+            .unwrap_or_else(|e| panic!("moving {pid} to {}: {e}", self.dir.display()));
+    }
+
+    /// Its path below the root, as /proc/PID/cgroup writes it.
+    fn path(&self) -> String {
+        format!("/{}", self.dir.strip_prefix(&self.root).unwrap().display())
+    }
+
+    /// Its cgroup v2 id: its directory's inode number.
+    fn id(&self) -> u64 {
+        std::fs::metadata(&self.dir).unwrap().ino()
+    }
+}
+
+impl Drop for TestCgroup {
+    fn drop(&mut self) {
+        if let Ok(procs) = std::fs::read_to_string(self.dir.join("cgroup.procs")) {
+            for pid in procs.lines() {
+                let _ = std::fs::write(self.root.join("cgroup.procs"), pid);
+            }
+        }
+        for _ in 0..50 {
+            if std::fs::remove_dir(&self.dir).is_ok() {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        eprintln!("could not remove the test cgroup {}", self.dir.display());
+    }
+}
+
+/// The cgroup path `/proc/PID/cgroup` gives for `pid` (its `0::` line).
+fn proc_cgroup(pid: u32) -> String {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap();
+    xlap_records::cgroups::unified_path(&text)
+        .unwrap_or_else(|| panic!("no cgroup v2 line for {pid}: {text}"))
+        .to_string()
+}
+
+#[test]
+fn stamps_carry_each_process_cgroup_and_each_device_netns() {
+    let Some(_guard) = privileged("cgroups") else {
+        return;
+    };
+    let Some(root) = cgroup2_root() else {
+        xlap_tests::may_skip("cgroups", "no cgroup2 hierarchy is mounted");
+        return;
+    };
+    let stage = Stage::two_hosts().expect("stage");
+    let (cg_a, cg_b) = (TestCgroup::new(&root, "a"), TestCgroup::new(&root, "b"));
+    let scratch = Scratch::new("cgroups");
+    let opts = ExampleOptions {
+        count: 300,
+        markers: true,
+        gated: true,
+        ..Default::default()
+    };
+    let run = ProtocolRun::spawn(&stage, &scratch, &opts);
+    let (sender, receiver) = run.pids();
+    cg_a.enter(sender);
+    cg_b.enter(receiver);
+    // The outside account: what the kernel says of each process.
+    assert_eq!(proc_cgroup(sender), cg_a.path());
+    assert_eq!(proc_cgroup(receiver), cg_b.path());
+    let cgroup_of = |pid: u32| {
+        if pid == sender {
+            Some(cg_a.id())
+        } else if pid == receiver {
+            Some(cg_b.id())
+        } else {
+            None
+        }
+    };
+    let netns_of = |host: usize| {
+        std::fs::metadata(format!("/var/run/netns/{}", stage.host(host).netns))
+            .unwrap()
+            .ino() as u32
+    };
+    let (netns_a, netns_b) = (netns_of(0), netns_of(1));
+    assert_ne!(netns_a, netns_b);
+
+    let rec = Recorder::start(&[sender, receiver], &scratch.path("run"), &[]);
+    run.start();
+    let (sent, received) = run.wait();
+    let dir = rec.dir.clone();
+    rec.wait();
+    assert!(!sent.is_empty(), "the sender's log");
+    assert!(!received.is_empty(), "the receiver's log");
+    let stamps = read_stamps(&dir.join("stamps.parquet"));
+
+    let mut checked = std::collections::BTreeMap::<&str, usize>::new();
+    for s in &stamps {
+        let point = s.point.as_str();
+        let process_point = point.starts_with("app.")
+            || matches!(
+                point,
+                "sock.send_enter"
+                    | "sock.send_exit"
+                    | "sock.recv_exit"
+                    | "sched.wakeup"
+                    | "sched.switch_in"
+            );
+        if process_point {
+            assert_eq!(
+                s.cgroup_id,
+                cgroup_of(s.pid),
+                "{point} of pid {} (seq {:?}): /proc/{}/cgroup said {}",
+                s.pid,
+                s.seq,
+                s.pid,
+                proc_cgroup_or_gone(s.pid)
+            );
+            assert_eq!(s.netns, None, "{point}");
+        } else if TX_DEVICE_POINTS.contains(&point) || RX_DEVICE_POINTS.contains(&point) {
+            // The device of the socket owner's host, both ways (the
+            // receiver sends feedback back).
+            let netns = if s.pid == sender { netns_a } else { netns_b };
+            assert_eq!(
+                (s.netns, s.cgroup_id),
+                (Some(netns), None),
+                "{point} of pid {}",
+                s.pid
+            );
+        } else {
+            assert_eq!((s.netns, s.cgroup_id), (None, None), "{point}");
+        }
+        *checked.entry(point_kind(point)).or_default() += 1;
+    }
+    eprintln!("stamps checked: {checked:?}");
+    for kind in [
+        "app",
+        "sock.send",
+        "sock.recv_exit",
+        "sched",
+        "dev tx",
+        "dev rx",
+    ] {
+        assert!(
+            checked.get(kind).copied().unwrap_or(0) > 0,
+            "no {kind} stamps: {checked:?}"
+        );
+    }
+
+    // run.json names both cgroups by the paths /proc gave.
+    let meta = run_meta(&dir);
+    for cg in [&cg_a, &cg_b] {
+        let listed = meta
+            .cgroups
+            .iter()
+            .find(|c| c.id == cg.id())
+            .unwrap_or_else(|| panic!("{} not in run.json: {:?}", cg.path(), meta.cgroups));
+        assert_eq!(listed.path.as_deref(), Some(cg.path().as_str()));
+        assert_eq!((&listed.container, &listed.pod_uid), (&None, &None));
+    }
+
+    // The packets table: each packet's sender and receiver cgroup, as the
+    // processes at its two ends had them.
+    let out = std::process::Command::new(xlap_tests::bin("xlap-trace"))
+        .arg("sql")
+        .arg(&dir)
+        .arg(
+            "SELECT tx_pid, rx_pid, tx_cgroup, rx_cgroup, count(*) AS n FROM packets \
+             WHERE rx_pid IS NOT NULL GROUP BY ALL ORDER BY ALL",
+        )
+        .args(["-f", "json"])
+        .output()
+        .expect("xlap-trace sql");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let groups: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON rows");
+    let groups = groups.as_array().expect("rows");
+    eprintln!("packets by end: {groups:?}");
+    assert!(!groups.is_empty());
+    let of = |v: &serde_json::Value| v.as_u64().map(|p| p as u32);
+    for g in groups {
+        let (tx, rx) = (of(&g["tx_pid"]).unwrap(), of(&g["rx_pid"]).unwrap());
+        assert_eq!(g["tx_cgroup"].as_u64(), cgroup_of(tx), "{g}");
+        // Null where the receiver took no stamp in its own name for the
+        // packet (it reached the device and the socket, never the read).
+        if !g["rx_cgroup"].is_null() {
+            assert_eq!(g["rx_cgroup"].as_u64(), cgroup_of(rx), "{g}");
+        }
+    }
+    let read_by_receiver: u64 = groups
+        .iter()
+        .filter(|g| of(&g["tx_pid"]) == Some(sender) && !g["rx_cgroup"].is_null())
+        .map(|g| g["n"].as_u64().unwrap())
+        .sum();
+    assert!(read_by_receiver > 0, "{groups:?}");
+
+    // The bundled split (`analyze -q cgroups`): the stages of the packets
+    // the sender sent and the receiver read stand under their two cgroups.
+    let rows = xlap_tests::trace::analyze_rows(&dir, "cgroups", &[]);
+    let pair = |r: &serde_json::Value| (r["tx_cgroup"].as_u64(), r["rx_cgroup"].as_u64());
+    let a_to_b: Vec<_> = rows
+        .iter()
+        .filter(|r| pair(r) == (Some(cg_a.id()), Some(cg_b.id())))
+        .collect();
+    assert!(
+        a_to_b
+            .iter()
+            .any(|r| r["stage"] == "e2e" && r["packets"].as_u64() > Some(0)),
+        "no end-to-end row from {} to {}: {rows:?}",
+        cg_a.path(),
+        cg_b.path()
+    );
+    for r in &rows {
+        let (tx, rx) = pair(r);
+        assert!(
+            tx.is_none() || tx == Some(cg_a.id()) || tx == Some(cg_b.id()),
+            "{r}"
+        );
+        assert!(
+            rx.is_none() || rx == Some(cg_a.id()) || rx == Some(cg_b.id()),
+            "{r}"
+        );
+    }
+    drop((cg_a, cg_b));
+}
+
+fn proc_cgroup_or_gone(pid: u32) -> String {
+    std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
+        .ok()
+        .and_then(|t| xlap_records::cgroups::unified_path(&t).map(str::to_string))
+        .unwrap_or_else(|| "(gone)".into())
+}
+
+fn point_kind(point: &str) -> &'static str {
+    if point.starts_with("app.") {
+        "app"
+    } else if point.starts_with("sock.send") {
+        "sock.send"
+    } else if point == "sock.recv_exit" {
+        "sock.recv_exit"
+    } else if point.starts_with("sched.") {
+        "sched"
+    } else if TX_DEVICE_POINTS.contains(&point) {
+        "dev tx"
+    } else if RX_DEVICE_POINTS.contains(&point) {
+        "dev rx"
+    } else {
+        "other"
+    }
+}
+
+/// `record --cgroup PATH` traces the processes in the cgroup and none
+/// outside it: two example pairs run side by side, one in the cgroup.
+#[test]
+fn record_cgroup_traces_the_cgroup_processes_only() {
+    let Some(_guard) = privileged("cgroups") else {
+        return;
+    };
+    let Some(root) = cgroup2_root() else {
+        xlap_tests::may_skip("cgroups", "no cgroup2 hierarchy is mounted");
+        return;
+    };
+    let stage = Stage::two_hosts().expect("stage");
+    let cg = TestCgroup::new(&root, "traced");
+    let scratch = Scratch::new("record-cgroup");
+    let opts = ExampleOptions {
+        count: 200,
+        gated: true,
+        ..Default::default()
+    };
+    let inside = ProtocolRun::spawn(&stage, &scratch, &opts);
+    let outside_scratch = Scratch::new("record-cgroup-outside");
+    let outside = ProtocolRun::spawn(
+        &stage,
+        &outside_scratch,
+        &ExampleOptions {
+            port_offset: 10,
+            ..opts.clone()
+        },
+    );
+    let (s_in, r_in) = inside.pids();
+    let (s_out, r_out) = outside.pids();
+    cg.enter(s_in);
+    cg.enter(r_in);
+    assert_eq!(proc_cgroup(s_in), cg.path());
+    assert_ne!(proc_cgroup(s_out), cg.path());
+    let rec = Recorder::start(&[], &scratch.path("run"), &["--cgroup", &cg.path()]);
+    inside.start();
+    outside.start();
+    let (_, received_in) = inside.wait();
+    let (_, received_out) = outside.wait();
+    assert!(!received_in.is_empty() && !received_out.is_empty());
+    let dir = rec.dir.clone();
+    rec.wait();
+    let stamps = read_stamps(&dir.join("stamps.parquet"));
+    let by_pid = stamps.iter().fold(
+        std::collections::BTreeMap::<u32, usize>::new(),
+        |mut m, s| {
+            *m.entry(s.pid).or_default() += 1;
+            m
+        },
+    );
+    eprintln!("stamps by pid: {by_pid:?} (inside {s_in}, {r_in}; outside {s_out}, {r_out})");
+    assert!(by_pid.get(&s_in).copied().unwrap_or(0) > 0, "{by_pid:?}");
+    assert!(by_pid.get(&r_in).copied().unwrap_or(0) > 0, "{by_pid:?}");
+    for pid in by_pid.keys() {
+        assert!(
+            [s_in, r_in].contains(pid),
+            "a stamp of pid {pid}, outside the cgroup"
+        );
+    }
+    let meta = run_meta(&dir);
+    let targets: Vec<u32> = meta.targets.iter().map(|t| t.pid).collect();
+    assert_eq!(targets.len(), 2, "{targets:?}");
+    assert!(targets.contains(&s_in) && targets.contains(&r_in));
+}
