@@ -9,7 +9,9 @@
 -- totals in path order; side tx, channel, rx or total, or tx_after_wire /
 -- rx_before_wire for a stage off the path that the totals partition), `point_columns`
 -- (col, point, side, position), `runs`, `tracer_points` and `kinds` (kind,
--- name: the protocol's names of its kinds) from run.json.
+-- name: the protocol's names of its kinds) and `cgroups` (run_id, host, id,
+-- path, container_runtime, container_id, pod_uid: where the stamps ran) from
+-- run.json.
 -- In the DuckDB CLI, without xlap-trace:
 --   CREATE VIEW packets AS FROM 'RUN/packets.parquet';
 --   CREATE TABLE stage_columns AS SELECT column_name AS col, regexp_replace(column_name, '_ns$', '') AS stage,

@@ -37,7 +37,12 @@ struct TestCgroup {
 
 impl TestCgroup {
     fn new(root: &Path, name: &str) -> TestCgroup {
-        let dir = root.join(format!("xlap-test-{}-{name}", std::process::id()));
+        TestCgroup::exact(root, &format!("xlap-test-{}-{name}", std::process::id()))
+    }
+
+    /// A cgroup of exactly that name below the root (a runtime's shape).
+    fn exact(root: &Path, name: &str) -> TestCgroup {
+        let dir = root.join(name);
         std::fs::create_dir(&dir).unwrap_or_else(|e| panic!("mkdir {}: {e}", dir.display()));
         TestCgroup {
             root: root.to_path_buf(),
@@ -97,7 +102,13 @@ fn stamps_carry_each_process_cgroup_and_each_device_netns() {
         return;
     };
     let stage = Stage::two_hosts().expect("stage");
-    let (cg_a, cg_b) = (TestCgroup::new(&root, "a"), TestCgroup::new(&root, "b"));
+    // The receiver's cgroup has the path Docker's systemd driver gives a
+    // container's (`docker-<64 hex>.scope`): its container is named by it.
+    let container_id = format!("5a1e{:060x}", std::process::id());
+    let (cg_a, cg_b) = (
+        TestCgroup::new(&root, "a"),
+        TestCgroup::exact(&root, &format!("docker-{container_id}.scope")),
+    );
     let scratch = Scratch::new("cgroups");
     let opts = ExampleOptions {
         count: 300,
@@ -200,7 +211,12 @@ fn stamps_carry_each_process_cgroup_and_each_device_netns() {
             .find(|c| c.id == cg.id())
             .unwrap_or_else(|| panic!("{} not in run.json: {:?}", cg.path(), meta.cgroups));
         assert_eq!(listed.path.as_deref(), Some(cg.path().as_str()));
-        assert_eq!((&listed.container, &listed.pod_uid), (&None, &None));
+        let container = listed
+            .container
+            .as_ref()
+            .map(|c| (c.runtime.as_str(), c.id.as_str()));
+        let want = (cg.id() == cg_b.id()).then_some(("docker", container_id.as_str()));
+        assert_eq!((container, &listed.pod_uid), (want, &None), "{}", cg.path());
     }
 
     // The packets table: each packet's sender and receiver cgroup, as the
@@ -241,32 +257,37 @@ fn stamps_carry_each_process_cgroup_and_each_device_netns() {
         .sum();
     assert!(read_by_receiver > 0, "{groups:?}");
 
-    // The bundled split (`analyze -q cgroups`): the stages of the packets
-    // the sender sent and the receiver read stand under their two cgroups.
-    let rows = xlap_tests::trace::analyze_rows(&dir, "cgroups", &[]);
-    let pair = |r: &serde_json::Value| (r["tx_cgroup"].as_u64(), r["rx_cgroup"].as_u64());
-    let a_to_b: Vec<_> = rows
-        .iter()
-        .filter(|r| pair(r) == (Some(cg_a.id()), Some(cg_b.id())))
-        .collect();
-    assert!(
-        a_to_b
-            .iter()
-            .any(|r| r["stage"] == "e2e" && r["packets"].as_u64() > Some(0)),
-        "no end-to-end row from {} to {}: {rows:?}",
-        cg_a.path(),
-        cg_b.path()
-    );
-    for r in &rows {
-        let (tx, rx) = pair(r);
+    // The bundled split (`analyze -q cgroups`, `--by`): the stages of the
+    // packets the sender sent and the receiver read stand under their two
+    // cgroups' paths, or their containers (the sender's in none), and
+    // nowhere else.
+    for (by, a_name, b_name) in [
+        ("cgroup", cg_a.path(), cg_b.path()),
+        (
+            "container",
+            "-".to_string(),
+            format!("docker:{container_id}"),
+        ),
+    ] {
+        let rows = xlap_tests::trace::analyze_rows(&dir, "cgroups", &["--by", by]);
+        let pair = |r: &serde_json::Value| {
+            (
+                r["tx"].as_str().map(str::to_string),
+                r["rx"].as_str().map(str::to_string),
+            )
+        };
         assert!(
-            tx.is_none() || tx == Some(cg_a.id()) || tx == Some(cg_b.id()),
-            "{r}"
+            rows.iter()
+                .any(|r| pair(r) == (Some(a_name.clone()), Some(b_name.clone()))
+                    && r["stage"] == "e2e"
+                    && r["packets"].as_u64() > Some(0)),
+            "--by {by}: no end-to-end row from {a_name} to {b_name}: {rows:?}"
         );
-        assert!(
-            rx.is_none() || rx == Some(cg_a.id()) || rx == Some(cg_b.id()),
-            "{r}"
-        );
+        let known = [None, Some(a_name.clone()), Some(b_name.clone())];
+        for r in &rows {
+            let (tx, rx) = pair(r);
+            assert!(known.contains(&tx) && known.contains(&rx), "--by {by}: {r}");
+        }
     }
     drop((cg_a, cg_b));
 }

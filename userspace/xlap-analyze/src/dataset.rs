@@ -835,7 +835,9 @@ pub(crate) fn load_runs(conn: &Connection, files: &[PathBuf]) -> Result<()> {
            start_realtime_ns BIGINT, duration_s DOUBLE, packets UBIGINT, stamps UBIGINT,
            bpf_ns_per_stamp DOUBLE, stop_reason VARCHAR, file VARCHAR);
          CREATE OR REPLACE TEMP TABLE kinds (kind UBIGINT, name VARCHAR);
-         CREATE OR REPLACE TEMP TABLE run_kinds (run_id VARCHAR, kind UBIGINT, name VARCHAR);",
+         CREATE OR REPLACE TEMP TABLE run_kinds (run_id VARCHAR, kind UBIGINT, name VARCHAR);
+         CREATE OR REPLACE TEMP TABLE cgroups (run_id VARCHAR, host VARCHAR, id UBIGINT, path VARCHAR,
+           container_runtime VARCHAR, container_id VARCHAR, pod_uid VARCHAR);",
     )?;
     // One loss column per reason the capture counts (xlap_abi::LOSS_REASONS).
     let loss_columns: Vec<String> = xlap_abi::LOSS_REASONS
@@ -866,6 +868,7 @@ fn insert_runs(conn: &Connection, files: &[PathBuf], losses: usize) -> Result<()
     let mut insert_run =
         conn.prepare("INSERT INTO runs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")?;
     let mut insert_kind = conn.prepare("INSERT INTO run_kinds VALUES (?, ?, ?)")?;
+    let mut insert_cgroup = conn.prepare("INSERT INTO cgroups VALUES (?, ?, ?, ?, ?, ?, ?)")?;
     let mut insert_point = conn.prepare(&format!(
         "INSERT INTO tracer_points VALUES (?, ?, ?, ?{})",
         ", ?".repeat(losses)
@@ -891,6 +894,18 @@ fn insert_runs(conn: &Connection, files: &[PathBuf], losses: usize) -> Result<()
             for (kind, name) in &layout.kind_names {
                 insert_kind.execute(duckdb::params![m.run_id, kind, name])?;
             }
+        }
+        // Where the stamps ran (`cgroup_id`): by id on that run's host.
+        for c in &m.cgroups {
+            insert_cgroup.execute(duckdb::params![
+                m.run_id,
+                m.host,
+                c.id,
+                c.path,
+                c.container.as_ref().map(|k| k.runtime.clone()),
+                c.container.as_ref().map(|k| k.id.clone()),
+                c.pod_uid,
+            ])?;
         }
         for (name, c) in &m.points {
             let mut values: Vec<Box<dyn duckdb::ToSql>> = vec![

@@ -130,6 +130,25 @@ pub enum OutputFormat {
     Markdown,
 }
 
+/// What `analyze --by` names each end of a packet by.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum SplitBy {
+    Cgroup,
+    Container,
+    Pod,
+}
+
+impl SplitBy {
+    /// The `cgroups` query's `split` parameter.
+    pub fn param(self) -> &'static str {
+        match self {
+            SplitBy::Cgroup => "cgroup",
+            SplitBy::Container => "container",
+            SplitBy::Pod => "pod",
+        }
+    }
+}
+
 #[derive(Args, Debug)]
 pub struct AnalyzeArgs {
     /// A run directory (from `record`), a directory of runs, or a packets
@@ -153,6 +172,11 @@ pub struct AnalyzeArgs {
     /// pair of kinds that most seqs travel both ways).
     #[arg(long, value_name = "REQ:RESP")]
     pub exchange: Option<String>,
+    /// Split the stages by where each end ran: its process's cgroup (by
+    /// path), the container or the Kubernetes pod that cgroup's path names
+    /// (run.json `cgroups`): runs the `cgroups` query so.
+    #[arg(long, value_enum)]
+    pub by: Option<SplitBy>,
     #[arg(short, long, value_enum, default_value = "table")]
     pub format: OutputFormat,
     #[command(flatten)]

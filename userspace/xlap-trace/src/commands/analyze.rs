@@ -119,11 +119,22 @@ pub fn analyze(a: &AnalyzeArgs) -> Result<()> {
         ));
     };
     let mut queries = selected(&a.query)?;
-    if a.exchange.is_some() && !queries.iter().any(|q| q.name == "exchange") {
-        if a.query.is_empty() {
-            queries.clear();
+    // --exchange and --by each run their query: alone, unless -q asked for
+    // others too.
+    let implied: Vec<&str> = [
+        (a.exchange.is_some(), "exchange"),
+        (a.by.is_some(), "cgroups"),
+    ]
+    .into_iter()
+    .filter_map(|(asked, name)| asked.then_some(name))
+    .collect();
+    if !implied.is_empty() && a.query.is_empty() {
+        queries.clear();
+    }
+    for name in implied {
+        if !queries.iter().any(|q| q.name == name) {
+            queries.push(queries::find(name)?);
         }
-        queries.push(queries::find("exchange")?);
     }
     let (conn, _, kind) = open_with_kind(
         run,
@@ -135,6 +146,9 @@ pub fn analyze(a: &AnalyzeArgs) -> Result<()> {
     let mut params = params(kind, &a.param)?;
     if let Some(pair) = &a.exchange {
         params.extend(exchange_params(&conn, pair)?);
+    }
+    if let Some(by) = a.by {
+        params.push(("split".into(), by.param().into()));
     }
     let results = run_queries(&conn, &queries, &params, !a.quiet)?;
     print_results(&results, format_of(a.format))
@@ -167,7 +181,7 @@ pub fn sql(a: &SqlArgs) -> Result<()> {
     let interactive = std::io::stdin().is_terminal();
     if interactive {
         eprintln!(
-            "{}: {} packets ({} delivered). Views: packets, delivered, stages, stage_counts, stage_quantiles(levels), fences, stage_moments, late, late_stages, late_causes, send_schedule, exchanges, stage_columns, point_columns, runs, tracer_points, kinds{}. End statements with ';', Ctrl-D quits.",
+            "{}: {} packets ({} delivered). Views: packets, delivered, stages, stage_counts, stage_quantiles(levels), fences, stage_moments, late, late_stages, late_causes, send_schedule, exchanges, stage_columns, point_columns, runs, tracer_points, kinds, cgroups{}. End statements with ';', Ctrl-D quits.",
             ds.source,
             ds.packets,
             ds.delivered,
