@@ -146,6 +146,7 @@ pub fn run(args: &RecordOptions, command: &[String]) -> Result<(RunMeta, ExitSta
     let mut args = args.clone();
     args.targets = super::options::Targets {
         pids: vec![stopped.pid],
+        cgroups: Vec::new(),
         started_here: true,
     };
     let attached = Plan::new(&args).and_then(|plan| {

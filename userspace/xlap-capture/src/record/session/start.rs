@@ -99,8 +99,11 @@ impl Session {
             &|why| plan.note(why),
         )?;
         self.capture.set_targets(pids)?;
+        let cgroups = &args.targets.cgroups;
+        self.capture
+            .set_target_cgroups(&cgroups.iter().map(|c| (c.id, c.level)).collect::<Vec<_>>())?;
         let connects = ConnectHolds::start(&mut self.capture)?;
-        let following = Following::start(&mut self.capture, pids, quiet)?;
+        let following = Following::start(&mut self.capture, pids, cgroups, quiet)?;
         if let Some(note) = self.capture.send_syscalls_note() {
             plan.note(note);
         }
