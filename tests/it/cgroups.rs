@@ -465,3 +465,116 @@ fn record_cgroup_traces_processes_that_enter_later() {
     assert_eq!(stamped("sock.send_enter", s_in), sent);
     assert_eq!(stamped("sock.recv_exit", r_in), received);
 }
+
+/// Whether some `TARGET_PORTS` map of a loaded recorder has an entry owned
+/// by `pid` (`bpftool`: the kernel's own account; the recorder registers a
+/// process's ports after it has marked its sockets).
+fn kernel_port_owner(pid: u32) -> bool {
+    let out = std::process::Command::new("bpftool")
+        .args(["-j", "map", "dump", "name", "TARGET_PORTS"])
+        .output()
+        .expect("bpftool");
+    let Ok(dump) = serde_json::from_slice::<serde_json::Value>(&out.stdout) else {
+        return false;
+    };
+    // One map: a list of entries; several (other recorders): a list of
+    // lists. A value as BTF gives it, or as its bytes.
+    let mut entries = Vec::new();
+    for e in dump.as_array().into_iter().flatten() {
+        match e.as_array() {
+            Some(inner) => entries.extend(inner.iter().cloned()),
+            None => entries.push(e.clone()),
+        }
+    }
+    entries.iter().any(|e| {
+        e["formatted"]["value"].as_u64() == Some(pid as u64)
+            || e["value"].as_array().is_some_and(|bytes| {
+                let b: Vec<u8> = bytes
+                    .iter()
+                    .filter_map(|x| {
+                        u8::from_str_radix(x.as_str()?.trim_start_matches("0x"), 16).ok()
+                    })
+                    .collect();
+                b.len() == 4 && u32::from_le_bytes([b[0], b[1], b[2], b[3]]) == pid
+            })
+    })
+}
+
+/// A process moved into the traced cgroup with its socket already open
+/// (created before the run began, so neither a socket creation nor a fork
+/// or exec tells the kernel side) is found by the recorder's rescan of
+/// `cgroup.procs`, and its datagrams are stamped from then on.
+#[test]
+fn record_cgroup_adopts_processes_moved_in_with_open_sockets() {
+    if std::process::Command::new("bpftool")
+        .arg("version")
+        .output()
+        .is_err()
+    {
+        xlap_tests::may_skip("cgroups", "no bpftool to see the recorder's port table");
+        return;
+    }
+    let Some(_guard) = privileged("cgroups") else {
+        return;
+    };
+    let Some(root) = cgroup2_root() else {
+        xlap_tests::may_skip("cgroups", "no cgroup2 hierarchy is mounted");
+        return;
+    };
+    let stage = Stage::two_hosts().expect("stage");
+    let cg = TestCgroup::new(&root, "moved");
+    let scratch = Scratch::new("record-cgroup-moved");
+    // Sockets open (the receiver bound and ready, the sender bound and
+    // waiting at its gate) before the recorder starts.
+    let run = ProtocolRun::spawn(
+        &stage,
+        &scratch,
+        &ExampleOptions {
+            count: 200,
+            gated: true,
+            ..Default::default()
+        },
+    );
+    let (sender, receiver) = run.pids();
+    let rec = Recorder::start(&[], &scratch.path("run"), &["--cgroup", &cg.path()]);
+    cg.enter(sender);
+    cg.enter(receiver);
+    assert_eq!(proc_cgroup(sender), cg.path());
+    assert_eq!(proc_cgroup(receiver), cg.path());
+    // A handshake, as the ready file is: traffic starts once the kernel
+    // has both processes' ports.
+    let start = std::time::Instant::now();
+    while !(kernel_port_owner(sender) && kernel_port_owner(receiver)) {
+        assert!(
+            start.elapsed().as_secs() < xlap_tests::start_secs(),
+            "the recorder did not take the moved processes' ports"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    run.start();
+    let (sent_log, received_log) = run.wait();
+    let dir = rec.dir.clone();
+    rec.interrupt();
+    rec.wait();
+    let stamps = read_stamps(&dir.join("stamps.parquet"));
+    let data = xlap_tests::example::kind_code("data");
+    let logged = |log: &[serde_json::Value], event: &str| {
+        xlap_tests::example::events(log, event)
+            .filter(|e| e["kind"] == "data")
+            .map(|e| e["seq"].as_u64().unwrap())
+            .collect::<std::collections::BTreeSet<u64>>()
+    };
+    let stamped = |point: &str, pid: u32| {
+        stamps
+            .iter()
+            .filter(|s| s.point == point && s.pid == pid && s.kind == Some(data) && !s.fragment)
+            .filter_map(|s| s.seq)
+            .collect::<std::collections::BTreeSet<u64>>()
+    };
+    let sent = logged(&sent_log, "sent");
+    let received = logged(&received_log, "received");
+    assert_eq!(sent.len(), 200, "the sender's log");
+    assert!(!received.is_empty(), "the receiver's log");
+    assert_eq!(stamped("sock.send_enter", sender), sent);
+    assert_eq!(stamped("sock.recv_exit", receiver), received);
+}
