@@ -15,6 +15,10 @@ use xlap_records::cgroups::CgroupInfo;
 const MAX_DIRS: usize = 200_000;
 /// Depth below the root the walk descends at most.
 const MAX_DEPTH: usize = 32;
+/// Cgroups a rescan of a traced cgroup's members (every second) visits at
+/// most: a subtree delegated to the traced user can be made as large as it
+/// likes, and the recorder's idle cost must not follow it.
+const MAX_RESCAN_DIRS: usize = 4096;
 
 /// The cgroups of `ids`, sorted by id; an id no cgroup has any more (its
 /// cgroup removed before the run's end) is listed without a path.
@@ -113,7 +117,14 @@ impl TracedCgroup {
 
     /// The processes in it and below it now.
     pub fn members(&self) -> Vec<u32> {
-        members_below(&self.dir)
+        members_below(&self.dir, MAX_DIRS)
+    }
+
+    /// The same during the run: bounded tighter, being repeated (the
+    /// kernel side adopts members beyond the bound at their next socket,
+    /// fork or exec).
+    pub fn rescan_members(&self) -> Vec<u32> {
+        members_below(&self.dir, MAX_RESCAN_DIRS)
     }
 }
 
@@ -197,13 +208,13 @@ pub fn container_cgroups(id: &str) -> anyhow::Result<(String, Vec<TracedCgroup>)
 }
 
 /// The pids in `cgroup.procs` of `dir` and of the cgroups below it.
-fn members_below(dir: &Path) -> Vec<u32> {
+fn members_below(dir: &Path, max_dirs: usize) -> Vec<u32> {
     let mut pids = Vec::new();
     let mut stack = vec![(dir.to_path_buf(), 0usize)];
     let mut visited = 0;
     while let Some((d, depth)) = stack.pop() {
         visited += 1;
-        if visited > MAX_DIRS {
+        if visited > max_dirs {
             break;
         }
         if let Ok(text) = std::fs::read_to_string(d.join("cgroup.procs")) {

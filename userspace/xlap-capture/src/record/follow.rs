@@ -235,7 +235,7 @@ impl Following {
         let new: BTreeSet<u32> = self
             .cgroups
             .iter()
-            .flat_map(|c| c.members())
+            .flat_map(|c| c.rescan_members())
             .filter(|p| *p != me && !traced.contains(p))
             .collect();
         for pid in new {
