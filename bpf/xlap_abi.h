@@ -304,6 +304,23 @@ struct xlap_port_key {
   __u16 _pad;
 };
 
+/* A cgroup whose processes are traced, present and future (record
+ * --cgroup/--container): its cgroup v2 id (the directory's inode number)
+ * and its depth below the cgroup2 root (the root is 0), so a task is in it
+ * or below it when its ancestor at that level has that id. Slots from the
+ * first with id 0 on are unused. */
+#define XLAP_MAX_TARGET_CGROUPS 8
+
+struct xlap_target_cgroup {
+  __u64 id;
+  __u32 level;
+  __u32 _pad;
+};
+
+/* TARGET_PIDS' value for a process traced because it is in a target
+ * cgroup (it descends from no target pid; tgid 0 is never a process). */
+#define XLAP_ROOT_CGROUP 0
+
 /* ---- USDT markers -------------------------------------------------------
  * One spec per attached probe site, indexed by the uprobe's BPF cookie. The
  * layout is ours (not libbpf's usdt.bpf.h, which differs between versions and

@@ -147,8 +147,14 @@ static __always_inline int traced_process(void) {
 SEC("tp_btf/sched_process_exec")
 int BPF_PROG(on_sched_process_exec, struct task_struct *p, pid_t old_pid,
              struct linux_binprm *bprm) {
-  if (!traced_process())
-    return 0;
+  if (!traced_process()) {
+    /* Entered a target cgroup and exec'd (the way `systemd-run --scope`
+     * and `docker exec` start a program): traced from its first
+     * instruction, its markers attached as any target's. */
+    if (!in_target_cgroup())
+      return 0;
+    adopt(bpf_get_current_pid_tgid() >> 32);
+  }
   __u32 tgid = bpf_get_current_pid_tgid() >> 32;
   if (bpf_map_lookup_elem(&MARKED_PIDS, &tgid)) {
     hold(XLAP_HOLD_EXEC);

@@ -2,7 +2,9 @@
  * marked in socket local storage (SOCKS) as they are created (userspace
  * marks those that existed before tracing began); their ports are
  * registered once a bind succeeds; children a traced process forks are
- * traced too (their sockets then get marked as they are created). */
+ * traced too (their sockets then get marked as they are created), and so is
+ * a process found in a target cgroup (TARGET_CGROUPS) when it creates a
+ * socket or forks. */
 #ifndef XLAP_CAPTURE_SOCKETS_H
 #define XLAP_CAPTURE_SOCKETS_H
 
@@ -11,8 +13,12 @@
 SEC("cgroup/sock_create")
 int on_sock_create(struct bpf_sock *sk) {
   __u32 tgid = bpf_get_current_pid_tgid() >> 32;
-  if (!bpf_map_lookup_elem(&TARGET_PIDS, &tgid))
-    return 1;
+  if (!bpf_map_lookup_elem(&TARGET_PIDS, &tgid)) {
+    /* A process that entered a target cgroup after the run began. */
+    if (!in_target_cgroup())
+      return 1;
+    adopt(tgid);
+  }
   struct xlap_sock *s =
       bpf_sk_storage_get(&SOCKS, sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
   if (s) {
@@ -52,10 +58,18 @@ int BPF_PROG(on_sched_process_fork, struct task_struct *parent,
   if (child->pid != child->tgid)
     return 0; /* a new thread */
   __u32 ptgid = parent->tgid;
-  __u32 *root = bpf_map_lookup_elem(&TARGET_PIDS, &ptgid);
-  if (!root)
-    return 0;
   __u32 ctgid = child->tgid;
+  __u32 *root = bpf_map_lookup_elem(&TARGET_PIDS, &ptgid);
+  if (!root) {
+    /* A parent that entered a target cgroup after the run began (the
+     * child is where the parent is: a fork into another cgroup,
+     * CLONE_INTO_CGROUP, is left to the child's own socket or exec). */
+    if (in_target_cgroup()) {
+      adopt(ptgid);
+      adopt(ctgid);
+    }
+    return 0;
+  }
   __u32 r = *root;
   bpf_map_update_elem(&TARGET_PIDS, &ctgid, &r, BPF_ANY);
   return 0;

@@ -63,6 +63,56 @@ struct {
   __type(value, __u32);
 } TARGET_PIDS SEC(".maps");
 
+/* The target cgroups (struct xlap_target_cgroup), set by userspace before
+ * attaching; looked up only at rare events (socket creation, fork, exec),
+ * never on a datagram's path. */
+struct {
+  __uint(type, BPF_MAP_TYPE_ARRAY);
+  __uint(max_entries, XLAP_MAX_TARGET_CGROUPS);
+  __type(key, __u32);
+  __type(value, struct xlap_target_cgroup);
+} TARGET_CGROUPS SEC(".maps");
+
+/* Slot i of TARGET_CGROUPS: 1 when the current task is in that cgroup or
+ * below it, 0 when not, -1 when the slot is unused (the list's end). */
+static __always_inline int target_cgroup_slot(__u32 i) {
+  struct xlap_target_cgroup *c = bpf_map_lookup_elem(&TARGET_CGROUPS, &i);
+  if (!c || !c->id)
+    return -1;
+  return bpf_get_current_ancestor_cgroup_id(c->level) == c->id;
+}
+
+/* Whether the current task is in a target cgroup or below one: a process
+ * moved in after the run began (cgroup.procs, as docker exec or
+ * systemd-run --scope do) is traced from its next socket, fork or exec.
+ * Written out slot by slot: as a loop, the verifier lost the index's
+ * bounds through the map key and called the loop infinite, and clang
+ * would not unroll it. */
+_Static_assert(XLAP_MAX_TARGET_CGROUPS == 8, "one line per slot below");
+#define XL_TRY_SLOT(i)                                                         \
+  if ((r = target_cgroup_slot(i)) != 0)                                        \
+    return r > 0;
+static __always_inline int in_target_cgroup(void) {
+  int r;
+  XL_TRY_SLOT(0)
+  XL_TRY_SLOT(1)
+  XL_TRY_SLOT(2)
+  XL_TRY_SLOT(3)
+  XL_TRY_SLOT(4)
+  XL_TRY_SLOT(5)
+  XL_TRY_SLOT(6)
+  XL_TRY_SLOT(7)
+  return 0;
+}
+#undef XL_TRY_SLOT
+
+/* Traces process `tgid` (the current task's, or its child's) as a member of
+ * a target cgroup; userspace learns of it from TARGET_PIDS. */
+static __always_inline void adopt(__u32 tgid) {
+  __u32 root = XLAP_ROOT_CGROUP;
+  bpf_map_update_elem(&TARGET_PIDS, &tgid, &root, BPF_NOEXIST);
+}
+
 /* UDP ports of traced sockets per network namespace: the receive path's
  * device points run before the socket is known and decide by port. Set
  * when a traced socket's bind succeeds (cgroup post_bind), when one is

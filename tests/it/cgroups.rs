@@ -359,6 +359,8 @@ fn record_cgroup_traces_the_cgroup_processes_only() {
     let (_, received_out) = outside.wait();
     assert!(!received_in.is_empty() && !received_out.is_empty());
     let dir = rec.dir.clone();
+    // A traced cgroup keeps the run going (a process may enter it later).
+    rec.interrupt();
     rec.wait();
     let stamps = read_stamps(&dir.join("stamps.parquet"));
     let by_pid = stamps.iter().fold(
@@ -381,4 +383,219 @@ fn record_cgroup_traces_the_cgroup_processes_only() {
     let targets: Vec<u32> = meta.targets.iter().map(|t| t.pid).collect();
     assert_eq!(targets.len(), 2, "{targets:?}");
     assert!(targets.contains(&s_in) && targets.contains(&r_in));
+}
+
+/// `record --cgroup PATH` on an empty cgroup traces the processes that
+/// enter it after the run began: the example pair starts outside and each
+/// program moves itself in before its exec (as `systemd-run --scope` and
+/// `docker exec` do), before it opens its socket; a pair outside stays
+/// untraced.
+#[test]
+fn record_cgroup_traces_processes_that_enter_later() {
+    let Some(_guard) = privileged("cgroups") else {
+        return;
+    };
+    let Some(root) = cgroup2_root() else {
+        xlap_tests::may_skip("cgroups", "no cgroup2 hierarchy is mounted");
+        return;
+    };
+    let stage = Stage::two_hosts().expect("stage");
+    let cg = TestCgroup::new(&root, "future");
+    assert_eq!(
+        std::fs::read_to_string(cg.dir.join("cgroup.procs")).unwrap(),
+        "",
+        "a fresh cgroup is empty"
+    );
+    let scratch = Scratch::new("record-cgroup-future");
+    let rec = Recorder::start(&[], &scratch.path("run"), &["--cgroup", &cg.path()]);
+    let opts = ExampleOptions {
+        count: 200,
+        gated: true,
+        enter_cgroup: Some(cg.dir.join("cgroup.procs")),
+        ..Default::default()
+    };
+    let inside = ProtocolRun::spawn(&stage, &scratch, &opts);
+    let outside_scratch = Scratch::new("record-cgroup-future-outside");
+    let outside = ProtocolRun::spawn(
+        &stage,
+        &outside_scratch,
+        &ExampleOptions {
+            port_offset: 10,
+            enter_cgroup: None,
+            ..opts.clone()
+        },
+    );
+    let (s_in, r_in) = inside.pids();
+    let (s_out, r_out) = outside.pids();
+    // The outside account: where the kernel says each process is. The
+    // receiver is past its exec (its socket is bound: ProtocolRun waited
+    // for its ready file); the sender may still be the wrapper shell.
+    assert_eq!(proc_cgroup(r_in), cg.path());
+    for _ in 0..100 {
+        if proc_cgroup(s_in) == cg.path() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert_eq!(proc_cgroup(s_in), cg.path());
+    assert_ne!(proc_cgroup(s_out), cg.path());
+    assert_ne!(proc_cgroup(r_out), cg.path());
+    inside.start();
+    outside.start();
+    let (sent_in, received_in) = inside.wait();
+    let (_, received_out) = outside.wait();
+    assert!(!received_out.is_empty(), "the outside pair's log");
+    let dir = rec.dir.clone();
+    rec.interrupt();
+    rec.wait();
+    let stamps = read_stamps(&dir.join("stamps.parquet"));
+    let by_pid = stamps.iter().fold(
+        std::collections::BTreeMap::<u32, usize>::new(),
+        |mut m, s| {
+            *m.entry(s.pid).or_default() += 1;
+            m
+        },
+    );
+    eprintln!("stamps by pid: {by_pid:?} (inside {s_in}, {r_in}; outside {s_out}, {r_out})");
+    for pid in by_pid.keys() {
+        assert!(
+            [s_in, r_in].contains(pid),
+            "a stamp of pid {pid}, outside the cgroup"
+        );
+    }
+    // Against the protocol's own logs: every data datagram the sender
+    // sent is stamped at its send, every one the receiver read at its read.
+    let data = xlap_tests::example::kind_code("data");
+    let logged = |log: &[serde_json::Value], event: &str| {
+        xlap_tests::example::events(log, event)
+            .filter(|e| e["kind"] == "data")
+            .map(|e| e["seq"].as_u64().unwrap())
+            .collect::<std::collections::BTreeSet<u64>>()
+    };
+    let stamped = |point: &str, pid: u32| {
+        stamps
+            .iter()
+            .filter(|s| s.point == point && s.pid == pid && s.kind == Some(data) && !s.fragment)
+            .filter_map(|s| s.seq)
+            .collect::<std::collections::BTreeSet<u64>>()
+    };
+    let sent = logged(&sent_in, "sent");
+    let received = logged(&received_in, "received");
+    assert_eq!(sent.len(), 200, "the sender's log");
+    assert!(!received.is_empty(), "the receiver's log");
+    assert_eq!(stamped("sock.send_enter", s_in), sent);
+    assert_eq!(stamped("sock.recv_exit", r_in), received);
+}
+
+/// Whether some `TARGET_PORTS` map of a loaded recorder has an entry owned
+/// by `pid` (`bpftool`: the kernel's own account; the recorder registers a
+/// process's ports after it has marked its sockets).
+fn kernel_port_owner(pid: u32) -> bool {
+    let out = std::process::Command::new("bpftool")
+        .args(["-j", "map", "dump", "name", "TARGET_PORTS"])
+        .output()
+        .expect("bpftool");
+    let Ok(dump) = serde_json::from_slice::<serde_json::Value>(&out.stdout) else {
+        return false;
+    };
+    // One map: a list of entries; several (other recorders): a list of
+    // lists. A value as BTF gives it, or as its bytes.
+    let mut entries = Vec::new();
+    for e in dump.as_array().into_iter().flatten() {
+        match e.as_array() {
+            Some(inner) => entries.extend(inner.iter().cloned()),
+            None => entries.push(e.clone()),
+        }
+    }
+    entries.iter().any(|e| {
+        e["formatted"]["value"].as_u64() == Some(pid as u64)
+            || e["value"].as_array().is_some_and(|bytes| {
+                let b: Vec<u8> = bytes
+                    .iter()
+                    .filter_map(|x| {
+                        u8::from_str_radix(x.as_str()?.trim_start_matches("0x"), 16).ok()
+                    })
+                    .collect();
+                b.len() == 4 && u32::from_le_bytes([b[0], b[1], b[2], b[3]]) == pid
+            })
+    })
+}
+
+/// A process moved into the traced cgroup with its socket already open
+/// (created before the run began, so neither a socket creation nor a fork
+/// or exec tells the kernel side) is found by the recorder's rescan of
+/// `cgroup.procs`, and its datagrams are stamped from then on.
+#[test]
+fn record_cgroup_adopts_processes_moved_in_with_open_sockets() {
+    if std::process::Command::new("bpftool")
+        .arg("version")
+        .output()
+        .is_err()
+    {
+        xlap_tests::may_skip("cgroups", "no bpftool to see the recorder's port table");
+        return;
+    }
+    let Some(_guard) = privileged("cgroups") else {
+        return;
+    };
+    let Some(root) = cgroup2_root() else {
+        xlap_tests::may_skip("cgroups", "no cgroup2 hierarchy is mounted");
+        return;
+    };
+    let stage = Stage::two_hosts().expect("stage");
+    let cg = TestCgroup::new(&root, "moved");
+    let scratch = Scratch::new("record-cgroup-moved");
+    // Sockets open (the receiver bound and ready, the sender bound and
+    // waiting at its gate) before the recorder starts.
+    let run = ProtocolRun::spawn(
+        &stage,
+        &scratch,
+        &ExampleOptions {
+            count: 200,
+            gated: true,
+            ..Default::default()
+        },
+    );
+    let (sender, receiver) = run.pids();
+    let rec = Recorder::start(&[], &scratch.path("run"), &["--cgroup", &cg.path()]);
+    cg.enter(sender);
+    cg.enter(receiver);
+    assert_eq!(proc_cgroup(sender), cg.path());
+    assert_eq!(proc_cgroup(receiver), cg.path());
+    // A handshake, as the ready file is: traffic starts once the kernel
+    // has both processes' ports.
+    let start = std::time::Instant::now();
+    while !(kernel_port_owner(sender) && kernel_port_owner(receiver)) {
+        assert!(
+            start.elapsed().as_secs() < xlap_tests::start_secs(),
+            "the recorder did not take the moved processes' ports"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    run.start();
+    let (sent_log, received_log) = run.wait();
+    let dir = rec.dir.clone();
+    rec.interrupt();
+    rec.wait();
+    let stamps = read_stamps(&dir.join("stamps.parquet"));
+    let data = xlap_tests::example::kind_code("data");
+    let logged = |log: &[serde_json::Value], event: &str| {
+        xlap_tests::example::events(log, event)
+            .filter(|e| e["kind"] == "data")
+            .map(|e| e["seq"].as_u64().unwrap())
+            .collect::<std::collections::BTreeSet<u64>>()
+    };
+    let stamped = |point: &str, pid: u32| {
+        stamps
+            .iter()
+            .filter(|s| s.point == point && s.pid == pid && s.kind == Some(data) && !s.fragment)
+            .filter_map(|s| s.seq)
+            .collect::<std::collections::BTreeSet<u64>>()
+    };
+    let sent = logged(&sent_log, "sent");
+    let received = logged(&received_log, "received");
+    assert_eq!(sent.len(), 200, "the sender's log");
+    assert!(!received.is_empty(), "the receiver's log");
+    assert_eq!(stamped("sock.send_enter", sender), sent);
+    assert_eq!(stamped("sock.recv_exit", receiver), received);
 }

@@ -2,8 +2,8 @@
 
 use crate::{bin, read_jsonl, wait_for_file, Scratch};
 use serde_json::Value;
-use std::path::PathBuf;
-use std::process::{Child, Stdio};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
 use xlap_stage::Stage;
 
 pub const RECEIVER_PORT: u16 = 9000;
@@ -32,6 +32,10 @@ pub struct ExampleOptions {
     pub recv_args: Vec<String>,
     /// Added to both ports: several pairs side by side on one stage.
     pub port_offset: u16,
+    /// A cgroup's `cgroup.procs`: each program enters that cgroup before
+    /// it execs (a wrapper shell writes its own pid there and execs the
+    /// program, as `systemd-run --scope` and `docker exec` place theirs).
+    pub enter_cgroup: Option<PathBuf>,
 }
 
 impl Default for ExampleOptions {
@@ -46,6 +50,7 @@ impl Default for ExampleOptions {
             send_args: Vec::new(),
             recv_args: Vec::new(),
             port_offset: 0,
+            enter_cgroup: None,
         }
     }
 }
@@ -57,6 +62,24 @@ pub struct ProtocolRun {
     pub sender_log: PathBuf,
     pub receiver_log: PathBuf,
     start_file: PathBuf,
+}
+
+/// `program` on `host`, in `opts.enter_cgroup` from its exec on when set
+/// (the shell and `ip netns exec` exec in place: the pid stays the same).
+/// The shell moves first: `ip netns exec` mounts the namespace's own
+/// /sys, where the cgroup2 tree is not.
+fn program_in(host: &xlap_stage::Host, program: &Path, opts: &ExampleOptions) -> Command {
+    match &opts.enter_cgroup {
+        None => host.command(program),
+        Some(procs) => {
+            let mut c = Command::new("/bin/sh");
+            c.args(["-c", r#"echo $$ > "$0" && exec "$@""#])
+                .arg(procs)
+                .args(["ip", "netns", "exec", &host.netns])
+                .arg(program);
+            c
+        }
+    }
 }
 
 fn sock(addr: std::net::IpAddr, port: u16) -> String {
@@ -77,8 +100,7 @@ impl ProtocolRun {
         let start_file = scratch.path("start");
         let _ = std::fs::remove_file(&ready);
         let _ = std::fs::remove_file(&start_file);
-        let receiver = b
-            .command(&program)
+        let receiver = program_in(b, &program, opts)
             .args([
                 "recv",
                 "--bind",
@@ -95,7 +117,7 @@ impl ProtocolRun {
             .spawn()
             .expect("spawn receiver");
         wait_for_file(&ready, 20);
-        let mut send = a.command(&program);
+        let mut send = program_in(a, &program, opts);
         send.args([
             "send",
             "--dest",

@@ -36,6 +36,14 @@ struct PortKey(xlap_abi::xlap_port_key);
 // SAFETY: plain C struct of integers, padding zeroed (Default).
 unsafe impl aya::Pod for PortKey {}
 
+/// A target cgroup as a map value.
+#[derive(Clone, Copy)]
+#[repr(transparent)]
+struct TargetCgroup(xlap_abi::xlap_target_cgroup);
+
+// SAFETY: plain C struct of integers, padding zeroed (Default).
+unsafe impl aya::Pod for TargetCgroup {}
+
 /// A traced socket's storage value.
 #[derive(Clone, Copy)]
 #[repr(transparent)]
@@ -761,6 +769,34 @@ impl Capture {
             BpfHashMap::try_from(self.bpf.map_mut("TARGET_PIDS").context("TARGET_PIDS map")?)?;
         for pid in pids {
             map.insert(pid, pid, 0).context("cannot add a target pid")?;
+        }
+        Ok(())
+    }
+
+    /// Traces every process in each of `cgroups` (cgroup v2 id, depth
+    /// below the cgroup2 root) or below it that creates a socket, forks or
+    /// execs from now on (bpf/lib/common.h TARGET_CGROUPS).
+    pub fn set_target_cgroups(&mut self, cgroups: &[(u64, u32)]) -> Result<()> {
+        let max = xlap_abi::XLAP_MAX_TARGET_CGROUPS as usize;
+        if cgroups.len() > max {
+            anyhow::bail!(
+                "{} cgroups named with --cgroup/--container; at most {max} can be traced at once (name a common parent cgroup instead)",
+                cgroups.len()
+            );
+        }
+        let mut map: Array<&mut MapData, TargetCgroup> = Array::try_from(
+            self.bpf
+                .map_mut("TARGET_CGROUPS")
+                .context("TARGET_CGROUPS map")?,
+        )?;
+        for (i, &(id, level)) in cgroups.iter().enumerate() {
+            let value = TargetCgroup(xlap_abi::xlap_target_cgroup {
+                id,
+                level,
+                ..Default::default()
+            });
+            map.set(i as u32, value, 0)
+                .context("cannot name a target cgroup to the kernel side")?;
         }
         Ok(())
     }

@@ -2,10 +2,12 @@
 //! cgroup v2 id is the inode number of the cgroup's directory in the
 //! cgroup2 file system, so a walk of that tree finds each id's path; what
 //! the path names (container, pod) is `xlap_records::cgroups`' to parse.
+//! Also the cgroups `record --cgroup`/`--container` trace whole, and their
+//! members.
 
 use std::collections::{HashMap, HashSet};
 use std::os::unix::fs::MetadataExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use xlap_records::cgroups::CgroupInfo;
 
 /// Directories the walk visits at most (a host with many containers has a
@@ -13,6 +15,10 @@ use xlap_records::cgroups::CgroupInfo;
 const MAX_DIRS: usize = 200_000;
 /// Depth below the root the walk descends at most.
 const MAX_DEPTH: usize = 32;
+/// Cgroups a rescan of a traced cgroup's members (every second) visits at
+/// most: a subtree delegated to the traced user can be made as large as it
+/// likes, and the recorder's idle cost must not follow it.
+const MAX_RESCAN_DIRS: usize = 4096;
 
 /// The cgroups of `ids`, sorted by id; an id no cgroup has any more (its
 /// cgroup removed before the run's end) is listed without a path.
@@ -83,11 +89,48 @@ pub fn cgroup_id_of(pid: u32) -> Option<u64> {
     std::fs::symlink_metadata(dir).ok().map(|m| m.ino())
 }
 
-/// The processes of `record --cgroup PATH` now: those of the cgroup and of
-/// every cgroup below it (their children are followed from then on, as any
-/// target's). PATH is below the cgroup2 root (`/a/b` or `a/b`), or the
-/// cgroup's directory under the root's mount.
-pub fn members_of_cgroup(path: &str) -> anyhow::Result<Vec<u32>> {
+/// A cgroup traced whole (`record --cgroup`/`--container`): the processes
+/// in it or below it when the run starts, and those that enter later (the
+/// kernel side adopts them at their next socket, fork or exec; the
+/// recorder's rescans of `cgroup.procs` catch the rest).
+#[derive(Clone, Debug, PartialEq)]
+pub struct TracedCgroup {
+    /// Its directory in the cgroup2 mount.
+    pub dir: PathBuf,
+    /// Its cgroup v2 id (the directory's inode number).
+    pub id: u64,
+    /// Its depth below the cgroup2 root (the root is 0).
+    pub level: u32,
+}
+
+impl TracedCgroup {
+    /// The cgroup at `rel` below `root`, a directory `root` holds.
+    fn at(root: &Path, rel: &Path) -> std::io::Result<TracedCgroup> {
+        let dir = root.join(rel);
+        let id = std::fs::symlink_metadata(&dir)?.ino();
+        let level = rel
+            .components()
+            .filter(|c| matches!(c, std::path::Component::Normal(_)))
+            .count() as u32;
+        Ok(TracedCgroup { dir, id, level })
+    }
+
+    /// The processes in it and below it now.
+    pub fn members(&self) -> Vec<u32> {
+        members_below(&self.dir, MAX_DIRS)
+    }
+
+    /// The same during the run: bounded tighter, being repeated (the
+    /// kernel side adopts members beyond the bound at their next socket,
+    /// fork or exec).
+    pub fn rescan_members(&self) -> Vec<u32> {
+        members_below(&self.dir, MAX_RESCAN_DIRS)
+    }
+}
+
+/// The cgroup of `record --cgroup PATH`. PATH is below the cgroup2 root
+/// (`/a/b` or `a/b`), or the cgroup's directory under the root's mount.
+pub fn cgroup_at(path: &str) -> anyhow::Result<TracedCgroup> {
     let root = crate::cgroup::cgroup2_mount().ok_or_else(|| {
         anyhow::anyhow!(
             "--cgroup {path}: no cgroup2 hierarchy is mounted here (see /proc/self/mountinfo)"
@@ -103,10 +146,11 @@ pub fn members_of_cgroup(path: &str) -> anyhow::Result<Vec<u32>> {
             root.display()
         );
     }
-    let dir = match given.strip_prefix(&root) {
-        Ok(rel) => root.join(rel),
-        Err(_) => root.join(path.trim_start_matches('/')),
+    let rel = match given.strip_prefix(&root) {
+        Ok(rel) => rel.to_path_buf(),
+        Err(_) => PathBuf::from(path.trim_start_matches('/')),
     };
+    let dir = root.join(&rel);
     if !dir.join("cgroup.procs").is_file() {
         anyhow::bail!(
             "--cgroup {path}: {} is no cgroup (no cgroup.procs there); give a path below the cgroup2 root {}, as /proc/PID/cgroup writes it after `0::`",
@@ -114,13 +158,14 @@ pub fn members_of_cgroup(path: &str) -> anyhow::Result<Vec<u32>> {
             root.display()
         );
     }
-    Ok(members_below(&dir))
+    TracedCgroup::at(&root, &rel)
+        .map_err(|e| anyhow::anyhow!("--cgroup {path}: cannot read {}: {e}", dir.display()))
 }
 
-/// The processes of `record --container ID`: those of the one cgroup whose
-/// path names a container whose id starts with ID (at least 4 hex digits)
-/// and of the cgroups below it.
-pub fn members_of_container(id: &str) -> anyhow::Result<(String, Vec<u32>)> {
+/// The cgroups of `record --container ID`: the outermost cgroups whose
+/// paths name a container whose id starts with ID (at least 4 hex
+/// digits), all of one container; and the first one's path.
+pub fn container_cgroups(id: &str) -> anyhow::Result<(String, Vec<TracedCgroup>)> {
     if id.len() < 4 || !id.bytes().all(|b| b.is_ascii_hexdigit()) {
         anyhow::bail!("--container {id}: a container id is hex digits (at least 4 of them), as `docker ps` or `podman ps` shows it");
     }
@@ -145,13 +190,14 @@ pub fn members_of_container(id: &str) -> anyhow::Result<(String, Vec<u32>)> {
             "--container {id}: no cgroup below {} names a container whose id starts so (is it running, and under this cgroup2 hierarchy?)",
             root.display()
         ),
-        (1, Some(_)) => {
-            let mut pids = Vec::new();
-            for (rel, _) in &found {
-                pids.extend(members_below(&root.join(rel.trim_start_matches('/'))));
-            }
-            let (rel, _) = &found[0];
-            Ok((rel.clone(), pids))
+        (1, Some((first, _))) => {
+            let cgroups = found
+                .iter()
+                .filter_map(|(rel, _)| {
+                    TracedCgroup::at(&root, Path::new(rel.trim_start_matches('/'))).ok()
+                })
+                .collect();
+            Ok((first.clone(), cgroups))
         }
         _ => anyhow::bail!(
             "--container {id}: {} containers have ids that start so ({}); give more of the id",
@@ -162,13 +208,13 @@ pub fn members_of_container(id: &str) -> anyhow::Result<(String, Vec<u32>)> {
 }
 
 /// The pids in `cgroup.procs` of `dir` and of the cgroups below it.
-fn members_below(dir: &Path) -> Vec<u32> {
+fn members_below(dir: &Path, max_dirs: usize) -> Vec<u32> {
     let mut pids = Vec::new();
     let mut stack = vec![(dir.to_path_buf(), 0usize)];
     let mut visited = 0;
     while let Some((d, depth)) = stack.pop() {
         visited += 1;
-        if visited > MAX_DIRS {
+        if visited > max_dirs {
             break;
         }
         if let Ok(text) = std::fs::read_to_string(d.join("cgroup.procs")) {

@@ -123,7 +123,8 @@ pub struct Target {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Child {
     pub pid: u32,
-    /// The target it descends from.
+    /// The target it descends from; 0 for a process that entered a traced
+    /// cgroup (`--cgroup`, `--container`) during the run, and its children.
     pub target: u32,
     pub comm: String,
     /// Seconds into the run when the recorder first saw it.

@@ -461,7 +461,9 @@ pub struct RecordArgs {
     pub pids: Vec<u32>,
     /// Trace every process of this cgroup v2 and of the cgroups below it
     /// (a path below the cgroup2 root, as /proc/PID/cgroup writes it):
-    /// those there at the start, and the processes they fork.
+    /// those there at the start, what they fork, and those that enter it
+    /// later (at their first socket, fork or exec there; the rest by a
+    /// rescan of its cgroup.procs every second).
     #[arg(long = "cgroup", value_name = "PATH")]
     pub cgroups: Vec<String>,
     /// Trace every process of the container whose id starts with ID

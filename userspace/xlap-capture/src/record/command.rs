@@ -127,10 +127,10 @@ impl Waiter {
 /// Runs `command` traced with `args` (whose targets must be empty); returns
 /// the run and the command's status.
 pub fn run(args: &RecordOptions, command: &[String]) -> Result<(RunMeta, ExitStatus)> {
-    if !args.targets.pids.is_empty() {
+    if !args.targets.pids.is_empty() || !args.targets.cgroups.is_empty() {
         return Err(failure(
             Code::Usage,
-            "run traces the command it starts: no --pid (use `xlap-trace record --pid PID` for running processes)",
+            "run traces the command it starts: no --pid, --cgroup or --container (use `xlap-trace record` for running processes and cgroups)",
         ));
     }
     // Before the command starts: a tracer that cannot trace says so
@@ -146,6 +146,7 @@ pub fn run(args: &RecordOptions, command: &[String]) -> Result<(RunMeta, ExitSta
     let mut args = args.clone();
     args.targets = super::options::Targets {
         pids: vec![stopped.pid],
+        cgroups: Vec::new(),
         started_here: true,
     };
     let attached = Plan::new(&args).and_then(|plan| {

@@ -6,8 +6,16 @@
 //! traced, reading the port table (the safety net for ports the kernel side
 //! could not see), noticing exits, and forgetting exited children (whose
 //! pids the system may give to unrelated processes).
+//!
+//! A traced cgroup (`--cgroup`, `--container`) is followed both ways: the
+//! BPF side adopts a process found in it at its socket creation, fork or
+//! exec (the usual way in: `docker exec`, `systemd-run --scope`), and a
+//! rescan of its `cgroup.procs` every second adopts those that entered
+//! with their sockets already open (their sockets are then marked as any
+//! target's held before tracing).
 
 use crate::capture::{Capture, NotMarked};
+use crate::cgroup_names::TracedCgroup;
 use crate::sockets::UdpScan;
 use crate::targets::{self, PortOwners};
 use anyhow::Result;
@@ -26,9 +34,20 @@ pub const LISTED_CHILDREN: usize = 1000;
 /// Children announced on stderr one by one; the rest are only listed.
 const PRINTED_CHILDREN: u64 = 8;
 
+/// Rounds of following (FOLLOW_EVERY apart: 200 ms) between two rescans
+/// of the traced cgroups' members (a walk of their cgroup trees).
+const RESCAN_CGROUPS_EVERY: u32 = 5;
+
 pub struct Following {
     /// The processes named on the command line.
     pub targets: Vec<u32>,
+    /// Cgroups traced whole (their later members too).
+    cgroups: Vec<TracedCgroup>,
+    /// Rounds since the last rescan of the cgroups.
+    rounds_since_rescan: u32,
+    /// Whether the kernel's table of traced processes was found full
+    /// (said once).
+    table_full_said: bool,
     /// Children listed in run.json, by pid (alive or exited).
     pub children: BTreeMap<u32, Child>,
     /// Children beyond the listed ones, while they live.
@@ -63,9 +82,17 @@ pub struct Following {
 
 impl Following {
     /// Marks the targets' sockets and registers their ports.
-    pub fn start(capture: &mut Capture, targets: &[u32], quiet: bool) -> Result<Following> {
+    pub fn start(
+        capture: &mut Capture,
+        targets: &[u32],
+        cgroups: &[TracedCgroup],
+        quiet: bool,
+    ) -> Result<Following> {
         let mut f = Following {
             targets: targets.to_vec(),
+            cgroups: cgroups.to_vec(),
+            rounds_since_rescan: 0,
+            table_full_said: false,
             children: BTreeMap::new(),
             unlisted: HashMap::new(),
             alive: BTreeSet::new(),
@@ -90,6 +117,8 @@ impl Following {
                 capture.follow_process(child, target)?;
             }
         }
+        // Members that entered since the command line listed them.
+        f.rescan_cgroups(capture);
         f.note_children(capture, 0.0)?;
         let scans = f.scan();
         f.mark_new_sockets(capture, &scans)?;
@@ -131,7 +160,14 @@ impl Following {
 
     /// One round of following; returns whether every traced process (the
     /// targets and the children they forked) has exited.
+    /// A traced cgroup keeps the run going while it exists, empty or not:
+    /// a process may enter it later.
     pub fn refresh(&mut self, capture: &mut Capture, elapsed_s: f64) -> Result<bool> {
+        self.rounds_since_rescan += 1;
+        if self.rounds_since_rescan >= RESCAN_CGROUPS_EVERY {
+            self.rounds_since_rescan = 0;
+            self.rescan_cgroups(capture);
+        }
         self.note_children(capture, elapsed_s)?;
         for pid in self.live() {
             if targets::alive(pid) {
@@ -163,7 +199,9 @@ impl Following {
             self.exited_since.push(pid);
         }
         if self.live().is_empty() {
-            return Ok(true);
+            // A traced cgroup that still exists may get new members (a
+            // container's cgroup goes when the container stops).
+            return Ok(self.cgroups.iter().all(|c| !c.dir.exists()));
         }
         let scans = self.scan();
         self.mark_new_sockets(capture, &scans)?;
@@ -181,6 +219,36 @@ impl Following {
             .collect()
     }
 
+    /// Follows the processes in the traced cgroups that are not traced
+    /// yet (they entered without creating a socket, forking or exec'ing
+    /// since: e.g. moved in with their sockets open). A full table of
+    /// traced processes is said once and leaves them untraced.
+    fn rescan_cgroups(&mut self, capture: &mut Capture) {
+        if self.cgroups.is_empty() {
+            return;
+        }
+        let traced: HashSet<u32> = match capture.traced_processes() {
+            Ok(t) => t.into_iter().map(|(pid, _)| pid).collect(),
+            Err(_) => return,
+        };
+        let me = std::process::id();
+        let new: BTreeSet<u32> = self
+            .cgroups
+            .iter()
+            .flat_map(|c| c.rescan_members())
+            .filter(|p| *p != me && !traced.contains(p))
+            .collect();
+        for pid in new {
+            if let Err(e) = capture.follow_process(pid, xlap_abi::XLAP_ROOT_CGROUP) {
+                if !self.table_full_said && !self.quiet {
+                    eprintln!("xlap-trace: warning: pid {pid} entered a traced cgroup but cannot be traced ({e:#}: the kernel's table of traced processes is full?); it and later ones are left out");
+                }
+                self.table_full_said = true;
+                return;
+            }
+        }
+    }
+
     /// Children the BPF side started following since the last round.
     fn note_children(&mut self, capture: &Capture, elapsed_s: f64) -> Result<()> {
         for (pid, target) in capture.traced_processes()? {
@@ -190,7 +258,15 @@ impl Following {
             let comm = targets::comm(pid);
             self.followed_total += 1;
             if !self.quiet && self.followed_total <= PRINTED_CHILDREN {
-                eprintln!("xlap-trace: following pid {pid} ({comm}), forked from target {target}");
+                if target == xlap_abi::XLAP_ROOT_CGROUP {
+                    eprintln!(
+                        "xlap-trace: following pid {pid} ({comm}), which entered a traced cgroup"
+                    );
+                } else {
+                    eprintln!(
+                        "xlap-trace: following pid {pid} ({comm}), forked from target {target}"
+                    );
+                }
                 if self.followed_total == PRINTED_CHILDREN {
                     eprintln!("xlap-trace: following the targets' further children without saying so each time (run.json: followed)");
                 }

@@ -33,6 +33,9 @@ pub struct RecordOptions {
 pub struct Targets {
     /// Processes to trace: their UDP sockets, send and receive paths.
     pub pids: Vec<u32>,
+    /// Cgroups traced whole: every process in them or below them, those
+    /// that enter during the run too (`--cgroup`, `--container`).
+    pub cgroups: Vec<crate::cgroup_names::TracedCgroup>,
     /// The pid is the command `run` started, which holds no socket before
     /// its exec (not a target to warn about).
     pub started_here: bool,

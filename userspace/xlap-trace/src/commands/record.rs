@@ -7,6 +7,7 @@ use anyhow::Result;
 use std::process::ExitCode;
 use xlap_analyze::finish::{finish_run, print_finished, FinishOptions};
 use xlap_capture::capture::BoundaryRequest;
+use xlap_capture::cgroup_names::{self, TracedCgroup};
 use xlap_capture::point_sets::PointSet;
 use xlap_capture::proto::{self, Layout, Layouts};
 use xlap_capture::record::options::{Output, Recorder, Stamping, Stop, Targets, View};
@@ -15,30 +16,26 @@ use xlap_exit::{failure, Code};
 use xlap_records::sample::Sample;
 use xlap_records::RunDir;
 
-/// `--pid`s, and the processes now in each `--cgroup` and `--container`
-/// (their children are followed as any target's).
-fn target_pids(a: &RecordArgs) -> Result<Vec<u32>> {
+/// `--pid`s and the processes now in each `--cgroup` and `--container`
+/// (their children are followed as any target's), and those cgroups (whose
+/// later members are traced as they enter).
+fn targets(a: &RecordArgs) -> Result<(Vec<u32>, Vec<TracedCgroup>)> {
     let mut pids = a.pids.clone();
+    let mut cgroups = Vec::new();
     for path in &a.cgroups {
-        let members = xlap_capture::cgroup_names::members_of_cgroup(path)?;
-        if members.is_empty() {
-            anyhow::bail!(
-                "--cgroup {path}: the cgroup has no process now; start the protocol in it first"
-            );
-        }
-        pids.extend(members);
+        cgroups.push(cgroup_names::cgroup_at(path)?);
     }
     for id in &a.containers {
-        let (path, members) = xlap_capture::cgroup_names::members_of_container(id)?;
-        if members.is_empty() {
-            anyhow::bail!("--container {id}: its cgroup {path} has no process now");
-        }
-        pids.extend(members);
+        let (_, found) = cgroup_names::container_cgroups(id)?;
+        cgroups.extend(found);
+    }
+    for c in &cgroups {
+        pids.extend(c.members());
     }
     // In the order given, each once (a --pid inside a --cgroup too).
     let mut seen = std::collections::HashSet::new();
     pids.retain(|p| seen.insert(*p));
-    Ok(pids)
+    Ok((pids, cgroups))
 }
 
 impl TryFrom<&RecordArgs> for RecordOptions {
@@ -51,9 +48,11 @@ impl TryFrom<&RecordArgs> for RecordOptions {
         };
         layouts.to_abi()?; // the limits, checked before anything starts
         let sample = sample(a, &layouts.default)?;
+        let (pids, cgroups) = targets(a)?;
         Ok(RecordOptions {
             targets: Targets {
-                pids: target_pids(a)?,
+                pids,
+                cgroups,
                 started_here: a.started_here,
             },
             stop: Stop {

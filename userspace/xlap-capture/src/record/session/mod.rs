@@ -75,10 +75,10 @@ pub struct Plan<'a> {
 impl<'a> Plan<'a> {
     pub fn new(args: &'a RecordOptions) -> Result<Plan<'a>> {
         let (targets, output) = (&args.targets, &args.output);
-        if targets.pids.is_empty() {
+        if targets.pids.is_empty() && targets.cgroups.is_empty() {
             return Err(failure(
                 Code::Usage,
-                "name the process to trace with --pid PID (repeatable)",
+                "name the process to trace with --pid PID (repeatable), or its cgroup with --cgroup PATH",
             ));
         }
         let ringbuf_kib = args.recorder.ringbuf_kib;

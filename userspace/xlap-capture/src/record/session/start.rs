@@ -99,8 +99,11 @@ impl Session {
             &|why| plan.note(why),
         )?;
         self.capture.set_targets(pids)?;
+        let cgroups = &args.targets.cgroups;
+        self.capture
+            .set_target_cgroups(&cgroups.iter().map(|c| (c.id, c.level)).collect::<Vec<_>>())?;
         let connects = ConnectHolds::start(&mut self.capture)?;
-        let following = Following::start(&mut self.capture, pids, quiet)?;
+        let following = Following::start(&mut self.capture, pids, cgroups, quiet)?;
         if let Some(note) = self.capture.send_syscalls_note() {
             plan.note(note);
         }
@@ -365,14 +368,27 @@ fn announce_ready(plan: &Plan, live: &Live) -> Result<()> {
             .with_context(|| format!("cannot write the ready file {}", ready.display()))?;
     }
     if !args.view.quiet {
+        let pids = args
+            .targets
+            .pids
+            .iter()
+            .map(u32::to_string)
+            .collect::<Vec<_>>()
+            .join(", ");
+        // A traced cgroup may have no process yet: it is what is traced.
+        let cgroups: Vec<String> = args
+            .targets
+            .cgroups
+            .iter()
+            .map(|c| c.dir.display().to_string())
+            .collect();
+        let what = match (pids.is_empty(), cgroups.is_empty()) {
+            (_, true) => format!("pid {pids}"),
+            (true, false) => format!("cgroup {} (no process in it yet)", cgroups.join(", ")),
+            (false, false) => format!("pid {pids} and cgroup {}", cgroups.join(", ")),
+        };
         eprintln!(
-            "xlap-trace: tracing pid {} (UDP ports {:?}); Ctrl-C to stop",
-            args.targets
-                .pids
-                .iter()
-                .map(u32::to_string)
-                .collect::<Vec<_>>()
-                .join(", "),
+            "xlap-trace: tracing {what} (UDP ports {:?}); Ctrl-C to stop",
             live.following.ports()
         );
     }
