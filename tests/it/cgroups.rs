@@ -463,8 +463,18 @@ fn record_cgroup_traces_processes_that_enter_later() {
             "a stamp of pid {pid}, outside the cgroup"
         );
     }
-    // Against the protocol's own logs: every data datagram the sender
-    // sent is stamped at its send, every one the receiver read at its read.
+    assert_logs_stamped(&stamps, (s_in, &sent_in), (r_in, &received_in), 200);
+}
+
+/// Against the protocol's own logs: every data datagram the sender
+/// (`pid`, its log) logged as sent (`count` of them) is stamped at its
+/// send under its pid, every one the receiver logged at its read.
+fn assert_logs_stamped(
+    stamps: &[xlap_tests::trace::Row],
+    (sender, sent_log): (u32, &[serde_json::Value]),
+    (receiver, received_log): (u32, &[serde_json::Value]),
+    count: usize,
+) {
     let data = xlap_tests::example::kind_code("data");
     let logged = |log: &[serde_json::Value], event: &str| {
         xlap_tests::example::events(log, event)
@@ -479,12 +489,12 @@ fn record_cgroup_traces_processes_that_enter_later() {
             .filter_map(|s| s.seq)
             .collect::<std::collections::BTreeSet<u64>>()
     };
-    let sent = logged(&sent_in, "sent");
-    let received = logged(&received_in, "received");
-    assert_eq!(sent.len(), 200, "the sender's log");
+    let sent = logged(sent_log, "sent");
+    let received = logged(received_log, "received");
+    assert_eq!(sent.len(), count, "the sender's log");
     assert!(!received.is_empty(), "the receiver's log");
-    assert_eq!(stamped("sock.send_enter", s_in), sent);
-    assert_eq!(stamped("sock.recv_exit", r_in), received);
+    assert_eq!(stamped("sock.send_enter", sender), sent);
+    assert_eq!(stamped("sock.recv_exit", receiver), received);
 }
 
 /// Whether some `TARGET_PORTS` map of a loaded recorder has an entry owned
@@ -578,24 +588,5 @@ fn record_cgroup_adopts_processes_moved_in_with_open_sockets() {
     rec.interrupt();
     rec.wait();
     let stamps = read_stamps(&dir.join("stamps.parquet"));
-    let data = xlap_tests::example::kind_code("data");
-    let logged = |log: &[serde_json::Value], event: &str| {
-        xlap_tests::example::events(log, event)
-            .filter(|e| e["kind"] == "data")
-            .map(|e| e["seq"].as_u64().unwrap())
-            .collect::<std::collections::BTreeSet<u64>>()
-    };
-    let stamped = |point: &str, pid: u32| {
-        stamps
-            .iter()
-            .filter(|s| s.point == point && s.pid == pid && s.kind == Some(data) && !s.fragment)
-            .filter_map(|s| s.seq)
-            .collect::<std::collections::BTreeSet<u64>>()
-    };
-    let sent = logged(&sent_log, "sent");
-    let received = logged(&received_log, "received");
-    assert_eq!(sent.len(), 200, "the sender's log");
-    assert!(!received.is_empty(), "the receiver's log");
-    assert_eq!(stamped("sock.send_enter", sender), sent);
-    assert_eq!(stamped("sock.recv_exit", receiver), received);
+    assert_logs_stamped(&stamps, (sender, &sent_log), (receiver, &received_log), 200);
 }

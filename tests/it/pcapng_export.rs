@@ -54,19 +54,17 @@ fn tool(name: &str) -> PathBuf {
     path
 }
 
-/// The frames of `file` as tshark decodes them. `frame.comment` is the
-/// field of a packet comment in tshark 4.0 (Debian 12); later versions
-/// name it `frame.comment` too (`pkt_comment` was 3.x's).
-fn tshark_frames(file: &Path) -> Vec<Frame> {
-    let out = Command::new(tool("tshark"))
-        .arg("-r")
+/// The fields `fields` of every frame of `file` as tshark decodes them,
+/// one row per frame (the first occurrence of each field).
+fn tshark_fields(file: &Path, fields: &[&str]) -> Vec<Vec<String>> {
+    let mut cmd = Command::new(tool("tshark"));
+    cmd.arg("-r")
         .arg(file)
-        .args(["-T", "fields", "-E", "separator=/t", "-E", "occurrence=f"])
-        .args(["-e", "frame.time_epoch", "-e", "ip.src", "-e", "ipv6.src"])
-        .args(["-e", "ip.dst", "-e", "ipv6.dst", "-e", "udp.srcport"])
-        .args(["-e", "udp.dstport", "-e", "frame.comment"])
-        .output()
-        .expect("run tshark");
+        .args(["-T", "fields", "-E", "separator=/t", "-E", "occurrence=f"]);
+    for f in fields {
+        cmd.args(["-e", f]);
+    }
+    let out = cmd.output().expect("run tshark");
     assert!(
         out.status.success(),
         "tshark: {}",
@@ -76,16 +74,39 @@ fn tshark_frames(file: &Path) -> Vec<Frame> {
         .unwrap()
         .lines()
         .map(|line| {
-            let f: Vec<&str> = line.split('\t').collect();
-            assert_eq!(f.len(), 8, "{line}");
+            let row: Vec<String> = line.split('\t').map(str::to_string).collect();
+            assert_eq!(row.len(), fields.len(), "{line}");
+            row
+        })
+        .collect()
+}
+
+/// The frames of `file` as tshark decodes them. `frame.comment` is the
+/// field of a packet comment in tshark 4.0 (Debian 12); later versions
+/// name it `frame.comment` too (`pkt_comment` was 3.x's).
+fn tshark_frames(file: &Path) -> Vec<Frame> {
+    let fields = [
+        "frame.time_epoch",
+        "ip.src",
+        "ipv6.src",
+        "ip.dst",
+        "ipv6.dst",
+        "udp.srcport",
+        "udp.dstport",
+        "frame.comment",
+    ];
+    tshark_fields(file, &fields)
+        .into_iter()
+        .map(|f| {
             let either = |a: &str, b: &str| if a.is_empty() { b } else { a }.to_string();
+            let port = |p: &str| p.parse().unwrap_or_else(|_| panic!("{f:?}"));
             Frame {
-                time: f[0].to_string(),
-                src: either(f[1], f[2]),
-                dst: either(f[3], f[4]),
-                src_port: f[5].parse().unwrap_or_else(|_| panic!("{line}")),
-                dst_port: f[6].parse().unwrap_or_else(|_| panic!("{line}")),
-                comment: f[7].to_string(),
+                time: f[0].clone(),
+                src: either(&f[1], &f[2]),
+                dst: either(&f[3], &f[4]),
+                src_port: port(&f[5]),
+                dst_port: port(&f[6]),
+                comment: f[7].clone(),
             }
         })
         .collect()
@@ -462,36 +483,17 @@ fn check_devices_and_lengths(file: &Path, stage: &Stage, on_wire: &[pcap::Datagr
         .iter()
         .map(|h| (h.ifname.clone(), ifindex_in(&h.netns, &h.ifname)))
         .collect();
-    let out = Command::new(tool("tshark"))
-        .arg("-r")
-        .arg(file)
-        .args(["-T", "fields", "-E", "separator=/t", "-E", "occurrence=f"])
-        .args([
-            "-e",
-            "frame.interface_name",
-            "-e",
-            "frame.interface_description",
-        ])
-        .args([
-            "-e",
-            "frame.len",
-            "-e",
-            "frame.cap_len",
-            "-e",
-            "frame.comment",
-        ])
-        .output()
-        .expect("run tshark");
-    assert!(
-        out.status.success(),
-        "tshark: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let fields = [
+        "frame.interface_name",
+        "frame.interface_description",
+        "frame.len",
+        "frame.cap_len",
+        "frame.comment",
+    ];
     let (mut at_device, mut checked) = (0, 0);
-    for line in String::from_utf8(out.stdout).unwrap().lines() {
-        let f: Vec<&str> = line.split('\t').collect();
-        assert_eq!(f.len(), 5, "{line}");
-        let (name, description, comment) = (f[0], f[1], f[4]);
+    for f in tshark_fields(file, &fields) {
+        let line = f.join("\t");
+        let (name, description, comment) = (&f[0], &f[1], &f[4]);
         let (len, cap_len): (u32, u32) = (f[2].parse().unwrap(), f[3].parse().unwrap());
         assert_eq!(cap_len, headers, "{line}");
         if comment.contains("(no device point)") {

@@ -185,6 +185,29 @@ fn collecting(
     }
 }
 
+/// Kills (SIGKILL) the streaming recorder `peer` once the collector in
+/// `b_dir` holds `bytes` of its stream (a condition, not a time), and
+/// reaps it.
+fn kill_once_streamed(peer: Recorder, b_dir: &Path, bytes: u64) {
+    let start = Instant::now();
+    let stream = || {
+        peer_dirs(b_dir)
+            .first()
+            .and_then(|d| std::fs::metadata(d.join("stamps.arrows")).ok())
+            .map_or(0, |m| m.len())
+    };
+    while stream() < bytes {
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "no stream arrived"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // SAFETY: a signal to the recorder this test started.
+    unsafe { libc::kill(peer.child.id() as libc::pid_t, libc::SIGKILL) };
+    let _ = finish(peer);
+}
+
 #[test]
 fn a_streamed_peer_run_is_correlated_as_the_two_local_runs_are() {
     let Some(_guard) = privileged("peer_link") else {
@@ -434,23 +457,7 @@ fn a_peer_killed_mid_run_leaves_what_arrived_to_the_analysis() {
     run.start();
     // Killed once some batches have reached the collector (a condition,
     // not a time: the protocol runs ~5 s).
-    let start = Instant::now();
-    let stream = || {
-        peer_dirs(&b_dir)
-            .first()
-            .and_then(|d| std::fs::metadata(d.join("stamps.arrows")).ok())
-            .map_or(0, |m| m.len())
-    };
-    while stream() < 64 << 10 {
-        assert!(
-            start.elapsed() < Duration::from_secs(60),
-            "no stream arrived"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    // SAFETY: a signal to the recorder this test started.
-    unsafe { libc::kill(peer.child.id() as libc::pid_t, libc::SIGKILL) };
-    let _ = finish(peer);
+    kill_once_streamed(peer, &b_dir, 64 << 10);
     let (sent, _received) = run.wait();
     let out = finish(collector);
     let e = stderr(&out);
@@ -759,23 +766,7 @@ fn a_peer_killed_mid_run_is_said_gone_in_the_live_view() {
     let lines = read_lines(&mut collector);
     let peer = Recorder::start(&[sender], &a_dir, &["--to", &listen, "--token-file", t]);
     run.start();
-    let start = Instant::now();
-    let stream = || {
-        peer_dirs(&b_dir)
-            .first()
-            .and_then(|d| std::fs::metadata(d.join("stamps.arrows")).ok())
-            .map_or(0, |m| m.len())
-    };
-    while stream() < 16 << 10 {
-        assert!(
-            start.elapsed() < Duration::from_secs(60),
-            "no stream arrived"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    // SAFETY: a signal to the recorder this test started.
-    unsafe { libc::kill(peer.child.id() as libc::pid_t, libc::SIGKILL) };
-    let _ = finish(peer);
+    kill_once_streamed(peer, &b_dir, 16 << 10);
     let (_sent, received) = run.wait();
     let out = finish(collector);
     assert!(out.status.success(), "{}", stderr(&out));
