@@ -86,6 +86,16 @@ bench *ARGS: build
     {{target}}/debug/xlap-bench-perturb {{ARGS}}
     {{target}}/debug/xlap-bench-jobs {{ARGS}}
 
+# The capture programs' own cost above the floor of their hooks, pinned
+# sockperf ping-pong: every point at both boundaries, --points minimal and
+# --sample 1/16 at the socket calls, each beside empty programs on the same
+# hooks and the bpftrace anchor, and BPF ns per program and per stamp
+# (--baseline OLD/xlap-trace: the build before too, interleaved; --rounds,
+# --seconds); bench-results/programs.json. Where each program's time goes,
+# by helper: bench/program_profile.sh XLAP_TRACE.
+bench-programs *ARGS: build
+    {{target}}/debug/xlap-bench-perturb --programs {{ARGS}}
+
 # A long capture at a high rate, cut into segments within a disk budget:
 # recorder RSS, CPU, disk, losses, bytes per stamp (--minutes N, default
 # 30; --quick: 2; --period-us, --pairs, --rotate, --max-size).

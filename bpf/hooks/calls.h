@@ -253,7 +253,8 @@ int BPF_PROG(on_sock_send_length, struct sock *sk, int ret, int flags) {
           sk->__sk_common.skc_dport != bpf_htons(DNS_PORT_))
         hold_for_send_syscalls();
     }
-    if (point_on(XLAP_POINT_SOCK_SEND_EXIT)) {
+    /* One datagram outside the sample (--sample): no clock read. */
+    if (point_on(XLAP_POINT_SOCK_SEND_EXIT) && (n > 1 || sample_keeps(&id))) {
       at.point = XLAP_POINT_SOCK_SEND_EXIT;
       at.ts = bpf_ktime_get_ns();
       emit_all(&at, &id, &sc->segs, n);

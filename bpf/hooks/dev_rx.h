@@ -6,8 +6,9 @@
  * namespace (TARGET_PORTS). Each point reads the packet where that point
  * finds it (packet.h), so a driver's fresh skb, a GRO super-packet (one
  * stamp per datagram) and a UDP tunnel (the inner datagram) are all keyed
- * by their own datagram; the last one notes what it read for the socket
- * (rx_slots.h). */
+ * by their own datagram; each notes what it read for the points after it
+ * (rx_slots.h), so that netif_receive_skb and the socket point need not
+ * read it again. */
 #ifndef XLAP_CAPTURE_DEV_RX_H
 #define XLAP_CAPTURE_DEV_RX_H
 
@@ -41,13 +42,16 @@ static __always_inline int rx_note_of(struct sk_buff *skb, struct xl_rd *r,
   return 1;
 }
 
-/* `notes`: the point notes what it read for the socket-queue point
- * (netif_receive_skb only, the last device point, which every received
- * skb passes: it overwrites or forgets whatever an earlier skb at the same
- * address left, so the socket-queue point never finds a note of another
- * skb; the earlier device points cannot know they are first, and a note
- * an skb left at a device, never taken at its socket, is indistinguishable
- * there from one of the same skb, so they read the headers themselves). */
+/* `notes`: the point notes what it read for the points after it (every
+ * device point of a run with the socket-queue point): the first device
+ * point an skb meets overwrites or forgets whatever an earlier skb at the
+ * same address left, netif_receive_skb (which every received skb passes)
+ * takes a note of this very skb instead of reading it again
+ * (stamp_rx_noted) or reads and notes it itself, and the socket-queue
+ * point takes the note in turn (sock_rx.h). A note an skb left at a device
+ * and never took further (dropped in a backlog, merged by GRO) is told
+ * from the skb now at that address by its length, 8 bytes of its IP
+ * header and its age. */
 static __always_inline void stamp_rx_dev_at(struct xl_rd *r, __u16 point,
                                             struct sk_buff *skb,
                                             struct net_device *dev, int notes) {
@@ -78,7 +82,12 @@ static __always_inline void stamp_rx_dev_at(struct xl_rd *r, __u16 point,
   }
   struct xlap_port_key pk = {.netns = dev->nd_net.net->ns.inum,
                              .port = d.dport};
-  __u32 *owner = bpf_map_lookup_elem(&TARGET_PORTS, &pk);
+  /* PORTS_ANY first (an array load): another process's datagram, the
+   * common case on a busy host, costs no hash lookup. */
+  __u32 port = d.dport;
+  __u8 *any = bpf_map_lookup_elem(&PORTS_ANY, &port);
+  __u32 *owner =
+      any && *any ? bpf_map_lookup_elem(&TARGET_PORTS, &pk) : (__u32 *)0;
   if (notes && (!owner || ret != XL_OK))
     rx_forget_at_device(key);
   if (!owner)
@@ -110,7 +119,15 @@ static __always_inline void stamp_rx_dev_at(struct xl_rd *r, __u16 point,
   /* For the points after this one (a whole datagram, not a fragment:
    * reassembly hands its socket another skb). */
   if (notes) {
-    struct xl_rx_note n = {.now = now, .unsampled = !keep};
+    /* An entry point's note of one datagram whose seq and kind lie in
+     * the first 64 bytes (the parse cache) may spare netif_receive_skb
+     * its parse. */
+    struct xl_rx_note n = {
+        .now = now,
+        .unsampled = !keep,
+        .reusable = point != XLAP_POINT_DEV_RECEIVE_SKB && got == 1 &&
+                    d.pay + CFG.win_start + CFG.win_len <= XL_CACHE,
+        .head = (const __u64 *)r->c};
     if (!d.frag && !beyond && rx_note_of(skb, r, &d, &n))
       rx_note_at_device(key, &n, &id, segs, got);
     else
@@ -127,6 +144,42 @@ static __always_inline void stamp_rx_dev_at(struct xl_rd *r, __u16 point,
   emit_all(&at, &id, segs, got);
 }
 
+/* The stamp of an skb an entry point of this host noted (netif_rx or a GRO
+ * entry, before netif_receive_skb), taken from the note without parsing
+ * again (the parse and the port lookup were half of this point's cost):
+ * when the note is fresh, of one datagram, of an skb at the same address
+ * with the same length, and the skb's first 64 bytes from its IP header,
+ * which hold its addresses, ports, seq and kind, are the very bytes the
+ * note was read from (one read instead of the parse). Anything else (a
+ * note an skb dropped in a backlog or merged by GRO left behind, and an skb
+ * now at its address that met no entry point, such as a TAP's) is read
+ * as before. The note is then this point's own, for the socket point.
+ * Returns 1 when the note was this skb's. */
+static __always_inline int stamp_rx_noted(struct xl_rd *r, __u16 point,
+                                          struct sk_buff *skb,
+                                          struct net_device *dev) {
+  __u64 key = (__u64)skb;
+  __u64 now = bpf_ktime_get_ns();
+  struct xl_rx_slot *s = rx_device_note(key, now, skb->len);
+  if (!s || !s->reusable || s->nseg != 1)
+    return 0;
+  rd_init(r, skb);
+  rd_fill(r, 0);
+  if (r->c_len != XL_CACHE || !rx_head_matches(s, (const __u64 *)r->c))
+    return 0;
+  s->born = now;
+  s->reusable = 0;
+  if (s->unsampled)
+    return 1;
+  struct xl_at at = {.point = point,
+                     .ts = now,
+                     .ifindex = dev->ifindex,
+                     .queue = skb->queue_mapping,
+                     .rx_netns = dev->nd_net.net->ns.inum};
+  xl_emit(&at, &s->id);
+  return 1;
+}
+
 static __always_inline void stamp_rx_dev(__u16 point, struct sk_buff *skb,
                                          int notes) {
   struct net_device *dev = skb->dev;
@@ -138,21 +191,23 @@ static __always_inline void stamp_rx_dev(__u16 point, struct sk_buff *skb,
       rx_forget_at_device((__u64)skb);
     return;
   }
-  stamp_rx_dev_at(&r, point, skb, dev, notes);
+  if (!(notes && point == XLAP_POINT_DEV_RECEIVE_SKB && !CFG.device_rx_times &&
+        stamp_rx_noted(&r, point, skb, dev)))
+    stamp_rx_dev_at(&r, point, skb, dev, notes);
   rd_leave(&r);
 }
 
 SEC("tp_btf/netif_rx")
 int BPF_PROG(on_netif_rx, struct sk_buff *skb) {
   RETURN_IF_EMPTY(0);
-  stamp_rx_dev(XLAP_POINT_DEV_NETIF_RX, skb, 0);
+  stamp_rx_dev(XLAP_POINT_DEV_NETIF_RX, skb, CFG.rx_notes);
   return 0;
 }
 
 SEC("tp_btf/napi_gro_receive_entry")
 int BPF_PROG(on_napi_gro_receive_entry, struct sk_buff *skb) {
   RETURN_IF_EMPTY(0);
-  stamp_rx_dev(XLAP_POINT_DEV_GRO_RECEIVE, skb, 0);
+  stamp_rx_dev(XLAP_POINT_DEV_GRO_RECEIVE, skb, CFG.rx_notes);
   return 0;
 }
 
@@ -164,7 +219,7 @@ int BPF_PROG(on_napi_gro_receive_entry, struct sk_buff *skb) {
 SEC("tp_btf/napi_gro_frags_entry")
 int BPF_PROG(on_napi_gro_frags_entry, struct sk_buff *skb) {
   RETURN_IF_EMPTY(0);
-  stamp_rx_dev(XLAP_POINT_DEV_GRO_RECEIVE, skb, 0);
+  stamp_rx_dev(XLAP_POINT_DEV_GRO_RECEIVE, skb, CFG.rx_notes);
   return 0;
 }
 

@@ -226,10 +226,13 @@ tx_first_queue_at(struct xl_rd *r, struct sk_buff *skb, __u64 key, __u32 tgid,
    * stack limit. */
   struct xl_at at = {.point = XLAP_POINT_SOCK_SEND_ENTER,
                      .ts = enter,
-                     .tid = (__u32)bpf_get_current_pid_tgid(),
-                     .scope = bpf_get_current_cgroup_id()};
-  if (enter)
+                     .tid = (__u32)bpf_get_current_pid_tgid()};
+  if (enter) {
+    /* The sender's cgroup: a helper call only for that stamp (the device
+     * point's scope is its network namespace). */
+    at.scope = bpf_get_current_cgroup_id();
     emit_all(&at, &id, segs, e.nseg);
+  }
   if (!e.unsampled && point_on(point) && iface_allowed(skb->dev)) {
     at.point = point;
     at.ts = bpf_ktime_get_ns();

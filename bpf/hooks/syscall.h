@@ -439,7 +439,8 @@ static __always_inline void
 calls_recv_return(struct sock *sk, struct xlap_sock *s, int ret, int flags) {
   __u64 taken = 0, now = 0;
   struct xl_rx_slot *slot = 0;
-  if (!socket_recv_take(sk, s, ret, flags, &taken, &slot, &now))
+  struct xl_task *t = 0;
+  if (!socket_recv_take(sk, s, ret, flags, &taken, &slot, &now, &t))
     return;
   __u64 pid_tgid = bpf_get_current_pid_tgid();
   /* A UDP GRO read may hold several datagrams, which only the queue's note
@@ -447,7 +448,7 @@ calls_recv_return(struct sock *sk, struct xlap_sock *s, int ret, int flags) {
    * A note outside the run's sample is checked against the buffer too: the
    * queue may name an unsampled neighbour of a sampled datagram. */
   if (slot && slot->nseg > 1) {
-    stamp_read(taken, slot, pid_tgid, now);
+    stamp_read(taken, slot, pid_tgid, now, t);
     return;
   }
   __u64 flow;
@@ -461,7 +462,7 @@ calls_recv_return(struct sock *sk, struct xlap_sock *s, int ret, int flags) {
       (buffer ||
        ((slot->id.flags & XLAP_FLAG_SEQ_VALID) && slot->id.seq == q.seq &&
         (!(q.flags & XLAP_FLAG_KIND) || slot->id.kind == q.kind)))) {
-    stamp_read(taken, slot, pid_tgid, now);
+    stamp_read(taken, slot, pid_tgid, now, t);
     return;
   }
   if (buffer) {
@@ -479,7 +480,7 @@ calls_recv_return(struct sock *sk, struct xlap_sock *s, int ret, int flags) {
                         .flags = XLAP_FLAG_FROM_USER | q.flags};
   emit(XLAP_POINT_SOCK_RECV_EXIT, now, &id, (__u32)pid_tgid, 0, 0,
        bpf_get_current_cgroup_id());
-  note_read(id.seq, id.kind, id.flags);
+  note_read(t, id.seq, id.kind, id.flags);
 }
 
 /* The socket a receive call reads (after it read): only traced sockets'

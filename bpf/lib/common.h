@@ -127,8 +127,9 @@ struct {
 } TARGET_PORTS SEC(".maps");
 
 /* The ports in TARGET_PORTS, whatever the namespace (1 = some traced
- * socket has or had it): the socket-ingress hook, which cannot tell the
- * namespace, looks here before marking a datagram foreign. An array
+ * socket has or had it; set before TARGET_PORTS): the socket-ingress hook,
+ * which cannot tell the namespace, looks here before marking a datagram
+ * foreign, and the device points before their hash lookup. An array
  * lookup: no cost worth counting for other traffic. */
 struct {
   __uint(type, BPF_MAP_TYPE_ARRAY);
@@ -237,14 +238,15 @@ static __always_inline void register_port(struct xlap_sock *s, __u32 netns,
   if (!port || s->port == port)
     return;
   struct xlap_port_key k = {.netns = netns, .port = port};
+  /* PORTS_ANY before TARGET_PORTS: the device points look there first. */
+  __u32 p = port;
+  __u8 one = 1;
+  bpf_map_update_elem(&PORTS_ANY, &p, &one, BPF_ANY);
   /* A full table: tried again at the socket's next datagram out; the
    * recorder's /proc scan meets the same full table and reports the port
    * (run.json ports_not_traced). */
   if (bpf_map_update_elem(&TARGET_PORTS, &k, &s->tgid, BPF_ANY))
     return;
-  __u32 p = port;
-  __u8 one = 1;
-  bpf_map_update_elem(&PORTS_ANY, &p, &one, BPF_ANY);
   s->port = port;
 }
 
@@ -266,7 +268,17 @@ static __always_inline int iface_allowed(struct net_device *dev) {
  * gives it for the current task. For a task other than the current one
  * (the woken reader, the thread switched in). */
 static __always_inline __u64 task_scope(struct task_struct *p) {
-  return BPF_CORE_READ(p, cgroups, dfl_cgrp, kn, id);
+  /* Direct loads, not BPF_CORE_READ: `p` is a tracing argument (BTF), and
+   * each load is an instruction the JIT guards, where BPF_CORE_READ makes
+   * one probe-read helper call per pointer (four here). */
+  struct css_set *cset = p->cgroups;
+  if (!cset)
+    return 0;
+  struct cgroup *cg = cset->dfl_cgrp;
+  if (!cg)
+    return 0;
+  struct kernfs_node *kn = cg->kn;
+  return kn ? kn->id : 0;
 }
 
 /* xlap_stamp.scope at a device point: the inode number of the device's
@@ -274,7 +286,8 @@ static __always_inline __u64 task_scope(struct task_struct *p) {
 static __always_inline __u64 dev_scope(struct net_device *dev) {
   if (!dev)
     return 0;
-  return BPF_CORE_READ(dev, nd_net.net, ns.inum);
+  struct net *net = dev->nd_net.net;
+  return net ? net->ns.inum : 0;
 }
 
 /* Where a stamp of several datagrams was taken: everything but the
@@ -300,9 +313,20 @@ struct xl_at {
   __u16 queue;
 };
 
-static __always_inline __u64 wakeup_flag(void) {
+/* Whether a record of `bytes` wakes the reader: only when it carries the
+ * waiting data across a multiple of CFG.wakeup_bytes. A wake-up is an
+ * irq_work, a self-IPI: under KVM a VM exit of microseconds on the traced
+ * protocol's CPU. Waking at every record past the threshold, as before,
+ * sent one per batch until the reader had drained the buffer (1.2 % of the
+ * pinned ping-pong's CPU). A step two CPUs cross at once may go without
+ * one; the next step wakes the reader, and it polls every 20 ms anyway. */
+static __always_inline __u64 wakeup_flag(__u64 bytes) {
+  __u64 step = CFG.wakeup_bytes;
+  if (!step)
+    return BPF_RB_NO_WAKEUP;
   __u64 waiting = bpf_ringbuf_query(&STAMPS, BPF_RB_AVAIL_DATA);
-  return waiting >= CFG.wakeup_bytes ? BPF_RB_FORCE_WAKEUP : BPF_RB_NO_WAKEUP;
+  return waiting / step != (waiting + bytes) / step ? BPF_RB_FORCE_WAKEUP
+                                                    : BPF_RB_NO_WAKEUP;
 }
 
 /* Whether `point` is a receive device point (the one kind of point whose
@@ -351,8 +375,8 @@ static __always_inline void flush(struct xlap_batch *b) {
     b->n = 0;
     return;
   }
-  if (bpf_ringbuf_output(&STAMPS, b->stamps, n * sizeof(struct xlap_stamp),
-                         wakeup_flag())) {
+  __u64 bytes = n * sizeof(struct xlap_stamp);
+  if (bpf_ringbuf_output(&STAMPS, b->stamps, bytes, wakeup_flag(bytes))) {
     for (__u32 i = 0; i < XLAP_BATCH_STAMPS; i++) {
       if (i >= n)
         break;
@@ -467,7 +491,7 @@ __attribute__((noinline)) int xl_emit(const struct xl_at *at,
     return 0;
   }
   fill(s, at, ts, id);
-  bpf_ringbuf_submit(s, wakeup_flag());
+  bpf_ringbuf_submit(s, wakeup_flag(sizeof(*s)));
   return 0;
 }
 

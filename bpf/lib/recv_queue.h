@@ -32,7 +32,8 @@ static __always_inline __u64 queue_head(struct sock *sk) {
 /* The stamp of the datagrams of skb `key` (its slot `slot`) that a read
  * took (several for a UDP GRO read). */
 static __always_inline void stamp_read(__u64 key, struct xl_rx_slot *slot,
-                                       __u64 pid_tgid, __u64 now) {
+                                       __u64 pid_tgid, __u64 now,
+                                       struct xl_task *t) {
   struct xl_ident id = slot->id;
   id.pid = pid_tgid >> 32; /* the reader: a forked child reads its parent's
                               socket */
@@ -45,10 +46,10 @@ static __always_inline void stamp_read(__u64 key, struct xl_rx_slot *slot,
                      .scope = bpf_get_current_cgroup_id()};
   emit_all(&at, &id, segs, n);
   if (segs && n > 1)
-    note_read(segs->seq[(n - 1) & (XLAP_MAX_SEGS - 1)],
+    note_read(t, segs->seq[(n - 1) & (XLAP_MAX_SEGS - 1)],
               segs->kind[(n - 1) & (XLAP_MAX_SEGS - 1)], id.flags);
   else
-    note_read(id.seq, id.kind, id.flags);
+    note_read(t, id.seq, id.kind, id.flags);
   if (segs)
     bpf_map_delete_elem(&RX_SEGS, &key);
 }
@@ -79,16 +80,16 @@ static __always_inline int in_flight(__u64 key, __u64 taken, __u64 now) {
  * tracing, two datagrams queued at once on two CPUs into an empty queue,
  * several threads reading one socket at once: syscall.h then reads the
  * reader's buffer where it can), and *now the call's time. */
-static __always_inline int socket_recv_take(struct sock *sk,
-                                            struct xlap_sock *s, int ret,
-                                            int flags, __u64 *taken_out,
-                                            struct xl_rx_slot **slot_out,
-                                            __u64 *now_out) {
+static __always_inline int
+socket_recv_take(struct sock *sk, struct xlap_sock *s, int ret, int flags,
+                 __u64 *taken_out, struct xl_rx_slot **slot_out, __u64 *now_out,
+                 struct xl_task **t_out) {
   /* A reader woken while still on its CPU is never switched in for that
    * wake-up: once its receive returns, the wake-up is spent. A reader of a
    * traced process gets its call state here: its next wake-up by a
    * datagram is stamped (sched.h looks for it). Only for a run that
    * stamps wake-ups. */
+  *t_out = 0;
   if (point_on(XLAP_POINT_SCHED_WAKEUP) ||
       point_on(XLAP_POINT_SCHED_SWITCH_IN)) {
     struct task_struct *task = bpf_get_current_task_btf();
@@ -98,9 +99,10 @@ static __always_inline int socket_recv_take(struct sock *sk,
     } else {
       __u32 tgid = bpf_get_current_pid_tgid() >> 32;
       if (bpf_map_lookup_elem(&TARGET_PIDS, &tgid))
-        bpf_task_storage_get(&TASK_CTX, task, 0,
-                             BPF_LOCAL_STORAGE_GET_F_CREATE);
+        t = bpf_task_storage_get(&TASK_CTX, task, 0,
+                                 BPF_LOCAL_STORAGE_GET_F_CREATE);
     }
+    *t_out = t; /* for note_read: one storage lookup per read */
   }
   if (flags & (MSG_PEEK_ | MSG_ERRQUEUE_))
     return 0;

@@ -1,17 +1,19 @@
-/* rx_slots.h: a received datagram's identity, from its last device point
- * to the reader. netif_receive_skb, which every received skb passes,
- * notes what it read (RX_AT_DEVICE); the socket-queue point
- * (hooks/sock_rx.h) finds it by the skb's address instead of reading the
- * headers again, and marks it queued (RX_QUEUED) for the receive call
- * that takes the skb (hooks/calls.h), which then reads nothing either.
+/* rx_slots.h: a received datagram's identity, from its first device point
+ * to the reader. The device points note what they read (RX_AT_DEVICE):
+ * netif_receive_skb, which every received skb passes, finds the note of
+ * an earlier device point (netif_rx, a GRO entry) by the skb's address
+ * instead of reading the headers again, or reads and notes them itself;
+ * the socket-queue point (hooks/sock_rx.h) finds the note the same way,
+ * and marks it queued (RX_QUEUED) for the receive call that takes the skb
+ * (hooks/calls.h), which then reads nothing either.
  *
  * A direct-mapped table indexed by a hash of the address, as on the
  * transmit side (dev_tx.h TX_SLOT): an array lookup the JIT inlines, a slot
  * claimed and freed by compare-and-swap. The datagrams of a UDP GRO skb
  * (several per skb) wait in RX_SEGS. Nothing frees a note when its skb is
  * dropped before its socket, but the next skb at that address passes
- * netif_receive_skb too, which overwrites or forgets the note; the socket
- * point also checks that the note is fresh and that the skb's length and 8
+ * a device point too, which overwrites or forgets the note; the later
+ * points also check that the note is fresh and that the skb's length and 8
  * bytes of its IP header still match, else it reads the headers itself.
  * An skb that never reaches a reader leaves its slot, which the next skb
  * hashing there takes over (after RX_DEVICE_FRESH_NS for a device note,
@@ -47,7 +49,12 @@ struct xl_rx_slot {
   __u64 owner;        /* RX_QUEUED: the traced socket's note (xlap_sock) */
   __u8 state;         /* RX_AT_DEVICE, RX_QUEUED */
   __u8 unsampled;     /* one datagram outside the run's sample */
-  __u8 _pad[2];
+  /* RX_AT_DEVICE by an entry point (netif_rx, GRO), one datagram whose
+   * identity lies in `head`: netif_receive_skb may take the note when the
+   * skb there has the same 64 first bytes (rx_head_matches). */
+  __u8 reusable;
+  __u8 _pad;
+  __u64 head[8]; /* the skb's first 64 bytes from its IP header */
 };
 
 struct {
@@ -140,6 +147,8 @@ struct xl_rx_note {
   __u32 skb_len;
   __u32 addr_sig;
   __u8 unsampled;
+  __u8 reusable; /* see xl_rx_slot; head then holds the 64 bytes */
+  const __u64 *head;
 };
 
 /* Notes the identity of skb `key` at its last device point (RX_AT_DEVICE):
@@ -157,8 +166,26 @@ rx_note_at_device(__u64 key, const struct xl_rx_note *n,
   s->skb_len = n->skb_len;
   s->addr_sig = n->addr_sig;
   s->unsampled = n->unsampled;
+  s->reusable = 0;
+  if (n->reusable && n->head) {
+#pragma unroll
+    for (int i = 0; i < 8; i++)
+      s->head[i] = n->head[i];
+    s->reusable = 1;
+  }
   s->state = RX_AT_DEVICE;
   return 0;
+}
+
+/* Whether the 64 bytes `c` (an skb's first bytes from its IP header) are
+ * those its note `s` keeps. */
+static __always_inline int rx_head_matches(const struct xl_rx_slot *s,
+                                           const __u64 *c) {
+  __u64 diff = 0;
+#pragma unroll
+  for (int i = 0; i < 8; i++)
+    diff |= c[i] ^ s->head[i];
+  return diff == 0;
 }
 
 /* The device note of skb `key` if it is fresh at `now` and its skb is

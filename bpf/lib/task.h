@@ -219,11 +219,14 @@ static __always_inline int take_woken(struct xl_task *t) {
  * that datagram's (sched.h). The syscall hooks note it at the call's exit
  * (user_view.h emit_recv); the socket calls here, creating the thread's
  * storage, as a thread that never slept has none yet. */
-static __always_inline void note_read(__u64 seq, __u32 kind, __u32 flags) {
+static __always_inline void note_read(struct xl_task *t, __u64 seq, __u32 kind,
+                                      __u32 flags) {
   if (!(flags & XLAP_FLAG_SEQ_VALID))
     return;
-  struct xl_task *t = bpf_task_storage_get(
-      &TASK_CTX, bpf_get_current_task_btf(), 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
+  /* `t`: the thread's storage when the caller has it already. */
+  if (!t)
+    t = bpf_task_storage_get(&TASK_CTX, bpf_get_current_task_btf(), 0,
+                             BPF_LOCAL_STORAGE_GET_F_CREATE);
   if (!t)
     return;
   t->read_seq = seq;

@@ -50,6 +50,45 @@ static __always_inline int view_field(const struct xl_uview *v, __u64 off,
   return -1;
 }
 
+/* A field of `size` (1..8) bytes at `off` of 16 bytes read (off + size <=
+ * 16): the index masked, so that the frame holds the 16 bytes only. */
+static __always_inline __u64 field_in16(const __u8 *b, __u32 off, __u32 size,
+                                        __u8 big_endian) {
+  __u64 v = 0;
+#pragma unroll
+  for (int i = 0; i < 8; i++) {
+    if (i >= size)
+      break;
+    __u64 byte = b[(off + i) & 15];
+    if (big_endian)
+      v = (v << 8) | byte;
+    else
+      v |= byte << (8 * i);
+  }
+  return v;
+}
+
+/* Seq and kind (at offsets so and ko of the datagram at `at`, of ss and ks
+ * bytes) in one user read, when both lie within 16 bytes of the first
+ * iovec: a user read is a helper call that cost as much as the rest of
+ * the datagram's identity (perf on the ping-pong: 1.1 % of its CPU for
+ * two reads per datagram). Returns 0, or -1 to read them one by one. */
+static __always_inline int pair_field(const struct xl_uview *v, __u64 at,
+                                      __u64 so, __u32 ss, __u64 ko, __u32 ks,
+                                      __u8 be, struct xl_idq *q) {
+  __u64 lo = so < ko ? so : ko;
+  __u64 hi = so + ss > ko + ks ? so + ss : ko + ks;
+  if (hi - lo > 16 || at + hi > v->len[0] || !ss || ss > 8 || ks > 8)
+    return -1;
+  __u8 b[16] = {};
+  __u32 n = (((__u32)(hi - lo) - 1) & 15) + 1;
+  if (bpf_probe_read_user(b, n, (void *)(v->base[0] + at + lo)))
+    return -1;
+  q->seq = field_in16(b, (__u32)(so - lo), ss, be);
+  q->kind = field_in16(b, (__u32)(ko - lo), ks, be);
+  return 0;
+}
+
 /* Seq and kind of the datagram of q->avail bytes at offset `at` of the
  * view, by the layout of its ports (q->ports; layout.h). A global
  * function, for the reason layout.h gives. Returns 0 or -1. */
@@ -63,13 +102,16 @@ __attribute__((noinline)) int xl_user_ident(const struct xl_uview *v, __u64 at,
   __u8 be = CFG.layouts[li].big_endian;
   if (so + ss > q->avail || (ks && ko + ks > q->avail))
     return -1;
-  if (view_field(v, at + so, ss, be, &q->seq))
-    return -1;
   q->kind = 0;
   q->flags = XLAP_FLAG_SEQ_VALID;
+  if (ks && !pair_field(v, at, so, ss, ko, ks, be, q)) {
+    /* Both in one read. */
+  } else if (view_field(v, at + so, ss, be, &q->seq)) {
+    return -1;
+  } else if (ks && view_field(v, at + ko, ks, be, &q->kind)) {
+    return -1;
+  }
   if (ks) {
-    if (view_field(v, at + ko, ks, be, &q->kind))
-      return -1;
     if (CFG.layouts[li].kind_mask)
       q->kind &= CFG.layouts[li].kind_mask;
     q->flags |= XLAP_FLAG_KIND;

@@ -839,6 +839,16 @@ impl Capture {
         before: &crate::targets::PortOwners,
         now: &crate::targets::PortOwners,
     ) -> Result<Vec<(u32, u16)>> {
+        // PORTS_ANY first: the device points look there before TARGET_PORTS
+        // (a port only in TARGET_PORTS would not be stamped).
+        {
+            let mut any: Array<&mut MapData, u8> =
+                Array::try_from(self.bpf.map_mut("PORTS_ANY").context("PORTS_ANY map")?)?;
+            for (_, port) in now.keys() {
+                any.set(*port as u32, 1, 0)
+                    .context("cannot note a traced port")?;
+            }
+        }
         let mut full = Vec::new();
         {
             let mut map: BpfHashMap<&mut MapData, PortKey, u32> = BpfHashMap::try_from(
@@ -861,12 +871,6 @@ impl Capture {
                     full.push(*sock);
                 }
             }
-        }
-        let mut any: Array<&mut MapData, u8> =
-            Array::try_from(self.bpf.map_mut("PORTS_ANY").context("PORTS_ANY map")?)?;
-        for (_, port) in now.keys() {
-            any.set(*port as u32, 1, 0)
-                .context("cannot note a traced port")?;
         }
         Ok(full)
     }

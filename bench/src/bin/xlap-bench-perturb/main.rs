@@ -46,8 +46,10 @@ use xlap_stage::Stage;
 use xlap_tests::trace::Recorder;
 use xlap_tests::{bin, privileged_unavailable, KillOnDrop, Scratch};
 
+mod programs;
+
 const PORT: u16 = 11_111;
-const DIY_SCRIPT: &str = include_str!("../../diy-net.bt");
+const DIY_SCRIPT: &str = include_str!("../../../diy-net.bt");
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Tracer {
@@ -77,11 +79,56 @@ enum Tracer {
     /// The `--baseline` binary, with statistics, at `--baseline-boundary`
     /// (None: its own default).
     Baseline(Option<&'static str>),
+    /// `--programs`: one recording configuration, by this build or (old)
+    /// the `--baseline` binary.
+    Run(RunConfig),
+}
+
+/// A recording configuration of the `--programs` matrix.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct RunConfig {
+    old: bool,
+    boundary: &'static str,
+    points: &'static str,
+    /// `--sample RATE`, or "" for every datagram.
+    sample: &'static str,
+    stats: &'static str,
 }
 
 impl Tracer {
-    fn name(self) -> &'static str {
+    fn name(self) -> String {
         match self {
+            Tracer::Run(c) => format!(
+                "{} --boundary {}{}{}{}",
+                if c.old {
+                    "baseline xlap-trace"
+                } else {
+                    "xlap-trace"
+                },
+                c.boundary,
+                if c.points == "all" {
+                    String::new()
+                } else {
+                    format!(" --points {}", c.points)
+                },
+                if c.sample.is_empty() {
+                    String::new()
+                } else {
+                    format!(" --sample {}", c.sample)
+                },
+                if c.stats == "sampled" {
+                    String::new()
+                } else {
+                    format!(" --bpf-stats {}", c.stats)
+                },
+            ),
+            other => other.label().to_string(),
+        }
+    }
+
+    fn label(self) -> &'static str {
+        match self {
+            Tracer::Run(_) => "a recording configuration",
             Tracer::None => "untraced",
             Tracer::Bpftrace => "DIY bpftrace script (6 net tracepoints)",
             Tracer::Xlap { stats: "full" } => {
@@ -143,10 +190,10 @@ struct Cell {
 
 fn main() -> Result<()> {
     xlap_bench::args::check(
-        "usage: xlap-bench-perturb [--quick] [--seconds S] [--rounds R] [--baseline XLAP_TRACE [--baseline-boundary B]]\nHow much tracing perturbs sockperf ping-pong, every configuration side by side (docs/performance.md); writes bench-results/perturbation.json.",
+        "usage: xlap-bench-perturb [--quick] [--seconds S] [--rounds R] [--baseline XLAP_TRACE [--baseline-boundary B]] [--programs]\nHow much tracing perturbs sockperf ping-pong, every configuration side by side (docs/performance.md); writes bench-results/perturbation.json.\n--programs: only the programs' cost above the floor of their hooks, pinned, this build and --baseline's (bench-results/programs.json).",
         // `just bench` gives both parts the same arguments: the capture
         // part's own are accepted here too
-        &["--quick", "--no-capture"],
+        &["--quick", "--no-capture", "--programs"],
         &[
             "--seconds",
             "--rounds",
@@ -167,6 +214,9 @@ fn main() -> Result<()> {
     let seconds = arg_value("--seconds")?.unwrap_or(if quick { 2 } else { 5 });
     let rounds = arg_value("--rounds")?.unwrap_or(if quick { 1 } else { 3 });
     let baseline = baseline_binary()?;
+    if std::env::args().any(|a| a == "--programs") {
+        return programs::run(baseline.as_deref(), rounds, seconds);
+    }
     let mut tracers = vec![
         Tracer::None,
         Tracer::Bpftrace,
@@ -374,9 +424,26 @@ fn start_tracer(
         ]),
         Tracer::Baseline(None) => {}
         Tracer::Baseline(Some(boundary)) => args.extend(["--boundary", boundary]),
+        Tracer::Run(c) => {
+            args.extend([
+                "--boundary",
+                c.boundary,
+                "--points",
+                c.points,
+                "--bpf-stats",
+                c.stats,
+            ]);
+            if !c.sample.is_empty() {
+                args.extend(["--sample", c.sample]);
+            }
+        }
     }
     let binary = match (tracer, baseline) {
         (Tracer::Baseline(_), Some(b)) => b.to_path_buf(),
+        (Tracer::Run(RunConfig { old: true, .. }), Some(b)) => b.to_path_buf(),
+        (Tracer::Run(RunConfig { old: true, .. }), None) => {
+            bail!("an old build's run needs --baseline")
+        }
         _ => bin("xlap-trace"),
     };
     Ok((
