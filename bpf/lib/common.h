@@ -207,19 +207,22 @@ static __always_inline __u32 skb_slot_index(__u64 key) {
 #define MSG_PEEK_ 0x2
 #define MSG_ERRQUEUE_ 0x2000
 
-/* A field of `size` (1..8) bytes in the given byte order, from bytes
- * already read (packet or user memory). */
-static __always_inline __u64 field_from_bytes(const __u8 *b, __u8 size,
-                                              __u8 big_endian) {
+/* A field of `size` (1..8) bytes at `off` of bytes already read (packet or
+ * user memory), in the given byte order. The index is masked with `mask`
+ * (the buffer's length - 1, a power of two), so that the verifier knows
+ * every byte read lies in the buffer. */
+static __always_inline __u64 field_at(const __u8 *b, __u32 off, __u32 mask,
+                                      __u32 size, __u8 big_endian) {
   __u64 v = 0;
 #pragma unroll
   for (int i = 0; i < 8; i++) {
     if (i >= size)
       break;
+    __u64 byte = b[(off + i) & mask];
     if (big_endian)
-      v = (v << 8) | b[i];
+      v = (v << 8) | byte;
     else
-      v |= (__u64)b[i] << (8 * i);
+      v |= byte << (8 * i);
   }
   return v;
 }

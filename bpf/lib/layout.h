@@ -49,20 +49,6 @@ static __always_inline __u32 layout_of(__u32 ports) {
   return li;
 }
 
-/* A field of 1..8 bytes at `at` of the window, in the given byte order. */
-static __always_inline __u64 window_field(const struct xl_bytes64 *w, __u32 at,
-                                          __u32 size, __u8 big_endian) {
-  __u64 v = 0;
-#pragma unroll
-  for (int i = 0; i < 8; i++) {
-    if (i >= size)
-      break;
-    __u8 b = w->b[(at + i) & (XLAP_WINDOW - 1)];
-    v = big_endian ? (v << 8) | b : v | (__u64)b << (8 * i);
-  }
-  return v;
-}
-
 /* Reads seq and kind of the datagram whose window starts at `start` of
  * `w` (`valid` bytes of w hold data). Returns 0, or 1 when a field lies
  * beyond the datagram (a parse loss). */
@@ -82,11 +68,11 @@ __attribute__((noinline)) int xl_ident(const struct xl_bytes64 *w, __u32 start,
     return 1;
   if (ks && (ko + ks > q->avail || start + ko + ks > valid))
     return 1;
-  q->seq = window_field(w, start + so, ss, be);
+  q->seq = field_at(w->b, start + so, XLAP_WINDOW - 1, ss, be);
   q->kind = 0;
   q->flags = XLAP_FLAG_SEQ_VALID;
   if (ks) {
-    q->kind = window_field(w, start + ko, ks, be);
+    q->kind = field_at(w->b, start + ko, XLAP_WINDOW - 1, ks, be);
     if (CFG.layouts[li].kind_mask)
       q->kind &= CFG.layouts[li].kind_mask;
     q->flags |= XLAP_FLAG_KIND;

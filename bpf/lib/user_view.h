@@ -24,7 +24,7 @@ static __always_inline int user_field(const void *src, __u32 size, __u8 be,
   size = ((size - 1) & 7) + 1; /* 1..8 in a form the verifier keeps */
   if (bpf_probe_read_user(b, size, src))
     return -1;
-  *out = field_from_bytes(b, size, be);
+  *out = field_at(b, 0, 7, size, be);
   return 0;
 }
 
@@ -50,24 +50,6 @@ static __always_inline int view_field(const struct xl_uview *v, __u64 off,
   return -1;
 }
 
-/* A field of `size` (1..8) bytes at `off` of 16 bytes read (off + size <=
- * 16): the index masked, so that the frame holds the 16 bytes only. */
-static __always_inline __u64 field_in16(const __u8 *b, __u32 off, __u32 size,
-                                        __u8 big_endian) {
-  __u64 v = 0;
-#pragma unroll
-  for (int i = 0; i < 8; i++) {
-    if (i >= size)
-      break;
-    __u64 byte = b[(off + i) & 15];
-    if (big_endian)
-      v = (v << 8) | byte;
-    else
-      v |= byte << (8 * i);
-  }
-  return v;
-}
-
 /* Seq and kind (at offsets so and ko of the datagram at `at`, of ss and ks
  * bytes) in one user read, when both lie within 16 bytes of the first
  * iovec: a user read is a helper call that cost as much as the rest of
@@ -84,8 +66,8 @@ static __always_inline int pair_field(const struct xl_uview *v, __u64 at,
   __u32 n = (((__u32)(hi - lo) - 1) & 15) + 1;
   if (bpf_probe_read_user(b, n, (void *)(v->base[0] + at + lo)))
     return -1;
-  q->seq = field_in16(b, (__u32)(so - lo), ss, be);
-  q->kind = field_in16(b, (__u32)(ko - lo), ks, be);
+  q->seq = field_at(b, (__u32)(so - lo), 15, ss, be);
+  q->kind = field_at(b, (__u32)(ko - lo), 15, ks, be);
   return 0;
 }
 

@@ -135,12 +135,7 @@ fn main() -> Result<()> {
         }
         results.push(row);
     }
-    std::fs::create_dir_all("bench-results")?;
-    std::fs::write(
-        "bench-results/jobs.json",
-        serde_json::to_string_pretty(&json!({"rounds": rounds, "jobs": results}))?,
-    )?;
-    Ok(())
+    xlap_bench::write_results("jobs.json", &json!({"rounds": rounds, "jobs": results}))
 }
 
 fn median(values: impl Iterator<Item = f64>) -> f64 {

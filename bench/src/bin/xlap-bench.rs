@@ -278,15 +278,10 @@ fn main() -> Result<()> {
             }
         }
     }
-    std::fs::create_dir_all("bench-results")?;
     let report = json!({"floor": floor.iter().map(|(n, r, ns)| json!({"program": n, "runs": r, "ns_per_run": ns})).collect::<Vec<_>>(),
         "capture": sweep, "highest": best.iter().map(|((m, w), (r, p))| json!({"export": m, "with": w, "stamps_per_s": r, "packets_per_s": p})).collect::<Vec<_>>(),
         "perturbation": perturbation, "start": start_json});
-    std::fs::write(
-        "bench-results/capture.json",
-        serde_json::to_string_pretty(&report)? + "\n",
-    )?;
-    println!("\nwrote bench-results/capture.json");
+    xlap_bench::write_results("capture.json", &report)?;
     Ok(())
 }
 

@@ -281,13 +281,7 @@ fn main() -> Result<()> {
     let mut report = print_report(&tracers, &mut cells, rounds, seconds);
     report["machine_syscalls"] = machine;
     report["monitoring"] = monitoring;
-    std::fs::create_dir_all("bench-results")?;
-    std::fs::write(
-        "bench-results/perturbation.json",
-        serde_json::to_string_pretty(&report)? + "\n",
-    )?;
-    println!("\nwrote bench-results/perturbation.json");
-    Ok(())
+    xlap_bench::write_results("perturbation.json", &report)
 }
 
 /// One sockperf ping-pong of `seconds`, traced by `tracer`.

@@ -97,13 +97,7 @@ pub fn run(baseline: Option<&Path>, rounds: u64, seconds: u64) -> Result<()> {
         }
     }
     let report = report(&tracers, &mut cells, rounds, seconds);
-    std::fs::create_dir_all("bench-results")?;
-    std::fs::write(
-        "bench-results/programs.json",
-        serde_json::to_string_pretty(&report)? + "\n",
-    )?;
-    println!("\nwrote bench-results/programs.json");
-    Ok(())
+    xlap_bench::write_results("programs.json", &report)
 }
 
 fn p50(cell: &mut Cell) -> f64 {
