@@ -50,8 +50,9 @@ static __always_inline int rx_note_of(struct sk_buff *skb, struct xl_rd *r,
  * (stamp_rx_noted) or reads and notes it itself, and the socket-queue
  * point takes the note in turn (sock_rx.h). A note an skb left at a device
  * and never took further (dropped in a backlog, merged by GRO) is told
- * from the skb now at that address by its length, 8 bytes of its IP
- * header and its age. */
+ * from the skb now at that address by its length, its first bytes (64
+ * from the IP header at netif_receive_skb, 8 of the IP header at the
+ * socket) and its age. */
 static __always_inline void stamp_rx_dev_at(struct xl_rd *r, __u16 point,
                                             struct sk_buff *skb,
                                             struct net_device *dev, int notes) {

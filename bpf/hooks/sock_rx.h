@@ -235,6 +235,11 @@ static __always_inline int sock_ingress_at(struct xl_rd *r,
         __sync_val_compare_and_swap(&ts->rx_first, 0, q->skb);
       ts->rx_last2 = ts->rx_last;
       ts->rx_last = q->skb;
+    } else if (got > 1) {
+      /* A UDP GRO skb: its read, told by nothing else (the reader's buffer
+       * is not read for a UDP GRO socket), counts one datagram lost; the
+       * others are counted here. */
+      count_losses(XLAP_POINT_SOCK_RECV_EXIT, XLAP_LOSS_UNMATCHED, got - 1);
     }
   }
   return 1;

@@ -13,8 +13,10 @@
  * (several per skb) wait in RX_SEGS. Nothing frees a note when its skb is
  * dropped before its socket, but the next skb at that address passes
  * a device point too, which overwrites or forgets the note; the later
- * points also check that the note is fresh and that the skb's length and 8
- * bytes of its IP header still match, else it reads the headers itself.
+ * points also check that the note is fresh and that the skb's length and
+ * its first bytes still match (netif_receive_skb: 64 bytes from the IP
+ * header; the socket point: 8 bytes of the IP header), else they read the
+ * headers themselves.
  * An skb that never reaches a reader leaves its slot, which the next skb
  * hashing there takes over (after RX_DEVICE_FRESH_NS for a device note,
  * RX_SLOT_STALE_NS for a queued one); the read of a datagram that found
@@ -87,13 +89,44 @@ static __always_inline int rx_slot_free(const struct xl_rx_slot *s, __u64 old,
          (s->state == RX_AT_DEVICE && age >= RX_DEVICE_FRESH_NS);
 }
 
+/* Whether slot `s` holds the queued note of an earlier skb at address
+ * `key` that its socket's next read is yet to take. A point meeting a new
+ * skb at that address means the queued one was freed: its reader copied
+ * and freed it, and the read's return (calls.h), which takes the note, is
+ * yet to run; an allocation on another CPU (or on this one, the reader
+ * preempted) got the address in between. Overwritten, that read would
+ * find the newer skb's note (another datagram's identity) or none: it
+ * keeps its note, and the newer skb goes without (its later points read
+ * the headers themselves; its read is told from the reader's buffer or
+ * counted lost). A queued note no read will take (its read was told
+ * otherwise) is not held: the socket's next read takes `key` only when the
+ * last read left it at the head (rx_next), or left the queue empty and it
+ * came first (rx_first); both are read from the socket's note, which
+ * lives as long as its socket (a closed one's reads as anything). */
+static __always_inline int rx_queued_read_pending(const struct xl_rx_slot *s,
+                                                  __u64 key, __u64 now) {
+  if (s->key != key || s->state != RX_QUEUED ||
+      now - s->born >= RX_SLOT_STALE_NS || !s->owner)
+    return 0;
+  const struct xlap_sock *o = (const struct xlap_sock *)s->owner;
+  __u64 next = 0;
+  if (bpf_probe_read_kernel(&next, sizeof(next), &o->rx_next))
+    return 0;
+  if (next)
+    return next == key;
+  __u64 first = 0;
+  return !bpf_probe_read_kernel(&first, sizeof(first), &o->rx_first) &&
+         first == key;
+}
+
 /* Claims slot `s` for skb `key` (`got` datagrams) at `now`, and keeps
  * datagrams 1.. of a GRO skb in RX_SEGS. Returns 0, or -1 when the slot is
- * held by a live skb. */
+ * held by a live skb, or by the pending read of a freed one at `key`. */
 static __always_inline int rx_claim(struct xl_rx_slot *s, __u64 key, __u64 now,
                                     const struct xl_segs *segs, __u32 got) {
   __u64 old = s->key;
-  if (old != key && !rx_slot_free(s, old, now))
+  if ((old != key && !rx_slot_free(s, old, now)) ||
+      rx_queued_read_pending(s, key, now))
     return -1;
   if (__sync_val_compare_and_swap(&s->key, old, key) != old)
     return -1;
@@ -124,9 +157,10 @@ static __always_inline struct xl_segs *rx_segs(__u64 key, __u32 *n,
 
 /* Notes the identity of the datagrams of skb `key` as queued to its socket
  * (`got` of them, 1..n; datagrams 1.. in `segs`). Returns 0, or -1 when
- * its slot is held by a live skb (the reader's stamp is then counted
- * lost). A function of its own (a static BPF subprogram): inlined, it grew
- * the socket-queue program's frame past the combined stack limit. */
+ * its slot is held by a live skb or a pending read (rx_claim: the reader's
+ * stamp is then told from its buffer or counted lost). A function of its own (a
+ * static BPF subprogram): inlined, it grew the socket-queue program's frame
+ * past the combined stack limit. */
 static __attribute__((noinline)) int rx_put(__u64 key, __u64 now,
                                             const struct xl_ident *id,
                                             const struct xl_segs *segs,
